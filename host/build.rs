@@ -1,0 +1,89 @@
+//! Builds the default policy plugins (and the hostile test plugin) for `wasm32-wasip2` and puts
+//! the components in `OUT_DIR`, so that `cargo build` is the only step and the defaults are
+//! embedded in the binary.
+//!
+//! The plugins are built once per change by a nested cargo with its own target directory
+//! (`target/plugins`), shared by every profile of the host: debug, release, test and clippy
+//! builds all reuse the same components.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// (package, file name in OUT_DIR)
+const PLUGINS: &[(&str, &str)] = &[
+    ("aura-plugin-api-key", "api_key.wasm"),
+    ("aura-plugin-cors", "cors.wasm"),
+    ("aura-plugin-quota", "quota.wasm"),
+    ("aura-plugin-db-routing", "db_routing.wasm"),
+    ("aura-plugin-testing", "testing.wasm"),
+];
+
+const TARGET: &str = "wasm32-wasip2";
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let workspace = manifest_dir.parent().expect("workspace root").to_path_buf();
+    let out_dir = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
+    let target_dir = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|d| if d.is_absolute() { d } else { workspace.join(d) })
+        .unwrap_or_else(|| workspace.join("target"))
+        .join("plugins");
+
+    println!("cargo:rerun-if-changed={}", workspace.join("plugins").display());
+    println!("cargo:rerun-if-changed={}", workspace.join("wit").display());
+    println!("cargo:rerun-if-changed={}", workspace.join("Cargo.lock").display());
+
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&workspace)
+        .arg("build")
+        .arg("--quiet")
+        .arg("--target")
+        .arg(TARGET)
+        .arg("--profile")
+        .arg("plugin")
+        .arg("--target-dir")
+        .arg(&target_dir);
+    for (package, _) in PLUGINS {
+        cmd.arg("-p").arg(package);
+    }
+    // The outer build's flags and wrappers (clippy, coverage) are for the host target; the
+    // plugins get their own, so that every outer build sees the same plugin fingerprints.
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_BUILD_RUSTFLAGS",
+    ] {
+        cmd.env_remove(var);
+    }
+    // A small guest stack keeps a fresh instance cheap; deep recursion traps instead.
+    cmd.env(
+        "CARGO_TARGET_WASM32_WASIP2_RUSTFLAGS",
+        "-Clink-arg=-zstack-size=65536",
+    );
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cargo to build the plugins: {e}"));
+    if !status.success() {
+        panic!(
+            "building the policy plugins for {TARGET} failed (errors above); the target must be installed: \
+             (rustup target add {TARGET})"
+        );
+    }
+    let built = target_dir.join(TARGET).join("plugin");
+    for (package, file) in PLUGINS {
+        let artifact = built.join(format!("{}.wasm", package.replace('-', "_")));
+        copy(&artifact, &out_dir.join(file));
+    }
+}
+
+fn copy(from: &Path, to: &Path) {
+    std::fs::copy(from, to)
+        .unwrap_or_else(|e| panic!("copy {} to {}: {e}", from.display(), to.display()));
+}

@@ -1,0 +1,530 @@
+//! Configuration: a TOML file, environment overrides, defaults for everything, one validation.
+//!
+//! Sources, later ones winning: built-in defaults, the TOML file given with `--config`, then
+//! environment variables `AURA_<KEY>`, with `__` between nested keys (`AURA_PORT`,
+//! `AURA_MANAGEMENT_PORT`, `AURA_NATS__URL`, `AURA_TIMEOUTS__DEFAULT_MS`). Unknown keys are
+//! rejected, from the file and from the environment alike. Every key is documented in
+//! `docs/configuration.md`.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// The whole gateway configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address both listeners bind to.
+    pub host: String,
+    /// Data-plane port.
+    pub port: u16,
+    /// Management-plane port.
+    pub management_port: u16,
+    /// Listener and HTTP settings.
+    pub server: ServerConfig,
+    /// Timeout budgets per route group.
+    pub timeouts: TimeoutConfig,
+    /// The NATS connection for envelope-over-NATS backends.
+    pub nats: NatsConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// The `/metrics` endpoint.
+    pub metrics: MetricsConfig,
+    /// The WebAssembly policy runtime.
+    pub plugins: PluginRuntimeConfig,
+    /// Data-plane settings.
+    pub data_plane: DataPlaneConfig,
+    /// Management-plane settings.
+    pub management_plane: ManagementPlaneConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            host: "0.0.0.0".to_owned(),
+            port: 8000,
+            management_port: 8001,
+            server: ServerConfig::default(),
+            timeouts: TimeoutConfig::default(),
+            nats: NatsConfig::default(),
+            log: LogConfig::default(),
+            metrics: MetricsConfig::default(),
+            plugins: PluginRuntimeConfig::default(),
+            data_plane: DataPlaneConfig::default(),
+            management_plane: ManagementPlaneConfig::default(),
+        }
+    }
+}
+
+/// Listener and HTTP settings, shared by both planes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Largest request body accepted on the NATS routes, in bytes (413 above).
+    pub max_body_bytes: usize,
+    /// Time allowed to receive a request's headers (slowloris guard), in milliseconds.
+    pub header_read_timeout_ms: u64,
+    /// Open connections accepted per listener; further connections wait in the backlog.
+    pub max_connections: usize,
+    /// On SIGINT/SIGTERM, how long in-flight requests may take to finish, in seconds.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 10 * 1024 * 1024,
+            header_read_timeout_ms: 10_000,
+            max_connections: 20_000,
+            shutdown_grace_secs: 30,
+        }
+    }
+}
+
+/// Timeout budgets, one per route group. There is no global timeout.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutConfig {
+    /// Budget of every route outside the functions group, in milliseconds.
+    pub default_ms: u64,
+    /// Budget of `/v1/functions/*`, in milliseconds.
+    pub functions_ms: u64,
+}
+
+impl Default for TimeoutConfig {
+    fn default() -> Self {
+        Self {
+            default_ms: 30_000,
+            functions_ms: 380_000,
+        }
+    }
+}
+
+impl TimeoutConfig {
+    /// The default budget.
+    pub fn default_budget(&self) -> Duration {
+        Duration::from_millis(self.default_ms)
+    }
+
+    /// The functions budget.
+    pub fn functions_budget(&self) -> Duration {
+        Duration::from_millis(self.functions_ms)
+    }
+}
+
+/// NATS settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsConfig {
+    /// Server URL(s), comma-separated (`nats://host:4222`).
+    pub url: String,
+    /// Subject prefix: requests go to `{prefix}.{service}.http`.
+    pub subject_prefix: String,
+    /// Time allowed for each connection attempt, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Replays after a no-responders answer (proof of non-delivery), at most.
+    pub no_responder_retries: u32,
+    /// Wait before the first replay, in milliseconds; doubled for each further one.
+    pub retry_backoff_ms: u64,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".to_owned(),
+            subject_prefix: "aura".to_owned(),
+            connect_timeout_ms: 2_000,
+            no_responder_retries: 3,
+            retry_backoff_ms: 25,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logging settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// A tracing filter (`info`, `aura_gateway=debug,info`).
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+/// `/metrics` settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Bearer token required on `GET /metrics`. Without one, `/metrics` answers 404.
+    pub token: Option<String>,
+}
+
+/// How plugin instances are used across calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InstanceReuse {
+    /// Configured instances are kept per module and reused, one call at a time; an instance
+    /// that fails is discarded.
+    Pooled,
+    /// Every call gets a new store and instance (configured anew).
+    Fresh,
+}
+
+/// The WebAssembly policy runtime.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginRuntimeConfig {
+    /// `pooled` (default, measured faster) or `fresh`.
+    pub instance_reuse: InstanceReuse,
+    /// Wall-clock deadline of one plugin call, in milliseconds.
+    pub call_deadline_ms: u64,
+    /// Linear memory cap of one plugin instance, in bytes.
+    pub memory_limit_bytes: usize,
+    /// Idle instances kept per loaded module (pooled mode).
+    pub max_idle_instances: usize,
+}
+
+impl Default for PluginRuntimeConfig {
+    fn default() -> Self {
+        Self {
+            instance_reuse: InstanceReuse::Pooled,
+            call_deadline_ms: 20,
+            memory_limit_bytes: 16 * 1024 * 1024,
+            max_idle_instances: 16,
+        }
+    }
+}
+
+/// Which module runs a stage, and its configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StageConfig {
+    /// `builtin` for the default plugin embedded in the binary, or a path to a `.wasm` component.
+    pub module: String,
+    /// The stage's own configuration, passed to the plugin's `configure` as JSON.
+    pub config: serde_json::Value,
+}
+
+impl Default for StageConfig {
+    fn default() -> Self {
+        Self {
+            module: BUILTIN.to_owned(),
+            config: serde_json::Value::Object(serde_json::Map::new()),
+        }
+    }
+}
+
+/// The value of `module` naming the embedded default plugin.
+pub const BUILTIN: &str = "builtin";
+
+impl StageConfig {
+    /// The module file, or `None` for the built-in plugin.
+    pub fn module_path(&self) -> Option<&Path> {
+        (self.module != BUILTIN).then(|| Path::new(&self.module))
+    }
+}
+
+/// Data-plane stage modules.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataPlaneStages {
+    pub api_key: StageConfig,
+    pub cors: StageConfig,
+    pub quota: StageConfig,
+    pub db_routing: StageConfig,
+}
+
+/// Management-plane stage modules (there are no API keys on this plane).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ManagementPlaneStages {
+    pub cors: StageConfig,
+    pub quota: StageConfig,
+    pub db_routing: StageConfig,
+}
+
+/// Data-plane settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataPlaneConfig {
+    pub plugins: DataPlaneStages,
+}
+
+/// Management-plane settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ManagementPlaneConfig {
+    pub plugins: ManagementPlaneStages,
+}
+
+/// A configuration problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration error: {key}: {problem}")]
+pub struct ConfigError {
+    /// Dotted key (`nats.url`), or the file.
+    pub key: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+fn problem(key: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.to_owned(),
+        problem: problem.into(),
+    }
+}
+
+impl Config {
+    /// Loads defaults, then `file` (when given), then `AURA_*` environment variables, and
+    /// validates the result.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, Env::prefixed("AURA_").split("__"))
+    }
+
+    /// Like [`Config::load`] with an explicit environment provider (tests).
+    pub fn load_from(file: Option<&Path>, env: Env) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(problem(
+                    &path.display().to_string(),
+                    "config file not found or not a file",
+                ));
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        let config: Config = figment.merge(env).extract().map_err(|e| {
+            let key = if e.path.is_empty() {
+                file.map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "config".to_owned())
+            } else {
+                e.path.join(".")
+            };
+            let source = e
+                .metadata
+                .as_ref()
+                .map(|m| format!(" (from {})", m.name))
+                .unwrap_or_default();
+            problem(&key, format!("{}{source}", e.kind))
+        })?;
+        config.validate(file.and_then(Path::parent))?;
+        Ok(config)
+    }
+
+    /// Checks every value that the types alone cannot. `base` resolves relative module paths.
+    pub fn validate(&self, base: Option<&Path>) -> Result<(), ConfigError> {
+        if self.host.parse::<IpAddr>().is_err() {
+            return Err(problem(
+                "host",
+                format!("{:?} is not an IP address (e.g. 0.0.0.0 or 127.0.0.1)", self.host),
+            ));
+        }
+        if self.port == self.management_port && self.port != 0 {
+            return Err(problem(
+                "management_port",
+                format!("must differ from port ({})", self.port),
+            ));
+        }
+        let s = &self.server;
+        if s.max_body_bytes == 0 {
+            return Err(problem("server.max_body_bytes", "must be at least 1"));
+        }
+        if s.header_read_timeout_ms == 0 {
+            return Err(problem("server.header_read_timeout_ms", "must be at least 1"));
+        }
+        if s.max_connections == 0 {
+            return Err(problem("server.max_connections", "must be at least 1"));
+        }
+        if self.timeouts.default_ms == 0 {
+            return Err(problem("timeouts.default_ms", "must be at least 1"));
+        }
+        if self.timeouts.functions_ms == 0 {
+            return Err(problem("timeouts.functions_ms", "must be at least 1"));
+        }
+        for url in self.nats.url.split(',') {
+            let url = url.trim();
+            let ok = ["nats://", "tls://", "ws://", "wss://"]
+                .iter()
+                .any(|scheme| url.len() > scheme.len() && url.starts_with(scheme));
+            if !ok {
+                return Err(problem(
+                    "nats.url",
+                    format!("{url:?} is not a NATS URL (nats://host:port)"),
+                ));
+            }
+        }
+        let prefix = &self.nats.subject_prefix;
+        if prefix.is_empty()
+            || prefix.starts_with('.')
+            || prefix.ends_with('.')
+            || prefix.contains("..")
+            || prefix
+                .chars()
+                .any(|c| c.is_whitespace() || c == '*' || c == '>')
+        {
+            return Err(problem(
+                "nats.subject_prefix",
+                format!("{prefix:?} is not a valid subject prefix (tokens separated by dots, no wildcards)"),
+            ));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.log.level) {
+            return Err(problem("log.level", format!("not a valid filter: {e}")));
+        }
+        if let Some(token) = &self.metrics.token
+            && token.len() < 16
+        {
+            return Err(problem("metrics.token", "must be at least 16 characters"));
+        }
+        let p = &self.plugins;
+        if !(1..=10_000).contains(&p.call_deadline_ms) {
+            return Err(problem("plugins.call_deadline_ms", "must be between 1 and 10000"));
+        }
+        if !(1 << 20..=1 << 30).contains(&p.memory_limit_bytes) {
+            return Err(problem(
+                "plugins.memory_limit_bytes",
+                "must be between 1 MiB (1048576) and 1 GiB (1073741824)",
+            ));
+        }
+        if p.max_idle_instances == 0 {
+            return Err(problem("plugins.max_idle_instances", "must be at least 1"));
+        }
+        for (key, stage) in self.stages() {
+            if !stage.config.is_object() {
+                return Err(problem(&format!("{key}.config"), "must be a table"));
+            }
+            if let Some(path) = stage.module_path() {
+                let resolved = resolve(base, path);
+                if !resolved.is_file() {
+                    return Err(problem(
+                        &format!("{key}.module"),
+                        format!(
+                            "{} is not a file (use \"builtin\" or a path to a .wasm component)",
+                            resolved.display()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every stage of both planes with its dotted key.
+    pub fn stages(&self) -> Vec<(&'static str, &StageConfig)> {
+        let d = &self.data_plane.plugins;
+        let m = &self.management_plane.plugins;
+        vec![
+            ("data_plane.plugins.api_key", &d.api_key),
+            ("data_plane.plugins.cors", &d.cors),
+            ("data_plane.plugins.quota", &d.quota),
+            ("data_plane.plugins.db_routing", &d.db_routing),
+            ("management_plane.plugins.cors", &m.cors),
+            ("management_plane.plugins.quota", &m.quota),
+            ("management_plane.plugins.db_routing", &m.db_routing),
+        ]
+    }
+}
+
+/// Resolves a module path relative to the config file's folder.
+pub fn resolve(base: Option<&Path>, path: &Path) -> PathBuf {
+    match base {
+        Some(base) if path.is_relative() => base.join(path),
+        _ => path.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, toml).expect("write");
+        let vars: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let env = Env::prefixed("AURA_")
+            .split("__")
+            .filter(move |_| true)
+            .map(|k| k.into());
+        // Figment reads the process environment; tests pass their own through `Env::raw`-like
+        // filtering would race other tests, so use figment's Jail instead.
+        let _ = env;
+        let mut result = None;
+        figment::Jail::expect_with(|jail| {
+            for (k, v) in &vars {
+                jail.set_env(k, v);
+            }
+            result = Some(Config::load(Some(&path)));
+            Ok(())
+        });
+        result.expect("jail ran")
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let c = load("", &[]).expect("defaults");
+        assert_eq!((c.port, c.management_port), (8000, 8001));
+        assert_eq!(c.timeouts.default_ms, 30_000);
+        assert_eq!(c.timeouts.functions_ms, 380_000);
+        assert_eq!(c.nats.subject_prefix, "aura");
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let c = load(
+            "port = 9000\n[nats]\nurl = \"nats://a:1\"\n",
+            &[("AURA_PORT", "9100"), ("AURA_MANAGEMENT_PORT", "9101"), ("AURA_NATS__URL", "nats://b:2")],
+        )
+        .expect("loads");
+        assert_eq!((c.port, c.management_port), (9100, 9101));
+        assert_eq!(c.nats.url, "nats://b:2");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_name() {
+        let e = load("[nats]\nurll = \"x\"\n", &[]).expect_err("unknown key");
+        assert!(e.to_string().contains("nats"), "{e}");
+        assert!(e.to_string().contains("urll"), "{e}");
+        let e = load("", &[("AURA_PROT", "1")]).expect_err("unknown env key");
+        assert!(e.to_string().contains("prot"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let e = load("port = 7000\nmanagement_port = 7000\n", &[]).expect_err("same ports");
+        assert_eq!(e.key, "management_port");
+        let e = load("[nats]\nurl = \"http://x\"\n", &[]).expect_err("bad url");
+        assert_eq!(e.key, "nats.url");
+        let e = load("[data_plane.plugins.cors]\nmodule = \"nope.wasm\"\n", &[])
+            .expect_err("missing module");
+        assert_eq!(e.key, "data_plane.plugins.cors.module");
+        let e = load("port = \"abc\"\n", &[]).expect_err("bad type");
+        assert_eq!(e.key, "port");
+        let e = load("[management_plane.plugins.api_key]\n", &[]).expect_err("no api keys there");
+        assert!(e.to_string().contains("api_key"), "{e}");
+    }
+}

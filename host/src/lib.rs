@@ -1,0 +1,18 @@
+//! Aura gateway: a dual-plane API gateway whose policy stages are WebAssembly components.
+//!
+//! A request walks in one direction: listener ([`server`]) → chain ([`planes::chain`]) →
+//! handler ([`proxy`]) → transport → backend, calling [`policy`] stages at fixed points.
+
+pub mod actor;
+pub mod config;
+pub mod error;
+pub mod plane;
+pub mod policy;
+pub mod metrics;
+pub mod middleware;
+pub mod planes;
+pub mod proxy;
+pub mod route_group;
+pub mod server;
+pub mod state;
+pub mod telemetry;

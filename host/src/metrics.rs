@@ -1,0 +1,80 @@
+//! Prometheus metrics of the gateway, rendered on `GET /metrics`.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// Every metric the gateway exports.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by plane, route group and status.
+    pub requests: IntCounterVec,
+    /// Latency by plane and route group.
+    pub latency: HistogramVec,
+    /// Policy plugin failures by plane, stage and kind.
+    pub plugin_failures: IntCounterVec,
+    /// 1 while the NATS connection is up.
+    pub nats_connected: IntGauge,
+}
+
+impl Metrics {
+    /// Creates and registers the metrics.
+    pub fn new() -> Self {
+        let registry = Registry::new_custom(Some("aura".into()), None).expect("valid prefix");
+        let requests = IntCounterVec::new(
+            Opts::new("http_requests_total", "Requests answered, by plane, route group and status"),
+            &["plane", "group", "status"],
+        )
+        .expect("valid metric");
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "http_request_duration_seconds",
+                "Time to response headers, by plane and route group",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0, 380.0,
+            ]),
+            &["plane", "group"],
+        )
+        .expect("valid metric");
+        let plugin_failures = IntCounterVec::new(
+            Opts::new("plugin_failures_total", "Policy plugin failures by plane, stage and kind"),
+            &["plane", "stage", "kind"],
+        )
+        .expect("valid metric");
+        let nats_connected = IntGauge::new("nats_connected", "1 while the NATS connection is up")
+            .expect("valid metric");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(latency.clone()),
+            Box::new(plugin_failures.clone()),
+            Box::new(nats_connected.clone()),
+        ] {
+            registry.register(c).expect("registered once");
+        }
+        Self {
+            registry,
+            requests,
+            latency,
+            plugin_failures,
+            nats_connected,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding cannot fail");
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

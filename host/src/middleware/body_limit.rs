@@ -1,0 +1,32 @@
+//! The request body limit. A declared `Content-Length` over the limit is refused here with 413;
+//! any other body is wrapped so that reading past the limit fails with 413 where it is read.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body_util::Limited;
+
+use super::{PlaneCtx, request_id};
+use crate::error::GatewayError;
+
+/// The layer.
+pub async fn limit(State(ctx): State<PlaneCtx>, request: Request, next: Next) -> Response {
+    let limit = ctx.state.config.server.max_body_bytes;
+    let declared = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        let mut response = GatewayError::payload_too_large(format!(
+            "the request body is over the {limit} byte limit"
+        ))
+        .into_response();
+        // Answered before the request-id layer runs: give it an id of its own.
+        request_id::stamp_if_missing(response.headers_mut());
+        return response;
+    }
+    let request = request.map(|body| Body::new(Limited::new(body, limit)));
+    next.run(request).await
+}

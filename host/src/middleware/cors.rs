@@ -1,0 +1,147 @@
+//! CORS, decided by the plane's `cors` policy stage; the outermost layer.
+//!
+//! A preflight is answered here, before anything inside runs. For other requests with an
+//! `Origin`, the decided headers are put on the response whatever produced it. The host
+//! enforces two rules whatever the plugin answers: credentials are never allowed, and the
+//! management plane never answers `*`.
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+
+use super::PlaneCtx;
+use super::{request_id, security_headers};
+use crate::error::GatewayError;
+use crate::plane::Plane;
+use crate::policy::stages::{CorsAllow, CorsDecision, CorsInput};
+
+/// Removes every CORS header a backend may have set: the gateway alone answers CORS.
+fn strip_cors(headers: &mut HeaderMap) {
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with("access-control-"))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
+
+fn join(values: &[String]) -> Option<HeaderValue> {
+    (!values.is_empty())
+        .then(|| HeaderValue::from_str(&values.join(", ")).ok())
+        .flatten()
+}
+
+fn add_vary_origin(headers: &mut HeaderMap) {
+    headers.append(header::VARY, HeaderValue::from_static("origin"));
+}
+
+/// Applies an allow decision to response headers. Returns false (and adds nothing) when the
+/// decision is not acceptable for the plane.
+fn apply_allow(plane: Plane, allow: &CorsAllow, preflight: bool, headers: &mut HeaderMap) -> bool {
+    if plane == Plane::Management && allow.allow_origin.trim() == "*" {
+        tracing::error!(
+            plane = plane.as_str(),
+            "the management plane's cors stage answered \"*\"; refused, no CORS header sent"
+        );
+        return false;
+    }
+    let Ok(origin) = HeaderValue::from_str(&allow.allow_origin) else {
+        tracing::error!(plane = plane.as_str(), "the cors stage answered an invalid origin");
+        return false;
+    };
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    if allow.allow_origin != "*" {
+        add_vary_origin(headers);
+    }
+    if preflight {
+        if let Some(v) = join(&allow.allow_methods) {
+            headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, v);
+        }
+        if let Some(v) = join(&allow.allow_headers) {
+            headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, v);
+        }
+        if let Some(age) = allow.max_age {
+            headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from(age));
+        }
+    } else if let Some(v) = join(&allow.expose_headers) {
+        headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, v);
+    }
+    true
+}
+
+/// Gives a response made here what the inner layers would have added.
+fn edge(mut response: Response) -> Response {
+    security_headers::stamp(response.headers_mut());
+    request_id::stamp_if_missing(response.headers_mut());
+    response
+}
+
+/// The layer.
+pub async fn cors(State(ctx): State<PlaneCtx>, request: Request, next: Next) -> Response {
+    let Some(origin) = request
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    else {
+        let mut response = next.run(request).await;
+        strip_cors(response.headers_mut());
+        return response;
+    };
+    let (preflight, decision) = {
+        let header_str = |name: HeaderName| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let request_method = header_str(header::ACCESS_CONTROL_REQUEST_METHOD);
+        let request_headers = header_str(header::ACCESS_CONTROL_REQUEST_HEADERS);
+        let preflight = request.method() == Method::OPTIONS && request_method.is_some();
+        let policies = ctx.state.policies();
+        let decision = policies.plane(ctx.plane).cors.decide(
+            ctx.plane,
+            CorsInput {
+                method: request.method().as_str(),
+                path: request.uri().path(),
+                origin: &origin,
+                request_method: request_method.as_deref(),
+                request_headers: request_headers.as_deref(),
+            },
+        );
+        (preflight, decision)
+    };
+    let decision = match decision {
+        Ok(d) => d,
+        Err(e) => return edge(ctx.state.plugin_failed(&e).into_response()),
+    };
+    if preflight {
+        let response = match &decision {
+            CorsDecision::Allow(allow) => {
+                let mut response = StatusCode::NO_CONTENT.into_response();
+                if apply_allow(ctx.plane, allow, true, response.headers_mut()) {
+                    add_vary_origin(response.headers_mut());
+                    response
+                } else {
+                    denied()
+                }
+            }
+            CorsDecision::Deny => denied(),
+        };
+        return edge(response);
+    }
+    let mut response = next.run(request).await;
+    strip_cors(response.headers_mut());
+    if let CorsDecision::Allow(allow) = &decision {
+        apply_allow(ctx.plane, allow, false, response.headers_mut());
+    }
+    response
+}
+
+fn denied() -> Response {
+    GatewayError::forbidden("cors_origin_denied", "this origin is not allowed").into_response()
+}

@@ -1,0 +1,26 @@
+//! The two planes.
+
+/// Which listener a request arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Plane {
+    /// Public SDK traffic.
+    Data,
+    /// Console traffic.
+    Management,
+}
+
+impl Plane {
+    /// `data` or `management`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Plane::Data => "data",
+            Plane::Management => "management",
+        }
+    }
+}
+
+impl std::fmt::Display for Plane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

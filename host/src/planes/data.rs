@@ -1,0 +1,45 @@
+//! The data plane: public SDK traffic.
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use http::{HeaderValue, header};
+
+use super::chain;
+use super::routes::{health, service_routes, with_budget, with_fallbacks};
+use crate::middleware::metrics_auth::METRICS_PATH;
+use crate::plane::Plane;
+use crate::proxy::nats_route;
+use crate::proxy::service::Service;
+use crate::state::AppState;
+
+/// The data plane's extra routes, in the default timeout group.
+fn extra_routes() -> Router<AppState> {
+    Router::new()
+        .merge(health())
+        .route("/.well-known/jwks.json", nats_route(Service::Auth))
+        .route("/v1/auth/signup", nats_route(Service::Auth))
+        .route(METRICS_PATH, get(metrics))
+}
+
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    state
+        .metrics
+        .nats_connected
+        .set(i64::from(state.nats.is_connected()));
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        state.metrics.render(),
+    )
+}
+
+/// Builds the data-plane router: service routes plus the data plane's extras, under the chain.
+pub fn build_data_plane_router(state: AppState) -> Router {
+    let timeouts = &state.config.timeouts;
+    let routes = service_routes(timeouts).merge(with_budget(extra_routes(), timeouts.default_budget()));
+    chain::apply(with_fallbacks(routes), state, Plane::Data)
+}

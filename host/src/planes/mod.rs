@@ -1,0 +1,10 @@
+//! The two planes: one set of service routes ([`routes`]), each plane's extra routes and router
+//! ([`data`], [`management`]), and the middleware chain both share ([`chain`]).
+
+pub mod chain;
+pub mod data;
+pub mod management;
+pub mod routes;
+
+pub use data::build_data_plane_router;
+pub use management::build_management_plane_router;

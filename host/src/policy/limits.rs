@@ -1,0 +1,54 @@
+//! Per-store resource limits of a plugin instance.
+
+use wasmtime::ResourceLimiter;
+
+/// Caps linear memory and table growth, and remembers whether a cap was hit so that a failed
+/// call can be reported as a memory excess rather than a plain trap.
+#[derive(Debug)]
+pub struct PluginLimiter {
+    memory_cap: usize,
+    /// Set when the guest asked for more memory than the cap during the current call.
+    pub memory_exceeded: bool,
+}
+
+/// Largest table a plugin may grow to (function references).
+const TABLE_CAP: usize = 100_000;
+
+impl PluginLimiter {
+    /// A limiter allowing `memory_cap` bytes of linear memory.
+    pub fn new(memory_cap: usize) -> Self {
+        Self {
+            memory_cap,
+            memory_exceeded: false,
+        }
+    }
+}
+
+impl ResourceLimiter for PluginLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            self.memory_exceeded = true;
+            // An error (rather than `Ok(false)`) traps at once instead of letting the guest
+            // continue with a failed allocation.
+            wasmtime::bail!(
+                "plugin memory cap exceeded: {desired} bytes requested, {} allowed",
+                self.memory_cap
+            );
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= TABLE_CAP)
+    }
+}

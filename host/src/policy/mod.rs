@@ -1,0 +1,287 @@
+//! WebAssembly policy stages: the runtime ([`engine`]), the generated bindings (private), the
+//! typed stage wrappers ([`stages`]) and the per-plane set of loaded modules ([`PlanePolicies`]).
+//!
+//! The host owns every mechanism; a stage plugin only returns a typed decision. Modules are
+//! compiled and configured when loaded, never on the request path.
+
+mod bindings;
+pub mod builtin;
+pub mod engine;
+mod limits;
+pub mod stages;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
+
+pub use engine::PolicyEngine;
+pub use stages::{ApiKeyStage, CorsStage, DbRoutingStage, QuotaStage};
+
+use crate::config::{self, Config, StageConfig};
+use crate::plane::Plane;
+
+/// The policy stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stage {
+    ApiKey,
+    Cors,
+    Quota,
+    DbRouting,
+}
+
+impl Stage {
+    /// The stage's configuration key (`api_key`, `cors`, `quota`, `db_routing`).
+    pub fn key(self) -> &'static str {
+        match self {
+            Stage::ApiKey => "api_key",
+            Stage::Cors => "cors",
+            Stage::Quota => "quota",
+            Stage::DbRouting => "db_routing",
+        }
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
+/// How a plugin failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The guest trapped (including stack overflow and forbidden imports).
+    Trap,
+    /// The call overran its deadline.
+    Deadline,
+    /// The guest asked for more memory than its cap.
+    Memory,
+    /// The module or its configuration was refused.
+    Refused,
+}
+
+impl FailureKind {
+    /// Label value for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Trap => "trap",
+            FailureKind::Deadline => "deadline",
+            FailureKind::Memory => "memory",
+            FailureKind::Refused => "refused",
+        }
+    }
+}
+
+/// A plugin failure, at load time or on a call.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PluginError {
+    /// A module could not be loaded: wrong exports, refused configuration, failing instance.
+    #[error("{plane}_plane.plugins.{stage}: module {module} refused ({}): {reason}", kind.as_str())]
+    Load {
+        stage: Stage,
+        plane: Plane,
+        module: String,
+        kind: FailureKind,
+        reason: String,
+    },
+    /// A call failed; the request it served fails closed.
+    #[error("{plane}_plane.plugins.{stage}: module {module} failed ({}): {reason}", kind.as_str())]
+    Call {
+        stage: Stage,
+        plane: Plane,
+        module: String,
+        kind: FailureKind,
+        reason: String,
+    },
+    /// A module file could not be read.
+    #[error("{key}.module: cannot read {path}: {reason}")]
+    Io {
+        key: String,
+        path: String,
+        reason: String,
+    },
+    /// The runtime itself could not be set up.
+    #[error("plugin runtime: {0}")]
+    Runtime(String),
+}
+
+impl PluginError {
+    pub(crate) fn runtime(message: String) -> Self {
+        PluginError::Runtime(message)
+    }
+
+    /// The stage concerned, when there is one.
+    pub fn stage(&self) -> Option<Stage> {
+        match self {
+            PluginError::Load { stage, .. } | PluginError::Call { stage, .. } => Some(*stage),
+            _ => None,
+        }
+    }
+
+    /// The failure kind, when there is one.
+    pub fn kind(&self) -> Option<FailureKind> {
+        match self {
+            PluginError::Load { kind, .. } | PluginError::Call { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// Logs the failure as an error naming plugin, stage and plane.
+    pub fn log(&self) {
+        match self {
+            PluginError::Call {
+                stage,
+                plane,
+                module,
+                kind,
+                reason,
+            }
+            | PluginError::Load {
+                stage,
+                plane,
+                module,
+                kind,
+                reason,
+            } => tracing::error!(
+                plugin = %module,
+                stage = %stage,
+                plane = %plane,
+                kind = kind.as_str(),
+                reason = %reason,
+                "policy plugin failed; the request fails closed"
+            ),
+            other => tracing::error!(error = %other, "policy plugin error"),
+        }
+    }
+}
+
+/// Compiled components by digest, so that a module used by several stages or planes is
+/// compiled once.
+#[derive(Default)]
+struct ComponentCache {
+    compiled: HashMap<String, Component>,
+}
+
+/// Reads (or takes the built-in bytes of) a stage module, compiles it once.
+fn component_for(
+    runtime: &PolicyEngine,
+    cache: &mut ComponentCache,
+    key: &str,
+    stage: Stage,
+    plane: Plane,
+    stage_config: &StageConfig,
+    base: Option<&Path>,
+) -> Result<(String, String, Component), PluginError> {
+    let (name, bytes): (String, std::borrow::Cow<'static, [u8]>) =
+        match stage_config.module_path() {
+            None => (
+                config::BUILTIN.to_owned(),
+                std::borrow::Cow::Borrowed(match stage {
+                    Stage::ApiKey => builtin::API_KEY,
+                    Stage::Cors => builtin::CORS,
+                    Stage::Quota => builtin::QUOTA,
+                    Stage::DbRouting => builtin::DB_ROUTING,
+                }),
+            ),
+            Some(path) => {
+                let resolved = config::resolve(base, path);
+                let bytes = std::fs::read(&resolved).map_err(|e| PluginError::Io {
+                    key: key.to_owned(),
+                    path: resolved.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+                (resolved.display().to_string(), std::borrow::Cow::Owned(bytes))
+            }
+        };
+    let digest = hex::encode(Sha256::digest(&bytes));
+    let component = match cache.compiled.get(&digest) {
+        Some(c) => c.clone(),
+        None => {
+            let c = runtime.compile(&bytes).map_err(|reason| PluginError::Load {
+                stage,
+                plane,
+                module: name.clone(),
+                kind: FailureKind::Refused,
+                reason,
+            })?;
+            cache.compiled.insert(digest.clone(), c.clone());
+            c
+        }
+    };
+    Ok((name, digest, component))
+}
+
+/// The loaded stage modules of one plane.
+#[derive(Debug)]
+pub struct PlanePolicies {
+    /// The plane.
+    pub plane: Plane,
+    /// API key extraction (data plane only).
+    pub api_key: Option<ApiKeyStage>,
+    /// CORS.
+    pub cors: CorsStage,
+    /// Per-actor quota rules.
+    pub quota: QuotaStage,
+    /// `/v1/db/*` routing.
+    pub db_routing: DbRoutingStage,
+}
+
+/// The loaded policies of both planes.
+#[derive(Debug)]
+pub struct Policies {
+    pub data: Arc<PlanePolicies>,
+    pub management: Arc<PlanePolicies>,
+}
+
+impl Policies {
+    /// Compiles, checks and configures every stage module of both planes.
+    pub fn load(
+        runtime: &Arc<PolicyEngine>,
+        config: &Config,
+        base: Option<&Path>,
+    ) -> Result<Self, PluginError> {
+        let mut cache = ComponentCache::default();
+        let mut load = |plane: Plane, stage: Stage, sc: &StageConfig| {
+            let key = format!("{plane}_plane.plugins.{stage}");
+            let (name, digest, component) =
+                component_for(runtime, &mut cache, &key, stage, plane, sc, base)?;
+            Ok::<_, PluginError>((name, digest, component, sc.config.to_string()))
+        };
+        let d = &config.data_plane.plugins;
+        let m = &config.management_plane.plugins;
+        let data = PlanePolicies {
+            plane: Plane::Data,
+            api_key: Some(ApiKeyStage::load(runtime, Plane::Data, load(Plane::Data, Stage::ApiKey, &d.api_key)?)?),
+            cors: CorsStage::load(runtime, Plane::Data, load(Plane::Data, Stage::Cors, &d.cors)?)?,
+            quota: QuotaStage::load(runtime, Plane::Data, load(Plane::Data, Stage::Quota, &d.quota)?)?,
+            db_routing: DbRoutingStage::load(
+                runtime,
+                Plane::Data,
+                load(Plane::Data, Stage::DbRouting, &d.db_routing)?,
+            )?,
+        };
+        let mp = Plane::Management;
+        let management = PlanePolicies {
+            plane: mp,
+            api_key: None,
+            cors: CorsStage::load(runtime, mp, load(mp, Stage::Cors, &m.cors)?)?,
+            quota: QuotaStage::load(runtime, mp, load(mp, Stage::Quota, &m.quota)?)?,
+            db_routing: DbRoutingStage::load(runtime, mp, load(mp, Stage::DbRouting, &m.db_routing)?)?,
+        };
+        Ok(Self {
+            data: Arc::new(data),
+            management: Arc::new(management),
+        })
+    }
+
+    /// The policies of `plane`.
+    pub fn plane(&self, plane: Plane) -> &Arc<PlanePolicies> {
+        match plane {
+            Plane::Data => &self.data,
+            Plane::Management => &self.management,
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! One typed wrapper per stage: converts the host's request data to the stage's WIT records,
+//! runs the call under the runtime's limits, and returns the plugin's typed decision.
+
+use std::sync::Arc;
+
+use wasmtime::Store;
+use wasmtime::component::{Component, InstancePre};
+
+use super::bindings;
+use super::engine::{PluginState, PolicyEngine, StageModule, StageWorld};
+use super::{PluginError, Stage};
+use crate::actor::{Actor, Role};
+use crate::plane::Plane;
+
+pub use bindings::api_key::exports::aura::gateway::api_key::{
+    Credential, KeyDecision, KeyRequest, KeyRole, KeySource,
+};
+pub use bindings::cors::exports::aura::gateway::cors::{CorsAllow, CorsDecision, CorsRequest};
+pub use bindings::db_routing::exports::aura::gateway::db_routing::{
+    DbEngine, DbRequest, DbRoute, ProjectDb, Topology,
+};
+pub use bindings::quota::exports::aura::gateway::quota::{QuotaDecision, QuotaRequest, QuotaRule};
+
+/// Implements [`StageWorld`] for one generated world.
+macro_rules! stage_world {
+    ($module:ident, $world:ident, $pre:ident, $accessor:ident, $stage:expr, $setup:ty) => {
+        impl StageWorld for bindings::$module::$world {
+            type Pre = bindings::$module::$pre<PluginState>;
+            type Setup = $setup;
+            const STAGE: Stage = $stage;
+
+            fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
+                bindings::$module::$pre::new(pre)
+            }
+
+            fn instantiate(
+                pre: &Self::Pre,
+                store: &mut Store<PluginState>,
+            ) -> wasmtime::Result<Self> {
+                pre.instantiate(store)
+            }
+
+            fn configure(
+                &self,
+                store: &mut Store<PluginState>,
+                plane: Plane,
+                config: &str,
+            ) -> wasmtime::Result<Result<$setup, String>> {
+                use bindings::$module::aura::gateway::types::Plane as WitPlane;
+                let plane = match plane {
+                    Plane::Data => WitPlane::Data,
+                    Plane::Management => WitPlane::Management,
+                };
+                self.$accessor().call_configure(store, plane, config)
+            }
+        }
+    };
+}
+
+stage_world!(api_key, ApiKeyStage, ApiKeyStagePre, aura_gateway_api_key, Stage::ApiKey, Vec<String>);
+stage_world!(cors, CorsStage, CorsStagePre, aura_gateway_cors, Stage::Cors, ());
+stage_world!(quota, QuotaStage, QuotaStagePre, aura_gateway_quota, Stage::Quota, ());
+stage_world!(
+    db_routing,
+    DbRoutingStage,
+    DbRoutingStagePre,
+    aura_gateway_db_routing,
+    Stage::DbRouting,
+    ()
+);
+
+/// What [`super::Policies::load`] hands each wrapper: name, digest, compiled component, config.
+pub(crate) type Loaded = (String, String, Component, String);
+
+/// Implements the common parts of a stage wrapper.
+macro_rules! wrapper {
+    ($name:ident, $world:ty) => {
+        impl $name {
+            pub(crate) fn load(
+                runtime: &Arc<PolicyEngine>,
+                plane: Plane,
+                (name, digest, component, config): Loaded,
+            ) -> Result<Self, PluginError> {
+                Ok(Self {
+                    module: StageModule::load(
+                        runtime.clone(),
+                        plane,
+                        name,
+                        digest,
+                        &component,
+                        config,
+                    )?,
+                })
+            }
+
+            /// The module's name (`builtin` or its path).
+            pub fn module_name(&self) -> &str {
+                self.module.name()
+            }
+
+            /// SHA-256 of the module, hex.
+            pub fn digest(&self) -> &str {
+                self.module.digest()
+            }
+        }
+    };
+}
+
+/// The loaded `api-key` stage of the data plane.
+#[derive(Debug)]
+pub struct ApiKeyStage {
+    module: StageModule<bindings::api_key::ApiKeyStage>,
+}
+wrapper!(ApiKeyStage, bindings::api_key::ApiKeyStage);
+
+impl ApiKeyStage {
+    /// The lower-case header names the plugin asked to see.
+    pub fn headers(&self) -> &[String] {
+        self.module.setup()
+    }
+
+    /// Extracts the credential of one request.
+    pub fn extract(&self, request: &KeyRequest) -> Result<KeyDecision, PluginError> {
+        self.module
+            .call(|b, store| b.aura_gateway_api_key().call_extract(store, request))
+    }
+}
+
+/// The loaded `cors` stage of a plane.
+#[derive(Debug)]
+pub struct CorsStage {
+    module: StageModule<bindings::cors::CorsStage>,
+}
+wrapper!(CorsStage, bindings::cors::CorsStage);
+
+impl CorsStage {
+    /// Decides the CORS answer for one request with an `Origin`.
+    pub fn decide(&self, plane: Plane, request: CorsInput<'_>) -> Result<CorsDecision, PluginError> {
+        use bindings::cors::aura::gateway::types::Plane as WitPlane;
+        let request = CorsRequest {
+            plane: match plane {
+                Plane::Data => WitPlane::Data,
+                Plane::Management => WitPlane::Management,
+            },
+            method: request.method.to_owned(),
+            path: request.path.to_owned(),
+            origin: request.origin.to_owned(),
+            request_method: request.request_method.map(str::to_owned),
+            request_headers: request.request_headers.map(str::to_owned),
+        };
+        self.module
+            .call(|b, store| b.aura_gateway_cors().call_decide(store, &request))
+    }
+}
+
+/// What the host knows of a request for the CORS stage.
+#[derive(Debug, Clone, Copy)]
+pub struct CorsInput<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub origin: &'a str,
+    pub request_method: Option<&'a str>,
+    pub request_headers: Option<&'a str>,
+}
+
+/// The loaded `quota` stage of a plane.
+#[derive(Debug)]
+pub struct QuotaStage {
+    module: StageModule<bindings::quota::QuotaStage>,
+}
+wrapper!(QuotaStage, bindings::quota::QuotaStage);
+
+impl QuotaStage {
+    /// The quota rule of one request.
+    pub fn decide(
+        &self,
+        method: &str,
+        path: &str,
+        route_group: &str,
+        actor: &Actor,
+    ) -> Result<QuotaDecision, PluginError> {
+        use bindings::quota::aura::gateway::types::{
+            Actor as WitActor, ActorRole, Plane as WitPlane,
+        };
+        let request = QuotaRequest {
+            plane: match actor.plane {
+                Plane::Data => WitPlane::Data,
+                Plane::Management => WitPlane::Management,
+            },
+            method: method.to_owned(),
+            path: path.to_owned(),
+            route_group: route_group.to_owned(),
+            actor: WitActor {
+                role: match actor.role {
+                    Role::Anon => ActorRole::Anon,
+                    Role::Authenticated => ActorRole::Authenticated,
+                    Role::ServiceRole => ActorRole::ServiceRole,
+                    Role::Console => ActorRole::Console,
+                },
+                project: actor.project.clone(),
+                key_id: actor.key_id.clone(),
+                user_id: actor.user_id.clone(),
+                org_role: actor.org_role.clone(),
+                plan: actor.plan.clone(),
+            },
+        };
+        self.module
+            .call(|b, store| b.aura_gateway_quota().call_decide(store, &request))
+    }
+}
+
+/// The loaded `db-routing` stage of a plane.
+#[derive(Debug)]
+pub struct DbRoutingStage {
+    module: StageModule<bindings::db_routing::DbRoutingStage>,
+}
+wrapper!(DbRoutingStage, bindings::db_routing::DbRoutingStage);
+
+impl DbRoutingStage {
+    /// Where one `/v1/db/*` request goes.
+    pub fn decide(
+        &self,
+        plane: Plane,
+        method: &str,
+        path: &str,
+        project: Option<ProjectDb>,
+    ) -> Result<DbRoute, PluginError> {
+        use bindings::db_routing::aura::gateway::types::Plane as WitPlane;
+        let request = DbRequest {
+            plane: match plane {
+                Plane::Data => WitPlane::Data,
+                Plane::Management => WitPlane::Management,
+            },
+            method: method.to_owned(),
+            path: path.to_owned(),
+            project,
+        };
+        self.module
+            .call(|b, store| b.aura_gateway_db_routing().call_decide(store, &request))
+    }
+}

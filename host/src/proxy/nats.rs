@@ -1,0 +1,159 @@
+//! Envelope over NATS request/reply, with the contract's delivery rules.
+//!
+//! - The whole call, including the wait for a send slot, runs inside the route's deadline.
+//! - While the connection is down, requests fail fast (503) instead of being queued by the
+//!   client and sent after the caller was already answered.
+//! - A request is replayed only after a no-responders answer, the one proof that nobody got it;
+//!   never after a timeout or any reply. Replays are bounded in number and by the deadline.
+
+use std::time::Duration;
+
+use async_nats::connection::State as ConnState;
+use async_nats::{Client, ConnectOptions, Event, RequestErrorKind};
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::envelope::{EnvelopeRequest, Reply, parse_reply};
+use super::service::Service;
+use crate::config::NatsConfig;
+use crate::error::GatewayError;
+
+/// The NATS transport shared by every NATS route.
+#[derive(Debug, Clone)]
+pub struct NatsTransport {
+    client: Client,
+    prefix: String,
+    retries: u32,
+    backoff: Duration,
+}
+
+impl NatsTransport {
+    /// Starts connecting. Returns at once: the connection is (re)established in the background,
+    /// and requests fail fast while it is down.
+    pub async fn connect(config: &NatsConfig) -> Result<Self, async_nats::ConnectError> {
+        let client = ConnectOptions::new()
+            .name("aura-gateway")
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .event_callback(|event| async move {
+                match event {
+                    Event::Connected => tracing::info!("nats connected"),
+                    Event::Disconnected => tracing::warn!("nats disconnected"),
+                    Event::ClientError(e) => tracing::warn!(error = %e, "nats client error"),
+                    Event::ServerError(e) => tracing::warn!(error = %e, "nats server error"),
+                    other => tracing::debug!(event = %other, "nats event"),
+                }
+            })
+            .connect(config.url.as_str())
+            .await?;
+        Ok(Self {
+            client,
+            prefix: config.subject_prefix.clone(),
+            retries: config.no_responder_retries,
+            backoff: Duration::from_millis(config.retry_backoff_ms),
+        })
+    }
+
+    /// Whether the connection is up now.
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == ConnState::Connected
+    }
+
+    /// The subject of a service.
+    pub fn subject(&self, service: Service) -> String {
+        format!("{}.{}.http", self.prefix, service.name())
+    }
+
+    /// Sends `envelope` to `service` and waits for its reply, until `deadline`.
+    pub async fn request(
+        &self,
+        service: Service,
+        envelope: &mut EnvelopeRequest<'_>,
+        deadline: Instant,
+    ) -> Result<Reply, GatewayError> {
+        if !self.is_connected() {
+            return Err(GatewayError::unavailable(
+                "backend_unavailable",
+                format!("the {} service cannot be reached (NATS connection down)", service.name()),
+            )
+            .retry_after(Duration::from_secs(1)));
+        }
+        let subject = self.subject(service);
+        let max_payload = self.client.server_info().max_payload;
+        let mut attempt = 0u32;
+        loop {
+            let now = Instant::now();
+            let Some(left) = deadline.checked_duration_since(now).filter(|d| !d.is_zero()) else {
+                return Err(timeout(service));
+            };
+            envelope.deadline_ms = left.as_millis() as u64;
+            let payload = Bytes::from(
+                serde_json::to_vec(&*envelope)
+                    .map_err(|e| GatewayError::internal(format!("envelope encoding: {e}")))?,
+            );
+            if max_payload > 0 && payload.len() > max_payload {
+                return Err(GatewayError::payload_too_large(format!(
+                    "the request is too large for the {} service ({} bytes encoded, at most {max_payload})",
+                    service.name(),
+                    payload.len()
+                )));
+            }
+            let request = async_nats::client::Request::new()
+                .payload(payload)
+                .timeout(Some(left));
+            let sent = tokio::time::timeout_at(
+                deadline,
+                self.client.send_request(subject.clone(), request),
+            )
+            .await;
+            match sent {
+                Err(_) => return Err(timeout(service)),
+                Ok(Ok(message)) => return parse_reply(&message.payload),
+                Ok(Err(e)) => match e.kind() {
+                    RequestErrorKind::NoResponders => {
+                        if attempt >= self.retries {
+                            return Err(GatewayError::unavailable(
+                                "no_responders",
+                                format!("no {} service instance is available", service.name()),
+                            )
+                            .retry_after(Duration::from_secs(1)));
+                        }
+                        // Proof of non-delivery: safe to replay, after a backoff that stays
+                        // inside the deadline.
+                        let wait = self.backoff.saturating_mul(1 << attempt.min(16));
+                        attempt += 1;
+                        tracing::debug!(service = service.name(), attempt, "no responders; replaying");
+                        if Instant::now() + wait >= deadline {
+                            return Err(timeout(service));
+                        }
+                        tokio::time::sleep(wait).await;
+                    }
+                    // Delivery unknown: the request may be running; never replay.
+                    RequestErrorKind::TimedOut => return Err(timeout(service)),
+                    RequestErrorKind::MaxPayloadExceeded => {
+                        return Err(GatewayError::payload_too_large(format!(
+                            "the request is too large for the {} service",
+                            service.name()
+                        )));
+                    }
+                    RequestErrorKind::InvalidSubject => {
+                        return Err(GatewayError::internal(format!("invalid subject {subject}")));
+                    }
+                    RequestErrorKind::Other => {
+                        return Err(GatewayError::bad_gateway(
+                            "backend_error",
+                            format!("the request to the {} service failed: {e}", service.name()),
+                        ));
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn timeout(service: Service) -> GatewayError {
+    GatewayError::timeout(
+        "upstream_timeout",
+        format!("the {} service did not answer within the route's budget", service.name()),
+    )
+}

@@ -1,0 +1,150 @@
+//! Listeners: two TCP listeners, one per plane, served concurrently over one state, with a
+//! header-read timeout (slowloris guard), a connection cap, and a bounded graceful shutdown.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tower::ServiceExt;
+
+use crate::config::Config;
+use crate::plane::Plane;
+use crate::planes::{build_data_plane_router, build_management_plane_router};
+use crate::state::AppState;
+
+/// Binds both listeners. Fails with the address when a port is taken.
+pub async fn bind(config: &Config) -> anyhow::Result<(TcpListener, TcpListener)> {
+    let data_addr: SocketAddr = format!("{}:{}", config.host, config.port).parse()?;
+    let mgmt_addr: SocketAddr = format!("{}:{}", config.host, config.management_port).parse()?;
+    let data = TcpListener::bind(data_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("data plane: cannot listen on {data_addr}: {e}"))?;
+    let mgmt = TcpListener::bind(mgmt_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("management plane: cannot listen on {mgmt_addr}: {e}"))?;
+    Ok((data, mgmt))
+}
+
+/// Serves both planes until `shutdown` resolves, then lets in-flight requests finish for at
+/// most `server.shutdown_grace_secs`.
+pub async fn serve(
+    state: AppState,
+    data: TcpListener,
+    management: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let data_app = build_data_plane_router(state.clone());
+    let mgmt_app = build_management_plane_router(state.clone());
+    let (a, b) = tokio::join!(
+        serve_plane(Plane::Data, data, data_app, &state.config, stop_rx.clone()),
+        serve_plane(Plane::Management, management, mgmt_app, &state.config, stop_rx),
+    );
+    a.and(b)
+}
+
+async fn serve_plane(
+    plane: Plane,
+    listener: TcpListener,
+    router: Router,
+    config: &Config,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let addr = listener.local_addr()?;
+    tracing::info!(plane = plane.as_str(), %addr, "listening");
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(config.server.header_read_timeout_ms));
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    let permits = Arc::new(Semaphore::new(config.server.max_connections));
+    let graceful = GracefulShutdown::new();
+    loop {
+        // Past the cap, stop accepting: new connections wait in the kernel backlog.
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p?,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(plane = plane.as_str(), error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+            let router = router.clone();
+            async move {
+                Ok::<_, Infallible>(
+                    router
+                        .oneshot(request.map(Body::new))
+                        .await
+                        .unwrap_or_else(|never| match never {}),
+                )
+            }
+        });
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let grace = Duration::from_secs(config.server.shutdown_grace_secs);
+    tracing::info!(plane = plane.as_str(), grace_secs = grace.as_secs(), "shutting down");
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!(plane = plane.as_str(), "grace period over; closing remaining connections");
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received"),
+        _ = terminate => tracing::info!("SIGTERM received"),
+    }
+}

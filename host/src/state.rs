@@ -1,0 +1,73 @@
+//! The one state shared by both planes.
+
+use std::ops::Deref;
+use std::path::Path;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
+use crate::policy::{Policies, PluginError, PolicyEngine};
+use crate::proxy::nats::NatsTransport;
+
+/// Shared state of both planes: configuration, NATS client, plugin runtime and loaded policy
+/// modules, metrics. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState(Arc<StateInner>);
+
+/// What [`AppState`] holds.
+#[derive(Debug)]
+pub struct StateInner {
+    /// The validated configuration.
+    pub config: Config,
+    /// The NATS transport.
+    pub nats: NatsTransport,
+    /// The plugin runtime.
+    pub runtime: Arc<PolicyEngine>,
+    policies: ArcSwap<Policies>,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+}
+
+impl Deref for AppState {
+    type Target = StateInner;
+    fn deref(&self) -> &StateInner {
+        &self.0
+    }
+}
+
+impl AppState {
+    /// Loads the policy modules of both planes and starts the NATS connection. `base` is the
+    /// config file's folder, for relative module paths.
+    pub async fn build(config: Config, base: Option<&Path>) -> anyhow::Result<Self> {
+        let runtime = PolicyEngine::new(&config.plugins)?;
+        let policies = Policies::load(&runtime, &config, base)?;
+        let nats = NatsTransport::connect(&config.nats).await?;
+        Ok(Self(Arc::new(StateInner {
+            config,
+            nats,
+            runtime,
+            policies: ArcSwap::from_pointee(policies),
+            metrics: Metrics::new(),
+        })))
+    }
+
+    /// The policy modules in force now. A request keeps the ones it started with.
+    pub fn policies(&self) -> Arc<Policies> {
+        self.policies.load_full()
+    }
+
+    /// Counts a plugin failure and gives the fail-closed answer for it.
+    pub fn plugin_failed(&self, error: &PluginError) -> GatewayError {
+        let stage = error.stage().map(|s| s.key()).unwrap_or("unknown");
+        if let PluginError::Call { plane, kind, .. } = error {
+            self.metrics
+                .plugin_failures
+                .with_label_values(&[plane.as_str(), stage, kind.as_str()])
+                .inc();
+        }
+        GatewayError::policy_failed(stage)
+    }
+}

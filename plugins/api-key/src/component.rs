@@ -1,0 +1,60 @@
+//! Component glue: exports `aura:gateway/api-key` over [`crate::policy`].
+
+#![expect(unsafe_code, reason = "wit-bindgen generates the canonical ABI glue with unsafe code")]
+
+use std::sync::OnceLock;
+
+use crate::policy::{Decision, Policy, Role, Source};
+
+wit_bindgen::generate!({ path: "../../wit", world: "api-key-stage" });
+
+use aura::gateway::types::Plane;
+use exports::aura::gateway::api_key::{Credential, Guest, KeyDecision, KeyRequest, KeyRole, KeySource};
+
+static POLICY: OnceLock<Policy> = OnceLock::new();
+
+struct Component;
+
+impl Guest for Component {
+    fn configure(plane: Plane, config: String) -> Result<Vec<String>, String> {
+        if plane != Plane::Data {
+            return Err("the api-key stage exists on the data plane only".to_owned());
+        }
+        let policy = Policy::configure(&config)?;
+        let headers = policy.headers().to_vec();
+        POLICY
+            .set(policy)
+            .map_err(|_| "api-key plugin configured twice".to_owned())?;
+        Ok(headers)
+    }
+
+    fn extract(request: KeyRequest) -> KeyDecision {
+        let Some(policy) = POLICY.get() else {
+            return KeyDecision::Refuse("api-key plugin not configured".to_owned());
+        };
+        match policy.extract(&request.path, &request.query_keys, &request.headers) {
+            Decision::Absent => KeyDecision::Absent,
+            Decision::Refuse(why) => KeyDecision::Refuse(why),
+            Decision::Present {
+                key,
+                source,
+                allowed_roles,
+            } => KeyDecision::Present(Credential {
+                key,
+                source: match source {
+                    Source::Header => KeySource::Header,
+                    Source::Query => KeySource::Query,
+                },
+                allowed_roles: allowed_roles
+                    .into_iter()
+                    .map(|r| match r {
+                        Role::Anon => KeyRole::Anon,
+                        Role::ServiceRole => KeyRole::ServiceRole,
+                    })
+                    .collect(),
+            }),
+        }
+    }
+}
+
+export!(Component);

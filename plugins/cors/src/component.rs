@@ -1,0 +1,47 @@
+//! Component glue: exports `aura:gateway/cors` over [`crate::policy`].
+
+#![expect(unsafe_code, reason = "wit-bindgen generates the canonical ABI glue with unsafe code")]
+
+use std::sync::OnceLock;
+
+use crate::policy::{Plane, Policy};
+
+wit_bindgen::generate!({ path: "../../wit", world: "cors-stage" });
+
+use aura::gateway::types::Plane as WitPlane;
+use exports::aura::gateway::cors::{CorsAllow, CorsDecision, CorsRequest, Guest};
+
+static POLICY: OnceLock<Policy> = OnceLock::new();
+
+struct Component;
+
+impl Guest for Component {
+    fn configure(plane: WitPlane, config: String) -> Result<(), String> {
+        let plane = match plane {
+            WitPlane::Data => Plane::Data,
+            WitPlane::Management => Plane::Management,
+        };
+        let policy = Policy::configure(plane, &config)?;
+        POLICY
+            .set(policy)
+            .map_err(|_| "cors plugin configured twice".to_owned())
+    }
+
+    fn decide(request: CorsRequest) -> CorsDecision {
+        let Some(policy) = POLICY.get() else {
+            return CorsDecision::Deny;
+        };
+        match policy.decide(&request.origin, request.request_method.is_some()) {
+            None => CorsDecision::Deny,
+            Some(a) => CorsDecision::Allow(CorsAllow {
+                allow_origin: a.allow_origin,
+                allow_methods: a.allow_methods,
+                allow_headers: a.allow_headers,
+                expose_headers: a.expose_headers,
+                max_age: a.max_age,
+            }),
+        }
+    }
+}
+
+export!(Component);

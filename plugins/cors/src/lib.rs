@@ -1,0 +1,12 @@
+//! Default policy plugin for the `cors` stage (`aura:gateway/cors`).
+//!
+//! The data plane allows any origin (`*`); the management plane allows only the origins listed in
+//! `allow_origins` and refuses a configuration containing `*`. Credentials are never allowed.
+//!
+//! The policy itself is plain Rust in [`policy`], so it can be tested natively and compiled into
+//! the host for comparison; the component glue for `wasm32` lives in `component`.
+
+pub mod policy;
+
+#[cfg(target_arch = "wasm32")]
+mod component;
