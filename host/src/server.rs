@@ -80,7 +80,7 @@ async fn serve_plane(
         // Past the cap, stop accepting: new connections wait in the kernel backlog.
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => p?,
-            _ = stop.wait_for(|s| *s) => break,
+            _ = stopped(&mut stop) => break,
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -91,7 +91,7 @@ async fn serve_plane(
                     continue;
                 }
             },
-            _ = stop.wait_for(|s| *s) => break,
+            _ = stopped(&mut stop) => break,
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
@@ -125,6 +125,11 @@ async fn serve_plane(
         tracing::warn!(plane = plane.as_str(), "grace period over; closing remaining connections");
     }
     Ok(())
+}
+
+/// Resolves once shutdown was asked for.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await.map(|_| ());
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -1,1 +1,10 @@
+//! End-to-end tests of the gateway: the chain without sockets, the policy runtime on the built
+//! components, and both planes over real sockets against a real `nats-server`.
 
+mod support;
+
+mod binary;
+mod chain;
+mod nats;
+mod plugins;
+mod timeouts;

@@ -4,17 +4,17 @@
 //! [`super::stages`]. Guest-visible errors are WIT results; traps stay host-side.
 
 pub(crate) mod api_key {
-    wasmtime::component::bindgen!({ path: "../wit", world: "api-key-stage" });
+    wasmtime::component::bindgen!({ path: "../wit", world: "api-key-stage", additional_derives: [PartialEq, Eq] });
 }
 
 pub(crate) mod cors {
-    wasmtime::component::bindgen!({ path: "../wit", world: "cors-stage" });
+    wasmtime::component::bindgen!({ path: "../wit", world: "cors-stage", additional_derives: [PartialEq, Eq] });
 }
 
 pub(crate) mod quota {
-    wasmtime::component::bindgen!({ path: "../wit", world: "quota-stage" });
+    wasmtime::component::bindgen!({ path: "../wit", world: "quota-stage", additional_derives: [PartialEq, Eq] });
 }
 
 pub(crate) mod db_routing {
-    wasmtime::component::bindgen!({ path: "../wit", world: "db-routing-stage" });
+    wasmtime::component::bindgen!({ path: "../wit", world: "db-routing-stage", additional_derives: [PartialEq, Eq] });
 }

@@ -28,8 +28,9 @@ pub struct NatsTransport {
 }
 
 impl NatsTransport {
-    /// Starts connecting. Returns at once: the connection is (re)established in the background,
-    /// and requests fail fast while it is down.
+    /// Starts connecting and waits at most `connect_timeout_ms` for the first connection; past
+    /// that the connection is (re)established in the background and requests fail fast while
+    /// it is down.
     pub async fn connect(config: &NatsConfig) -> Result<Self, async_nats::ConnectError> {
         let client = ConnectOptions::new()
             .name("aura-gateway")
@@ -46,6 +47,16 @@ impl NatsTransport {
             })
             .connect(config.url.as_str())
             .await?;
+        // Give the first connection a chance before serving, so that a gateway started next to
+        // a healthy NATS does not answer its first requests with 503.
+        let waited = tokio::time::Instant::now();
+        let patience = Duration::from_millis(config.connect_timeout_ms);
+        while client.connection_state() != ConnState::Connected && waited.elapsed() < patience {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if client.connection_state() != ConnState::Connected {
+            tracing::warn!(url = %config.url, "NATS not reachable yet; NATS routes answer 503 until it is");
+        }
         Ok(Self {
             client,
             prefix: config.subject_prefix.clone(),

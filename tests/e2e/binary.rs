@@ -1,0 +1,198 @@
+//! The real binary: commands, configuration, both planes, plugin swap by path, shutdown.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use aura_gateway::policy::builtin::TESTING_PLUGIN_PATH;
+use reqwest::StatusCode;
+
+use crate::support::gateway::{Process, binary};
+use crate::support::nats_server::shared;
+use crate::support::responder::{Responder, reply};
+use crate::support::unique_prefix;
+
+fn example_config() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/local.toml")
+}
+
+fn write_config(dir: &Path, toml: &str) -> PathBuf {
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, toml).expect("write config");
+    path
+}
+
+fn check_config(path: &Path) -> std::process::Output {
+    Command::new(binary())
+        .args(["check-config", "--config"])
+        .arg(path)
+        .output()
+        .expect("run check-config")
+}
+
+const SECURITY_HEADERS: &[&str] = &[
+    "content-security-policy",
+    "x-content-type-options",
+    "referrer-policy",
+    "strict-transport-security",
+    "x-frame-options",
+];
+
+#[tokio::test]
+async fn the_example_config_serves_health_on_both_planes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = Process::serve(&example_config(), dir.path());
+    for url in [gw.data_url("/health"), gw.mgmt_url("/health")] {
+        let response = reqwest::get(&url).await.expect("health");
+        assert_eq!(response.status(), StatusCode::OK, "{url}");
+        for h in SECURITY_HEADERS {
+            assert!(response.headers().contains_key(*h), "{url}: {h}");
+        }
+        assert!(response.headers().contains_key("x-request-id"));
+    }
+}
+
+#[test]
+fn check_config_accepts_the_example_and_names_the_key_of_a_bad_one() {
+    let ok = check_config(&example_config());
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = write_config(dir.path(), "[server]\nmax_body_byte = 10\n");
+    let out = check_config(&bad);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("max_body_byte"), "{stderr}");
+
+    let bad = write_config(dir.path(), "[timeouts]\nfunctions_ms = 0\n");
+    let out = check_config(&bad);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timeouts.functions_ms"));
+}
+
+#[test]
+fn a_wildcard_management_origin_fails_check_config_and_serve() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        "[management_plane.plugins.cors.config]\nallow_origins = [\"https://studio.example\", \"*\"]\n",
+    );
+    let out = check_config(&path);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("management_plane.plugins.cors"), "{stderr}");
+    let serve = Command::new(binary())
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("AURA_PORT", crate::support::free_port().to_string())
+        .env("AURA_MANAGEMENT_PORT", crate::support::free_port().to_string())
+        .output()
+        .expect("run serve");
+    assert!(!serve.status.success(), "serve must refuse to start");
+    assert!(String::from_utf8_lossy(&serve.stderr).contains("refused"));
+}
+
+#[tokio::test]
+async fn pointing_the_cors_stage_at_another_module_changes_the_answer_without_rebuilding() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let preflight = |url: String| async move {
+        reqwest::Client::new()
+            .request(reqwest::Method::OPTIONS, url)
+            .header("origin", "https://app.example")
+            .header("access-control-request-method", "GET")
+            .send()
+            .await
+            .expect("preflight")
+    };
+    let builtin = write_config(dir.path(), "");
+    let gw = Process::serve(&builtin, dir.path());
+    let r = preflight(gw.data_url("/v1/db/x")).await;
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    drop(gw);
+
+    let swapped = write_config(
+        dir.path(),
+        &format!("[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n"),
+    );
+    let gw = Process::serve(&swapped, dir.path());
+    let r = preflight(gw.data_url("/v1/db/x")).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(r.headers()["access-control-allow-origin"], "https://app.example");
+    assert_eq!(r.headers()["access-control-allow-headers"], "x-testing");
+}
+
+#[tokio::test]
+async fn a_trapping_or_looping_plugin_fails_its_request_closed_and_the_next_is_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        &format!(
+            "[plugins]\ncall_deadline_ms = 50\n[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n"
+        ),
+    );
+    let gw = Process::serve(&path, dir.path());
+    let client = reqwest::Client::new();
+    for origin in ["https://trap.test", "https://loop.test", "https://grow.test"] {
+        let r = client
+            .get(gw.data_url("/health"))
+            .header("origin", origin)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{origin}");
+        assert!(r.headers().contains_key("x-request-id"));
+        let body: serde_json::Value = r.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "policy_failed", "{origin}");
+        let next = client
+            .get(gw.data_url("/health"))
+            .header("origin", "https://ok.test")
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(next.status(), StatusCode::OK, "served after {origin}");
+    }
+    let log = gw.log_text();
+    assert!(log.contains("policy plugin failed"), "{log}");
+    assert!(log.contains("stage=cors") || log.contains("stage\":\"cors"), "{log}");
+    assert!(log.contains(TESTING_PLUGIN_PATH), "the log names the plugin: {log}");
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_requests_finish() {
+    let nats = shared();
+    let prefix = unique_prefix();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        &format!("[nats]\nurl = {:?}\nsubject_prefix = {prefix:?}\n", nats.url()),
+    );
+    let mut gw = Process::serve(&path, dir.path());
+    let _responder = Responder::start(&nats.url(), &format!("{prefix}.functions.http"), Duration::from_millis(1_000), |_| {
+        reply(200, &[], b"finished")
+    })
+    .await;
+    // Wait until the gateway's own NATS connection is up.
+    let client = reqwest::Client::new();
+    for _ in 0..100 {
+        let r = client.get(gw.data_url("/v1/auth/x")).send().await.expect("request");
+        if r.status() != StatusCode::SERVICE_UNAVAILABLE
+            || r.text().await.unwrap_or_default().contains("no_responders")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let url = gw.data_url("/v1/functions/slow");
+    let in_flight = tokio::spawn(async move { reqwest::get(url).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = gw.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success());
+    let response = in_flight.await.expect("task").expect("in-flight request completes");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.text().await.expect("body"), "finished");
+    let status = tokio::task::spawn_blocking(move || gw.child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success(), "clean exit after SIGTERM: {status:?}");
+}

@@ -1,0 +1,286 @@
+//! Conformance of the default plugins and the sandbox, on the built components through the
+//! real runtime.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aura_gateway::actor::{Actor, Role};
+use aura_gateway::config::{Config, InstanceReuse};
+use aura_gateway::plane::Plane;
+use aura_gateway::policy::builtin::TESTING_PLUGIN_PATH;
+use aura_gateway::policy::stages::{
+    CorsDecision, CorsInput, DbEngine, DbRoute, KeyDecision, KeyRequest, KeyRole, KeySource,
+    ProjectDb, QuotaDecision, Topology,
+};
+use aura_gateway::policy::{FailureKind, PluginError, Policies, PolicyEngine};
+
+fn load(config: &Config) -> Result<Policies, PluginError> {
+    let runtime = PolicyEngine::new(&config.plugins).expect("engine");
+    Policies::load(&runtime, config, None)
+}
+
+fn defaults() -> Policies {
+    load(&Config::default()).expect("default plugins load")
+}
+
+fn key_request(path: &str, query_keys: &[&str], headers: &[(&str, &str)]) -> KeyRequest {
+    KeyRequest {
+        method: "GET".into(),
+        path: path.into(),
+        query_keys: query_keys.iter().map(|s| (*s).to_owned()).collect(),
+        headers: headers
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect(),
+    }
+}
+
+#[test]
+fn api_key_stage_follows_the_contract() {
+    let p = defaults();
+    let stage = p.data.api_key.as_ref().expect("data plane has the api-key stage");
+    assert_eq!(stage.headers(), ["apikey", "x-api-key"]);
+    let extract = |r: KeyRequest| stage.extract(&r).expect("call");
+    match extract(key_request("/v1/db/todos", &[], &[("x-api-key", "aura_pk_1")])) {
+        KeyDecision::Present(c) => {
+            assert_eq!(c.key, "aura_pk_1");
+            assert_eq!(c.source, KeySource::Header);
+            assert_eq!(c.allowed_roles, vec![KeyRole::Anon, KeyRole::ServiceRole]);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    for path in ["/v1/realtime/websocket", "/v1/realtime/sse"] {
+        match extract(key_request(path, &["aura_pk_1"], &[])) {
+            KeyDecision::Present(c) => {
+                assert_eq!(c.source, KeySource::Query);
+                assert_eq!(c.allowed_roles, vec![KeyRole::Anon], "never service_role in a URL");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(matches!(
+        extract(key_request("/v1/db/todos", &["aura_pk_1"], &[])),
+        KeyDecision::Refuse(_)
+    ));
+    assert!(matches!(
+        extract(key_request("/v1/realtime/channels", &["aura_pk_1"], &[])),
+        KeyDecision::Refuse(_)
+    ));
+    assert!(matches!(
+        extract(key_request("/x", &[], &[("apikey", "a"), ("x-api-key", "b")])),
+        KeyDecision::Refuse(_)
+    ));
+    assert_eq!(extract(key_request("/health", &[], &[])), KeyDecision::Absent);
+}
+
+#[test]
+fn cors_stage_answers_per_plane() {
+    let mut config = Config::default();
+    config.management_plane.plugins.cors.config =
+        serde_json::json!({ "allow_origins": ["https://studio.example"] });
+    let p = load(&config).expect("loads");
+    let input = |origin| CorsInput {
+        method: "OPTIONS",
+        path: "/v1/db/x",
+        origin,
+        request_method: Some("GET"),
+        request_headers: None,
+    };
+    match p.data.cors.decide(Plane::Data, input("https://a.example")).expect("call") {
+        CorsDecision::Allow(a) => assert_eq!(a.allow_origin, "*"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let m = &p.management.cors;
+    assert_eq!(
+        m.decide(Plane::Management, input("https://a.example")).expect("call"),
+        CorsDecision::Deny
+    );
+    match m.decide(Plane::Management, input("https://studio.example")).expect("call") {
+        CorsDecision::Allow(a) => assert_eq!(a.allow_origin, "https://studio.example"),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_wildcard_management_cors_config_is_refused_at_load() {
+    let mut config = Config::default();
+    config.management_plane.plugins.cors.config = serde_json::json!({ "allow_origins": ["*"] });
+    let err = load(&config).expect_err("refused");
+    let text = err.to_string();
+    assert!(text.contains("management_plane.plugins.cors"), "{text}");
+    assert!(text.contains("\"*\""), "{text}");
+    assert_eq!(err.kind(), Some(FailureKind::Refused));
+}
+
+fn actor(role: Role, key: Option<&str>, user: Option<&str>) -> Actor {
+    let mut a = Actor::unauthenticated(Plane::Data);
+    a.role = role;
+    a.project = Some("proj".into());
+    a.key_id = key.map(str::to_owned);
+    a.user_id = user.map(str::to_owned);
+    a
+}
+
+#[test]
+fn quota_stage_defaults_and_configuration() {
+    let p = defaults();
+    match p.data.quota.decide("GET", "/v1/db/t", "db", &actor(Role::Anon, Some("k1"), None)).expect("call") {
+        QuotaDecision::Limit(r) => {
+            assert_eq!((r.bucket.as_str(), r.rate_per_second, r.burst, r.cost), ("key:k1", 100, 1000, 1));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    match p.data.quota.decide("GET", "/v1/db/t", "db", &actor(Role::Authenticated, Some("k1"), Some("u1"))).expect("call") {
+        QuotaDecision::Limit(r) => assert_eq!(r.bucket, "user:proj:u1"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let keyless = Actor::unauthenticated(Plane::Data);
+    assert_eq!(
+        p.data.quota.decide("GET", "/health", "gateway", &keyless).expect("call"),
+        QuotaDecision::Exempt
+    );
+    let mut config = Config::default();
+    config.data_plane.plugins.quota.config = serde_json::json!({
+        "plans": { "pro": { "rate_per_second": 500, "burst": 5000 } },
+        "costs": { "functions": 10 }
+    });
+    let p = load(&config).expect("loads");
+    let mut pro = actor(Role::ServiceRole, Some("k2"), None);
+    pro.plan = Some("pro".into());
+    match p.data.quota.decide("POST", "/v1/functions/f", "functions", &pro).expect("call") {
+        QuotaDecision::Limit(r) => assert_eq!((r.rate_per_second, r.burst, r.cost), (500, 5000, 10)),
+        other => panic!("unexpected {other:?}"),
+    }
+    config.data_plane.plugins.quota.config = serde_json::json!({ "burst": 0 });
+    let err = load(&config).expect_err("refused");
+    assert!(err.to_string().contains("data_plane.plugins.quota"), "{err}");
+}
+
+#[test]
+fn db_routing_stage_applies_the_six_rules_in_order() {
+    let p = defaults();
+    let dedicated = |url: Option<&str>| ProjectDb {
+        engine: DbEngine::Postgres,
+        topology: Topology::Dedicated,
+        postgrest_url: url.map(str::to_owned),
+    };
+    let decide = |method: &str, path: &str, project: Option<ProjectDb>| {
+        p.data.db_routing.decide(Plane::Data, method, path, project).expect("call")
+    };
+    let url = Some("http://pgrst-a:3000");
+    assert_eq!(decide("GET", "/v1/db/schema", Some(dedicated(url))), DbRoute::Nats);
+    assert_eq!(decide("GET", "/v1/db/policies/x", Some(dedicated(url))), DbRoute::Nats);
+    assert_eq!(decide("POST", "/v1/db/sql", Some(dedicated(url))), DbRoute::Nats);
+    assert_eq!(decide("PUT", "/v1/db/todos", Some(dedicated(url))), DbRoute::Nats);
+    let mongo = ProjectDb {
+        engine: DbEngine::Mongodb,
+        ..dedicated(url)
+    };
+    assert_eq!(decide("GET", "/v1/db/todos", Some(mongo)), DbRoute::Nats);
+    let shared = ProjectDb {
+        topology: Topology::Shared,
+        ..dedicated(url)
+    };
+    assert_eq!(decide("GET", "/v1/db/todos", Some(shared)), DbRoute::Nats);
+    assert_eq!(
+        decide("GET", "/v1/db/todos", Some(dedicated(url))),
+        DbRoute::Postgrest("http://pgrst-a:3000".into())
+    );
+    assert_eq!(decide("GET", "/v1/db/todos", Some(dedicated(None))), DbRoute::Unresolved);
+}
+
+fn hostile(reuse: InstanceReuse) -> Policies {
+    let mut config = Config::default();
+    config.plugins.instance_reuse = reuse;
+    config.plugins.call_deadline_ms = 50;
+    config.plugins.memory_limit_bytes = 4 << 20;
+    config.data_plane.plugins.cors.module = TESTING_PLUGIN_PATH.into();
+    load(&config).expect("the testing plugin loads")
+}
+
+fn cors_call(p: &Policies, origin: &str) -> Result<CorsDecision, PluginError> {
+    p.data.cors.decide(
+        Plane::Data,
+        CorsInput {
+            method: "GET",
+            path: "/health",
+            origin,
+            request_method: None,
+            request_headers: None,
+        },
+    )
+}
+
+#[test]
+fn hostile_plugins_fail_closed_and_the_next_call_is_served() {
+    for reuse in [InstanceReuse::Pooled, InstanceReuse::Fresh] {
+        let p = hostile(reuse);
+        for (origin, kind) in [
+            ("https://trap.test", FailureKind::Trap),
+            ("https://loop.test", FailureKind::Deadline),
+            ("https://grow.test", FailureKind::Memory),
+            ("https://recurse.test", FailureKind::Trap),
+        ] {
+            let started = Instant::now();
+            let err = cors_call(&p, origin).expect_err(origin);
+            assert_eq!(err.kind(), Some(kind), "{origin}: {err}");
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{origin} was not stopped: {:?}",
+                started.elapsed()
+            );
+            match cors_call(&p, "https://ok.test").expect("next call served") {
+                CorsDecision::Allow(a) => assert_eq!(a.allow_origin, "https://ok.test"),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_module_with_the_wrong_exports_is_refused_at_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("quota-as-cors.wasm");
+    std::fs::write(&path, aura_gateway::policy::builtin::QUOTA).expect("write");
+    let mut config = Config::default();
+    config.data_plane.plugins.cors.module = path.display().to_string();
+    let err = load(&config).expect_err("refused");
+    assert!(err.to_string().contains("does not export the cors stage world"), "{err}");
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"\0asm not really").expect("write");
+    config.data_plane.plugins.cors.module = junk.display().to_string();
+    let err = load(&config).expect_err("refused");
+    assert!(err.to_string().contains("not a valid component"), "{err}");
+}
+
+#[test]
+fn a_plugin_may_refuse_its_configuration() {
+    let mut config = Config::default();
+    config.data_plane.plugins.cors.module = TESTING_PLUGIN_PATH.into();
+    config.data_plane.plugins.cors.config = serde_json::json!({ "refuse": true });
+    let err = load(&config).expect_err("refused");
+    assert!(err.to_string().contains("refused as asked"), "{err}");
+}
+
+#[test]
+fn calls_from_many_threads_share_one_module_safely() {
+    let p = Arc::new(defaults());
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                for i in 0..200 {
+                    let key = format!("aura_pk_{t}_{i}");
+                    let r = key_request("/v1/db/x", &[], &[("apikey", key.as_str())]);
+                    match p.data.api_key.as_ref().expect("stage").extract(&r).expect("call") {
+                        KeyDecision::Present(c) => assert_eq!(c.key, key),
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("thread");
+    }
+}

@@ -1,0 +1,162 @@
+//! The gateway under test: in-process on ephemeral ports, or the real binary.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use aura_gateway::config::Config;
+use aura_gateway::server;
+use aura_gateway::state::AppState;
+use tokio::sync::oneshot;
+
+/// A gateway served in this process on two ephemeral ports.
+pub struct InProcess {
+    pub data: SocketAddr,
+    pub management: SocketAddr,
+    pub state: AppState,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl InProcess {
+    /// Starts a gateway with `config` (its ports are replaced by ephemeral ones).
+    pub async fn start(mut config: Config) -> Self {
+        config.host = "127.0.0.1".into();
+        config.port = 0;
+        config.management_port = 0;
+        config.validate(None).expect("valid test config");
+        let state = AppState::build(config.clone(), None).await.expect("state");
+        let (data, management) = server::bind(&config).await.expect("bind");
+        let (data_addr, mgmt_addr) = (
+            data.local_addr().expect("addr"),
+            management.local_addr().expect("addr"),
+        );
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::serve(state.clone(), data, management, async move {
+            let _ = stop_rx.await;
+        }));
+        Self {
+            data: data_addr,
+            management: mgmt_addr,
+            state,
+            stop: Some(stop_tx),
+            task: Some(task),
+        }
+    }
+
+    /// `http://{data}{path}`.
+    pub fn data_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.data, path)
+    }
+
+    /// `http://{management}{path}`.
+    pub fn mgmt_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.management, path)
+    }
+
+    /// Signals shutdown and waits for the server to finish.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A test configuration: quiet logs, NATS at `nats_url` with a unique subject prefix.
+pub fn test_config(nats_url: &str, prefix: &str) -> Config {
+    let mut config = Config::default();
+    config.nats.url = nats_url.to_owned();
+    config.nats.subject_prefix = prefix.to_owned();
+    config.log.level = "warn".into();
+    config.metrics.token = Some("test-metrics-token-0123456789".into());
+    config
+}
+
+/// The gateway binary built by cargo for these tests.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_aura-gateway"))
+}
+
+/// A gateway binary process, killed when dropped.
+pub struct Process {
+    pub child: Child,
+    pub port: u16,
+    pub management_port: u16,
+    pub log: PathBuf,
+}
+
+impl Process {
+    /// Runs `aura-gateway serve --config {config}` with its ports from AURA_PORT and
+    /// AURA_MANAGEMENT_PORT, and waits for both planes to answer `/health`.
+    pub fn serve(config: &Path, dir: &Path) -> Self {
+        let port = super::free_port();
+        let management_port = super::free_port();
+        let log = dir.join("gateway.log");
+        let child = Command::new(binary())
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env("AURA_PORT", port.to_string())
+            .env("AURA_MANAGEMENT_PORT", management_port.to_string())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn gateway");
+        let process = Self {
+            child,
+            port,
+            management_port,
+            log,
+        };
+        process.wait_healthy();
+        process
+    }
+
+    fn wait_healthy(&self) {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(60) {
+            let up = |port| {
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            };
+            if up(self.port) && up(self.management_port) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("gateway did not start; log:\n{}", self.log_text());
+    }
+
+    /// What the gateway logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `http://127.0.0.1:{port}{path}`.
+    pub fn data_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// `http://127.0.0.1:{management_port}{path}`.
+    pub fn mgmt_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.management_port, path)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
