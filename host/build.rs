@@ -27,14 +27,27 @@ fn main() {
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
     let target_dir = env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .map(|d| if d.is_absolute() { d } else { workspace.join(d) })
+        .map(|d| {
+            if d.is_absolute() {
+                d
+            } else {
+                workspace.join(d)
+            }
+        })
         .unwrap_or_else(|| workspace.join("target"))
         .join("plugins");
 
-    println!("cargo:rerun-if-changed={}", workspace.join("plugins").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        workspace.join("plugins").display()
+    );
     println!("cargo:rerun-if-changed={}", workspace.join("wit").display());
-    println!("cargo:rerun-if-changed={}", workspace.join("Cargo.lock").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        workspace.join("Cargo.lock").display()
+    );
 
+    ensure_target();
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&workspace)
@@ -80,6 +93,29 @@ fn main() {
     for (package, file) in PLUGINS {
         let artifact = built.join(format!("{}.wasm", package.replace('-', "_")));
         copy(&artifact, &out_dir.join(file));
+    }
+}
+
+/// Installs the wasm32-wasip2 standard library through rustup when it is missing, so that a
+/// fresh clone builds with `cargo build` alone.
+fn ensure_target() {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let installed = sysroot
+        .as_ref()
+        .is_some_and(|root| root.join("lib/rustlib").join(TARGET).is_dir());
+    if installed {
+        return;
+    }
+    println!("cargo:warning=installing the {TARGET} target with rustup (needed to build the policy plugins)");
+    let status = Command::new("rustup").args(["target", "add", TARGET]).status();
+    if !matches!(status, Ok(s) if s.success()) {
+        println!("cargo:warning=could not install {TARGET}; run: rustup target add {TARGET}");
     }
 }
 

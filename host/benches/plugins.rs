@@ -1,1 +1,198 @@
-fn main(){}
+//! Per-call cost of each default policy plugin, run through the real runtime on the built
+//! components with typical inputs (a request with 12 headers), in both instance modes
+//! (`pooled`: a configured instance reused; `fresh`: a new instance per call), next to the same
+//! policy compiled natively (the price of the sandbox).
+//!
+//! `cargo bench --bench plugins` prints the figures (criterion's median and spread).
+
+use std::hint::black_box;
+
+use aura_gateway::actor::{Actor, Role};
+use aura_gateway::config::{Config, InstanceReuse};
+use aura_gateway::plane::Plane;
+use aura_gateway::policy::stages::{CorsInput, DbEngine, ProjectDb, Topology};
+use aura_gateway::policy::{Policies, PolicyEngine};
+use criterion::{Criterion, criterion_group, criterion_main};
+use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+
+/// A typical SDK request: 12 headers, about 530 bytes.
+fn typical_headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (name, value) in [
+        ("host", "api.example.com"),
+        (
+            "user-agent",
+            "aura-js/2.4.1 Mozilla/5.0 (X11; Linux x86_64) Chrome/126.0",
+        ),
+        ("accept", "application/json, text/plain, */*"),
+        ("accept-encoding", "gzip, deflate, br"),
+        ("accept-language", "en-GB,en;q=0.9"),
+        ("content-type", "application/json"),
+        ("origin", "https://app.example.com"),
+        ("referer", "https://app.example.com/dashboard/projects"),
+        ("apikey", "aura_pk_7Hq2v9XbN4mK8pR3sT6wY1zA5cE0fG2hJ"),
+        (
+            "authorization",
+            "Bearer eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0In0.sig",
+        ),
+        ("x-client-info", "aura-js/2.4.1"),
+        ("prefer", "return=representation"),
+    ] {
+        h.insert(
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        );
+    }
+    h
+}
+
+fn policies(reuse: InstanceReuse) -> Policies {
+    let mut config = Config::default();
+    config.plugins.instance_reuse = reuse;
+    let runtime = PolicyEngine::new(&config.plugins).expect("engine");
+    Policies::load(&runtime, &config, None).expect("default plugins")
+}
+
+fn actor() -> Actor {
+    let mut a = Actor::unauthenticated(Plane::Data);
+    a.role = Role::Authenticated;
+    a.project = Some("abcd1234".into());
+    a.key_id = Some("5f0c8a0e-9a55-4c0f-9d55-6f3c2d1b7e11".into());
+    a.user_id = Some("0b7e9f3a-2c1d-4e5f-8a9b-c0d1e2f3a4b5".into());
+    a.plan = Some("free".into());
+    a
+}
+
+fn bench_wasm(c: &mut Criterion) {
+    let headers = typical_headers();
+    let uri: Uri = "/v1/db/todos?select=*&order=id".parse().expect("uri");
+    let actor = actor();
+    for (label, reuse) in [
+        ("pooled", InstanceReuse::Pooled),
+        ("fresh", InstanceReuse::Fresh),
+    ] {
+        let p = policies(reuse);
+        let mut group = c.benchmark_group(format!("wasm-{label}"));
+        let api_key = p.data.api_key.as_ref().expect("api-key stage");
+        group.bench_function("api_key", |b| {
+            b.iter(|| {
+                let request = api_key.request_of("GET", &uri, &headers);
+                black_box(api_key.extract(&request).expect("call"))
+            })
+        });
+        group.bench_function("cors", |b| {
+            b.iter(|| {
+                black_box(
+                    p.data
+                        .cors
+                        .decide(
+                            Plane::Data,
+                            CorsInput {
+                                method: "GET",
+                                path: uri.path(),
+                                origin: "https://app.example.com",
+                                request_method: None,
+                                request_headers: None,
+                            },
+                        )
+                        .expect("call"),
+                )
+            })
+        });
+        group.bench_function("quota", |b| {
+            b.iter(|| {
+                black_box(
+                    p.data
+                        .quota
+                        .decide("GET", uri.path(), "db", &actor)
+                        .expect("call"),
+                )
+            })
+        });
+        group.bench_function("db_routing", |b| {
+            b.iter(|| {
+                let project = ProjectDb {
+                    engine: DbEngine::Postgres,
+                    topology: Topology::Dedicated,
+                    postgrest_url: Some("http://pgrst-abcd1234.internal:3000".into()),
+                };
+                black_box(
+                    p.data
+                        .db_routing
+                        .decide(Plane::Data, "GET", uri.path(), Some(project))
+                        .expect("call"),
+                )
+            })
+        });
+        group.finish();
+    }
+}
+
+fn bench_native(c: &mut Criterion) {
+    use aura_plugin_quota::policy as quota;
+    let headers = typical_headers();
+    let uri: Uri = "/v1/db/todos?select=*&order=id".parse().expect("uri");
+    let api_key = aura_plugin_api_key::policy::Policy::configure("{}").expect("config");
+    let cors =
+        aura_plugin_cors::policy::Policy::configure(aura_plugin_cors::policy::Plane::Data, "{}")
+            .expect("config");
+    let quota_policy = quota::Policy::configure("{}").expect("config");
+    let db = aura_plugin_db_routing::policy::Policy::configure("{}").expect("config");
+    let mut group = c.benchmark_group("native");
+    group.bench_function("api_key", |b| {
+        b.iter(|| {
+            let wanted = api_key.headers();
+            let picked: Vec<(String, String)> = headers
+                .iter()
+                .filter(|(n, _)| wanted.iter().any(|w| w == n.as_str()))
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect();
+            black_box(api_key.extract(uri.path(), &[], &picked))
+        })
+    });
+    group.bench_function("cors", |b| {
+        b.iter(|| black_box(cors.decide("https://app.example.com", false)))
+    });
+    group.bench_function("quota", |b| {
+        b.iter(|| {
+            black_box(quota_policy.decide(
+                "db",
+                quota::Actor {
+                    role: quota::Role::Authenticated,
+                    project: Some("abcd1234"),
+                    key_id: Some("5f0c8a0e-9a55-4c0f-9d55-6f3c2d1b7e11"),
+                    user_id: Some("0b7e9f3a-2c1d-4e5f-8a9b-c0d1e2f3a4b5"),
+                    plan: Some("free"),
+                },
+            ))
+        })
+    });
+    group.bench_function("db_routing", |b| {
+        b.iter(|| {
+            black_box(db.decide(
+                "GET",
+                uri.path(),
+                Some(aura_plugin_db_routing::policy::Project {
+                    engine: aura_plugin_db_routing::policy::Engine::Postgres,
+                    topology: aura_plugin_db_routing::policy::Topology::Dedicated,
+                    postgrest_url: Some("http://pgrst-abcd1234.internal:3000"),
+                }),
+            ))
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(std::time::Duration::from_millis(500))
+        .measurement_time(std::time::Duration::from_secs(2));
+    targets = bench_wasm, bench_native
+}
+criterion_main!(benches);

@@ -338,7 +338,10 @@ impl Config {
         if self.host.parse::<IpAddr>().is_err() {
             return Err(problem(
                 "host",
-                format!("{:?} is not an IP address (e.g. 0.0.0.0 or 127.0.0.1)", self.host),
+                format!(
+                    "{:?} is not an IP address (e.g. 0.0.0.0 or 127.0.0.1)",
+                    self.host
+                ),
             ));
         }
         if self.port == self.management_port && self.port != 0 {
@@ -352,7 +355,10 @@ impl Config {
             return Err(problem("server.max_body_bytes", "must be at least 1"));
         }
         if s.header_read_timeout_ms == 0 {
-            return Err(problem("server.header_read_timeout_ms", "must be at least 1"));
+            return Err(problem(
+                "server.header_read_timeout_ms",
+                "must be at least 1",
+            ));
         }
         if s.max_connections == 0 {
             return Err(problem("server.max_connections", "must be at least 1"));
@@ -386,7 +392,9 @@ impl Config {
         {
             return Err(problem(
                 "nats.subject_prefix",
-                format!("{prefix:?} is not a valid subject prefix (tokens separated by dots, no wildcards)"),
+                format!(
+                    "{prefix:?} is not a valid subject prefix (tokens separated by dots, no wildcards)"
+                ),
             ));
         }
         if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.log.level) {
@@ -399,7 +407,10 @@ impl Config {
         }
         let p = &self.plugins;
         if !(1..=10_000).contains(&p.call_deadline_ms) {
-            return Err(problem("plugins.call_deadline_ms", "must be between 1 and 10000"));
+            return Err(problem(
+                "plugins.call_deadline_ms",
+                "must be between 1 and 10000",
+            ));
         }
         if !(1 << 20..=1 << 30).contains(&p.memory_limit_bytes) {
             return Err(problem(
@@ -458,6 +469,10 @@ pub fn resolve(base: Option<&Path>, path: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
+    #[expect(
+        clippy::result_large_err,
+        reason = "figment's Jail fixes the closure's error type"
+    )]
     fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("gateway.toml");
@@ -491,7 +506,11 @@ mod tests {
     fn environment_overrides_the_file() {
         let c = load(
             "port = 9000\n[nats]\nurl = \"nats://a:1\"\n",
-            &[("AURA_PORT", "9100"), ("AURA_MANAGEMENT_PORT", "9101"), ("AURA_NATS__URL", "nats://b:2")],
+            &[
+                ("AURA_PORT", "9100"),
+                ("AURA_MANAGEMENT_PORT", "9101"),
+                ("AURA_NATS__URL", "nats://b:2"),
+            ],
         )
         .expect("loads");
         assert_eq!((c.port, c.management_port), (9100, 9101));

@@ -96,7 +96,12 @@ impl GatewayError {
 
     /// 413: the request body is over a limit.
     pub fn payload_too_large(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message, Side::Client)
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            message,
+            Side::Client,
+        )
     }
 
     /// 500: a policy plugin failed; the request fails closed.
@@ -112,7 +117,12 @@ impl GatewayError {
 
     /// 500: a fault inside the gateway.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message, Side::Gateway)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            message,
+            Side::Gateway,
+        )
     }
 
     /// 502: the backend answered something that is not a valid reply.
@@ -122,7 +132,13 @@ impl GatewayError {
 
     /// 503: the backend cannot be reached now.
     pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message, Side::Upstream).retryable()
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code,
+            message,
+            Side::Upstream,
+        )
+        .retryable()
     }
 
     /// 504: the route's budget ran out.
@@ -133,7 +149,13 @@ impl GatewayError {
 
 impl std::fmt::Display for GatewayError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.message)
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
     }
 }
 

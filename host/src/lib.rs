@@ -6,11 +6,11 @@
 pub mod actor;
 pub mod config;
 pub mod error;
-pub mod plane;
-pub mod policy;
 pub mod metrics;
 pub mod middleware;
+pub mod plane;
 pub mod planes;
+pub mod policy;
 pub mod proxy;
 pub mod route_group;
 pub mod server;

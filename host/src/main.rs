@@ -10,7 +10,11 @@ use aura_gateway::{server, telemetry};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "aura-gateway", version, about = "Dual-plane API gateway with WebAssembly policy stages")]
+#[command(
+    name = "aura-gateway",
+    version,
+    about = "Dual-plane API gateway with WebAssembly policy stages"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,7 +38,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");

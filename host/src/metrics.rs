@@ -23,7 +23,10 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new_custom(Some("aura".into()), None).expect("valid prefix");
         let requests = IntCounterVec::new(
-            Opts::new("http_requests_total", "Requests answered, by plane, route group and status"),
+            Opts::new(
+                "http_requests_total",
+                "Requests answered, by plane, route group and status",
+            ),
             &["plane", "group", "status"],
         )
         .expect("valid metric");
@@ -40,7 +43,10 @@ impl Metrics {
         )
         .expect("valid metric");
         let plugin_failures = IntCounterVec::new(
-            Opts::new("plugin_failures_total", "Policy plugin failures by plane, stage and kind"),
+            Opts::new(
+                "plugin_failures_total",
+                "Policy plugin failures by plane, stage and kind",
+            ),
             &["plane", "stage", "kind"],
         )
         .expect("valid metric");

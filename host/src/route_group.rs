@@ -67,7 +67,10 @@ mod tests {
     fn groups_follow_the_first_segment() {
         assert_eq!(RouteGroup::of("/v1/functions/hello"), RouteGroup::Functions);
         assert_eq!(RouteGroup::of("/v1/db"), RouteGroup::Db);
-        assert_eq!(RouteGroup::of("/v1/projects/abc/logs"), RouteGroup::Management);
+        assert_eq!(
+            RouteGroup::of("/v1/projects/abc/logs"),
+            RouteGroup::Management
+        );
         assert_eq!(RouteGroup::of("/.well-known/jwks.json"), RouteGroup::Auth);
         assert_eq!(RouteGroup::of("/health"), RouteGroup::Gateway);
         assert_eq!(RouteGroup::of("/v1/functionsx/a"), RouteGroup::Gateway);

@@ -53,7 +53,13 @@ pub async fn serve(
     let mgmt_app = build_management_plane_router(state.clone());
     let (a, b) = tokio::join!(
         serve_plane(Plane::Data, data, data_app, &state.config, stop_rx.clone()),
-        serve_plane(Plane::Management, management, mgmt_app, &state.config, stop_rx),
+        serve_plane(
+            Plane::Management,
+            management,
+            mgmt_app,
+            &state.config,
+            stop_rx
+        ),
     );
     a.and(b)
 }
@@ -120,9 +126,19 @@ async fn serve_plane(
     }
     drop(listener);
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
-    tracing::info!(plane = plane.as_str(), grace_secs = grace.as_secs(), "shutting down");
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!(plane = plane.as_str(), "grace period over; closing remaining connections");
+    tracing::info!(
+        plane = plane.as_str(),
+        grace_secs = grace.as_secs(),
+        "shutting down"
+    );
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            plane = plane.as_str(),
+            "grace period over; closing remaining connections"
+        );
     }
     Ok(())
 }

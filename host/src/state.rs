@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::policy::{Policies, PluginError, PolicyEngine};
+use crate::policy::{PluginError, Policies, PolicyEngine};
 use crate::proxy::nats::NatsTransport;
 
 /// Shared state of both planes: configuration, NATS client, plugin runtime and loaded policy

@@ -55,7 +55,11 @@ async fn the_example_config_serves_health_on_both_planes() {
 #[test]
 fn check_config_accepts_the_example_and_names_the_key_of_a_bad_one() {
     let ok = check_config(&example_config());
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
 
     let dir = tempfile::tempdir().expect("tempdir");
     let bad = write_config(dir.path(), "[server]\nmax_body_byte = 10\n");
@@ -85,7 +89,10 @@ fn a_wildcard_management_origin_fails_check_config_and_serve() {
         .args(["serve", "--config"])
         .arg(&path)
         .env("AURA_PORT", crate::support::free_port().to_string())
-        .env("AURA_MANAGEMENT_PORT", crate::support::free_port().to_string())
+        .env(
+            "AURA_MANAGEMENT_PORT",
+            crate::support::free_port().to_string(),
+        )
         .output()
         .expect("run serve");
     assert!(!serve.status.success(), "serve must refuse to start");
@@ -117,7 +124,10 @@ async fn pointing_the_cors_stage_at_another_module_changes_the_answer_without_re
     let gw = Process::serve(&swapped, dir.path());
     let r = preflight(gw.data_url("/v1/db/x")).await;
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    assert_eq!(r.headers()["access-control-allow-origin"], "https://app.example");
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
     assert_eq!(r.headers()["access-control-allow-headers"], "x-testing");
 }
 
@@ -132,7 +142,11 @@ async fn a_trapping_or_looping_plugin_fails_its_request_closed_and_the_next_is_s
     );
     let gw = Process::serve(&path, dir.path());
     let client = reqwest::Client::new();
-    for origin in ["https://trap.test", "https://loop.test", "https://grow.test"] {
+    for origin in [
+        "https://trap.test",
+        "https://loop.test",
+        "https://grow.test",
+    ] {
         let r = client
             .get(gw.data_url("/health"))
             .header("origin", origin)
@@ -153,8 +167,14 @@ async fn a_trapping_or_looping_plugin_fails_its_request_closed_and_the_next_is_s
     }
     let log = gw.log_text();
     assert!(log.contains("policy plugin failed"), "{log}");
-    assert!(log.contains("stage=cors") || log.contains("stage\":\"cors"), "{log}");
-    assert!(log.contains(TESTING_PLUGIN_PATH), "the log names the plugin: {log}");
+    assert!(
+        log.contains("stage=cors") || log.contains("stage\":\"cors"),
+        "{log}"
+    );
+    assert!(
+        log.contains(TESTING_PLUGIN_PATH),
+        "the log names the plugin: {log}"
+    );
 }
 
 #[tokio::test]
@@ -164,17 +184,27 @@ async fn sigterm_lets_in_flight_requests_finish() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write_config(
         dir.path(),
-        &format!("[nats]\nurl = {:?}\nsubject_prefix = {prefix:?}\n", nats.url()),
+        &format!(
+            "[nats]\nurl = {:?}\nsubject_prefix = {prefix:?}\n",
+            nats.url()
+        ),
     );
     let mut gw = Process::serve(&path, dir.path());
-    let _responder = Responder::start(&nats.url(), &format!("{prefix}.functions.http"), Duration::from_millis(1_000), |_| {
-        reply(200, &[], b"finished")
-    })
+    let _responder = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.functions.http"),
+        Duration::from_millis(1_000),
+        |_| reply(200, &[], b"finished"),
+    )
     .await;
     // Wait until the gateway's own NATS connection is up.
     let client = reqwest::Client::new();
     for _ in 0..100 {
-        let r = client.get(gw.data_url("/v1/auth/x")).send().await.expect("request");
+        let r = client
+            .get(gw.data_url("/v1/auth/x"))
+            .send()
+            .await
+            .expect("request");
         if r.status() != StatusCode::SERVICE_UNAVAILABLE
             || r.text().await.unwrap_or_default().contains("no_responders")
         {
@@ -186,8 +216,17 @@ async fn sigterm_lets_in_flight_requests_finish() {
     let in_flight = tokio::spawn(async move { reqwest::get(url).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = gw.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success());
-    let response = in_flight.await.expect("task").expect("in-flight request completes");
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let response = in_flight
+        .await
+        .expect("task")
+        .expect("in-flight request completes");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.text().await.expect("body"), "finished");
     let status = tokio::task::spawn_blocking(move || gw.child.wait())

@@ -35,7 +35,10 @@ async fn send(router: &Router, request: Request<Body>) -> Response<Body> {
 
 fn assert_edge_headers(response: &Response<Body>) {
     for h in SECURITY_HEADERS {
-        assert!(response.headers().contains_key(*h), "missing {h}: {response:?}");
+        assert!(
+            response.headers().contains_key(*h),
+            "missing {h}: {response:?}"
+        );
     }
     let id = response
         .headers()
@@ -55,11 +58,9 @@ async fn json(response: Response<Body>) -> serde_json::Value {
 }
 
 fn requests_counted(state: &AppState, status: &str) -> bool {
-    state
-        .metrics
-        .render()
-        .lines()
-        .any(|l| l.starts_with("aura_http_requests_total") && l.contains(&format!("status=\"{status}\"")))
+    state.metrics.render().lines().any(|l| {
+        l.starts_with("aura_http_requests_total") && l.contains(&format!("status=\"{status}\""))
+    })
 }
 
 #[tokio::test]
@@ -79,9 +80,16 @@ async fn a_preflight_is_answered_before_any_inner_layer_runs() {
     .await;
     assert_eq!(response.status(), StatusCode::NO_CONTENT);
     assert_eq!(response.headers()["access-control-allow-origin"], "*");
-    assert!(!response.headers().contains_key("access-control-allow-credentials"));
+    assert!(
+        !response
+            .headers()
+            .contains_key("access-control-allow-credentials")
+    );
     assert_edge_headers(&response);
-    assert!(!requests_counted(&state, "204"), "metrics layer must not see a preflight");
+    assert!(
+        !requests_counted(&state, "204"),
+        "metrics layer must not see a preflight"
+    );
 }
 
 #[tokio::test]
@@ -105,8 +113,14 @@ async fn an_error_made_by_the_innermost_layer_carries_every_outer_header() {
             .contains("x-request-id")
     );
     assert_edge_headers(&response);
-    assert!(requests_counted(&state, "401"), "metrics sit outside metrics auth");
-    assert_eq!(json(response).await["error"]["code"], "invalid_metrics_token");
+    assert!(
+        requests_counted(&state, "401"),
+        "metrics sit outside metrics auth"
+    );
+    assert_eq!(
+        json(response).await["error"]["code"],
+        "invalid_metrics_token"
+    );
 }
 
 #[tokio::test]
@@ -125,7 +139,10 @@ async fn the_body_limit_runs_before_metrics_and_auth_and_still_gets_an_id() {
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(response.headers()["access-control-allow-origin"], "*");
     assert_edge_headers(&response);
-    assert!(!requests_counted(&state, "413"), "metrics sit inside the body limit");
+    assert!(
+        !requests_counted(&state, "413"),
+        "metrics sit inside the body limit"
+    );
     assert_eq!(json(response).await["error"]["code"], "payload_too_large");
 }
 
@@ -154,7 +171,13 @@ async fn metrics_need_the_bearer_token() {
     let mut no_token = config();
     no_token.metrics.token = None;
     let router = build_data_plane_router(self::state(no_token).await);
-    let response = send(&router, Request::get("/metrics").body(Body::empty()).expect("request")).await;
+    let response = send(
+        &router,
+        Request::get("/metrics")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
 }
 
@@ -172,7 +195,10 @@ async fn client_request_ids_are_replaced_by_fresh_ones() {
         )
         .await;
         assert_edge_headers(&response);
-        let id = response.headers()["x-request-id"].to_str().expect("ascii").to_owned();
+        let id = response.headers()["x-request-id"]
+            .to_str()
+            .expect("ascii")
+            .to_owned();
         assert_ne!(id, "chosen-by-client");
         assert!(seen.insert(id), "ids are unique");
     }
@@ -185,11 +211,21 @@ async fn unknown_routes_and_methods_get_json_errors_with_headers_on_both_planes(
         build_data_plane_router(state.clone()),
         build_management_plane_router(state.clone()),
     ] {
-        let response = send(&router, Request::get("/nope").body(Body::empty()).expect("request")).await;
+        let response = send(
+            &router,
+            Request::get("/nope").body(Body::empty()).expect("request"),
+        )
+        .await;
         assert_eq!(response.status(), StatusCode::NOT_FOUND);
         assert_edge_headers(&response);
         assert_eq!(json(response).await["error"]["code"], "not_found");
-        let response = send(&router, Request::delete("/health").body(Body::empty()).expect("request")).await;
+        let response = send(
+            &router,
+            Request::delete("/health")
+                .body(Body::empty())
+                .expect("request"),
+        )
+        .await;
         assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_edge_headers(&response);
         assert_eq!(json(response).await["error"]["code"], "method_not_allowed");
@@ -212,7 +248,10 @@ async fn management_cors_allows_only_listed_origins() {
     assert_edge_headers(&denied);
     let allowed = send(&router, preflight("https://studio.example")).await;
     assert_eq!(allowed.status(), StatusCode::NO_CONTENT);
-    assert_eq!(allowed.headers()["access-control-allow-origin"], "https://studio.example");
+    assert_eq!(
+        allowed.headers()["access-control-allow-origin"],
+        "https://studio.example"
+    );
     assert_eq!(allowed.headers()["vary"], "origin");
     let actual = send(
         &router,
@@ -238,5 +277,9 @@ async fn the_data_plane_allows_any_origin_without_credentials() {
     )
     .await;
     assert_eq!(response.headers()["access-control-allow-origin"], "*");
-    assert!(!response.headers().contains_key("access-control-allow-credentials"));
+    assert!(
+        !response
+            .headers()
+            .contains_key("access-control-allow-credentials")
+    );
 }

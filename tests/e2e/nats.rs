@@ -29,7 +29,14 @@ async fn the_envelope_carries_the_request_field_by_field_and_the_reply_comes_bac
         move |envelope| {
             let id = envelope["id"].as_str().unwrap_or_default().to_owned();
             let _ = tx.send(envelope);
-            reply(201, &[("content-type", "application/octet-stream"), ("x-echo-id", &id)], &all_bytes())
+            reply(
+                201,
+                &[
+                    ("content-type", "application/octet-stream"),
+                    ("x-echo-id", &id),
+                ],
+                &all_bytes(),
+            )
         },
     )
     .await;
@@ -48,10 +55,16 @@ async fn the_envelope_carries_the_request_field_by_field_and_the_reply_comes_bac
         .await
         .expect("request");
     assert_eq!(response.status(), StatusCode::CREATED);
-    let request_id = response.headers()["x-request-id"].to_str().expect("id").to_owned();
+    let request_id = response.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_owned();
     assert_eq!(response.headers()["x-echo-id"], request_id.as_str());
     assert_eq!(response.headers()["x-content-type-options"], "nosniff");
-    assert_eq!(response.bytes().await.expect("body"), Bytes::from(all_bytes()));
+    assert_eq!(
+        response.bytes().await.expect("body"),
+        Bytes::from(all_bytes())
+    );
 
     let envelope = rx.recv().await.expect("the responder saw the envelope");
     assert_eq!(envelope["v"], 1);
@@ -60,7 +73,12 @@ async fn the_envelope_carries_the_request_field_by_field_and_the_reply_comes_bac
     assert_eq!(envelope["method"], "POST");
     assert_eq!(envelope["path"], "/v1/functions/hello%20world/x");
     assert_eq!(envelope["query"], "a=1&b=%2F");
-    assert_eq!(STANDARD.decode(envelope["body"].as_str().expect("body")).expect("b64"), body);
+    assert_eq!(
+        STANDARD
+            .decode(envelope["body"].as_str().expect("body"))
+            .expect("b64"),
+        body
+    );
     let headers: Vec<(String, String)> = envelope["headers"]
         .as_array()
         .expect("headers")
@@ -74,7 +92,10 @@ async fn the_envelope_carries_the_request_field_by_field_and_the_reply_comes_bac
         .collect();
     let names: Vec<&str> = headers.iter().map(|(n, _)| n.as_str()).collect();
     for stripped in ["apikey", "x-api-key", "x-aura-role", "connection", "x-hop"] {
-        assert!(!names.contains(&stripped), "{stripped} must not reach the backend: {names:?}");
+        assert!(
+            !names.contains(&stripped),
+            "{stripped} must not reach the backend: {names:?}"
+        );
     }
     assert!(headers.contains(&("x-custom".into(), "Kept".into())));
     assert!(headers.contains(&("x-request-id".into(), request_id.clone())));
@@ -85,7 +106,10 @@ async fn the_envelope_carries_the_request_field_by_field_and_the_reply_comes_bac
         assert!(actor[field].is_null(), "actor.{field} = {}", actor[field]);
     }
     let deadline = envelope["deadline_ms"].as_u64().expect("deadline_ms");
-    assert!(deadline > 370_000 && deadline <= 380_000, "functions budget: {deadline}");
+    assert!(
+        deadline > 370_000 && deadline <= 380_000,
+        "functions budget: {deadline}"
+    );
 }
 
 #[tokio::test]
@@ -94,12 +118,19 @@ async fn the_management_plane_sends_its_own_plane_and_an_empty_query_is_omitted(
     let prefix = unique_prefix();
     let gw = InProcess::start(test_config(&nats.url(), &prefix)).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let _responder = Responder::start(&nats.url(), &format!("{prefix}.control.http"), Duration::ZERO, move |e| {
-        let _ = tx.send(e);
-        reply(200, &[], b"")
-    })
+    let _responder = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.control.http"),
+        Duration::ZERO,
+        move |e| {
+            let _ = tx.send(e);
+            reply(200, &[], b"")
+        },
+    )
     .await;
-    let response = reqwest::get(gw.mgmt_url("/v1/projects/abc")).await.expect("request");
+    let response = reqwest::get(gw.mgmt_url("/v1/projects/abc"))
+        .await
+        .expect("request");
     assert_eq!(response.status(), StatusCode::OK);
     let envelope = rx.recv().await.expect("envelope");
     assert_eq!(envelope["plane"], "management");
@@ -114,11 +145,16 @@ async fn a_malformed_reply_is_a_502() {
     let nats = shared();
     let prefix = unique_prefix();
     let gw = InProcess::start(test_config(&nats.url(), &prefix)).await;
-    let _responder = Responder::start(&nats.url(), &format!("{prefix}.ai.http"), Duration::ZERO, |_| {
-        Bytes::from_static(b"{\"status\": \"fine\"}")
-    })
+    let _responder = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.ai.http"),
+        Duration::ZERO,
+        |_| Bytes::from_static(b"{\"status\": \"fine\"}"),
+    )
     .await;
-    let response = reqwest::get(gw.data_url("/v1/ai/complete")).await.expect("request");
+    let response = reqwest::get(gw.data_url("/v1/ai/complete"))
+        .await
+        .expect("request");
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
     let body: serde_json::Value = response.json().await.expect("json");
     assert_eq!(body["error"]["code"], "bad_backend_reply");
@@ -132,7 +168,9 @@ async fn no_responders_is_a_503_after_bounded_replays() {
     config.nats.retry_backoff_ms = 10;
     let gw = InProcess::start(config).await;
     let started = Instant::now();
-    let response = reqwest::get(gw.data_url("/v1/notifications/send")).await.expect("request");
+    let response = reqwest::get(gw.data_url("/v1/notifications/send"))
+        .await
+        .expect("request");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(response.headers().contains_key("retry-after"));
     let body: serde_json::Value = response.json().await.expect("json");
@@ -147,14 +185,25 @@ async fn a_slow_responder_gets_exactly_one_delivery_and_the_caller_a_504() {
     let mut config = test_config(&nats.url(), &prefix);
     config.timeouts.default_ms = 500;
     let gw = InProcess::start(config).await;
-    let responder = Responder::start(&nats.url(), &format!("{prefix}.auth.http"), Duration::from_millis(1500), |_| {
-        reply(200, &[], b"late")
-    })
+    let responder = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.auth.http"),
+        Duration::from_millis(1500),
+        |_| reply(200, &[], b"late"),
+    )
     .await;
-    let response = reqwest::get(gw.data_url("/v1/auth/token")).await.expect("request");
+    let response = reqwest::get(gw.data_url("/v1/auth/token"))
+        .await
+        .expect("request");
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
     let body: serde_json::Value = response.json().await.expect("json");
-    assert!(body["error"]["code"].as_str().expect("code").ends_with("timeout"), "{body}");
+    assert!(
+        body["error"]["code"]
+            .as_str()
+            .expect("code")
+            .ends_with("timeout"),
+        "{body}"
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(responder.count(), 1, "a timeout is never replayed");
 }
@@ -170,9 +219,12 @@ async fn a_responder_that_subscribes_after_the_first_attempt_gets_exactly_one_de
     let url = gw.data_url("/v1/control/thing");
     let request = tokio::spawn(async move { reqwest::get(url).await.expect("request") });
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let responder = Responder::start(&nats.url(), &format!("{prefix}.control.http"), Duration::ZERO, |_| {
-        reply(200, &[], b"ok")
-    })
+    let responder = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.control.http"),
+        Duration::ZERO,
+        |_| reply(200, &[], b"ok"),
+    )
     .await;
     let response = request.await.expect("task");
     assert_eq!(response.status(), StatusCode::OK);
@@ -188,9 +240,12 @@ async fn a_body_over_the_servers_max_payload_is_refused_before_sending() {
     let mut config = test_config(&nats.url(), &prefix);
     config.server.max_body_bytes = 1 << 20;
     let gw = InProcess::start(config).await;
-    let responder = Responder::start(&nats.url(), &format!("{prefix}.functions.http"), Duration::ZERO, |_| {
-        reply(200, &[], b"")
-    })
+    let responder = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.functions.http"),
+        Duration::ZERO,
+        |_| reply(200, &[], b""),
+    )
     .await;
     // Let the gateway's connection learn the server's limit.
     let ok = reqwest::Client::new()
@@ -218,7 +273,8 @@ async fn a_streamed_body_past_the_limit_is_a_413() {
     let mut config = test_config(&nats.url(), &unique_prefix());
     config.server.max_body_bytes = 1000;
     let gw = InProcess::start(config).await;
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = (0..10).map(|_| Ok(vec![1u8; 500])).collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..10).map(|_| Ok(vec![1u8; 500])).collect();
     let response = reqwest::Client::new()
         .post(gw.data_url("/v1/functions/f"))
         .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
@@ -234,17 +290,22 @@ async fn backend_cors_headers_never_reach_the_client() {
     let nats = shared();
     let prefix = unique_prefix();
     let gw = InProcess::start(test_config(&nats.url(), &prefix)).await;
-    let _responder = Responder::start(&nats.url(), &format!("{prefix}.auth.http"), Duration::ZERO, |_| {
-        reply(
-            200,
-            &[
-                ("access-control-allow-origin", "https://evil.example"),
-                ("access-control-allow-credentials", "true"),
-                ("x-frame-options", "ALLOWALL"),
-            ],
-            b"{}",
-        )
-    })
+    let _responder = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.auth.http"),
+        Duration::ZERO,
+        |_| {
+            reply(
+                200,
+                &[
+                    ("access-control-allow-origin", "https://evil.example"),
+                    ("access-control-allow-credentials", "true"),
+                    ("x-frame-options", "ALLOWALL"),
+                ],
+                b"{}",
+            )
+        },
+    )
     .await;
     let response = reqwest::Client::new()
         .get(gw.data_url("/v1/auth/user"))
@@ -254,7 +315,11 @@ async fn backend_cors_headers_never_reach_the_client() {
         .expect("request");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["access-control-allow-origin"], "*");
-    assert!(!response.headers().contains_key("access-control-allow-credentials"));
+    assert!(
+        !response
+            .headers()
+            .contains_key("access-control-allow-credentials")
+    );
     assert_eq!(response.headers()["x-frame-options"], "DENY");
 }
 
@@ -263,10 +328,16 @@ async fn while_nats_is_unreachable_requests_fail_fast() {
     let dead = format!("nats://127.0.0.1:{}", crate::support::free_port());
     let gw = InProcess::start(test_config(&dead, &unique_prefix())).await;
     let started = Instant::now();
-    let response = reqwest::get(gw.data_url("/v1/functions/f")).await.expect("request");
+    let response = reqwest::get(gw.data_url("/v1/functions/f"))
+        .await
+        .expect("request");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(response.headers().contains_key("retry-after"));
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     let health = reqwest::get(gw.data_url("/health")).await.expect("request");
     assert_eq!(health.status(), StatusCode::OK);
 }

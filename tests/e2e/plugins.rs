@@ -38,10 +38,18 @@ fn key_request(path: &str, query_keys: &[&str], headers: &[(&str, &str)]) -> Key
 #[test]
 fn api_key_stage_follows_the_contract() {
     let p = defaults();
-    let stage = p.data.api_key.as_ref().expect("data plane has the api-key stage");
+    let stage = p
+        .data
+        .api_key
+        .as_ref()
+        .expect("data plane has the api-key stage");
     assert_eq!(stage.headers(), ["apikey", "x-api-key"]);
     let extract = |r: KeyRequest| stage.extract(&r).expect("call");
-    match extract(key_request("/v1/db/todos", &[], &[("x-api-key", "aura_pk_1")])) {
+    match extract(key_request(
+        "/v1/db/todos",
+        &[],
+        &[("x-api-key", "aura_pk_1")],
+    )) {
         KeyDecision::Present(c) => {
             assert_eq!(c.key, "aura_pk_1");
             assert_eq!(c.source, KeySource::Header);
@@ -53,7 +61,11 @@ fn api_key_stage_follows_the_contract() {
         match extract(key_request(path, &["aura_pk_1"], &[])) {
             KeyDecision::Present(c) => {
                 assert_eq!(c.source, KeySource::Query);
-                assert_eq!(c.allowed_roles, vec![KeyRole::Anon], "never service_role in a URL");
+                assert_eq!(
+                    c.allowed_roles,
+                    vec![KeyRole::Anon],
+                    "never service_role in a URL"
+                );
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -67,10 +79,17 @@ fn api_key_stage_follows_the_contract() {
         KeyDecision::Refuse(_)
     ));
     assert!(matches!(
-        extract(key_request("/x", &[], &[("apikey", "a"), ("x-api-key", "b")])),
+        extract(key_request(
+            "/x",
+            &[],
+            &[("apikey", "a"), ("x-api-key", "b")]
+        )),
         KeyDecision::Refuse(_)
     ));
-    assert_eq!(extract(key_request("/health", &[], &[])), KeyDecision::Absent);
+    assert_eq!(
+        extract(key_request("/health", &[], &[])),
+        KeyDecision::Absent
+    );
 }
 
 #[test]
@@ -86,16 +105,25 @@ fn cors_stage_answers_per_plane() {
         request_method: Some("GET"),
         request_headers: None,
     };
-    match p.data.cors.decide(Plane::Data, input("https://a.example")).expect("call") {
+    match p
+        .data
+        .cors
+        .decide(Plane::Data, input("https://a.example"))
+        .expect("call")
+    {
         CorsDecision::Allow(a) => assert_eq!(a.allow_origin, "*"),
         other => panic!("unexpected {other:?}"),
     }
     let m = &p.management.cors;
     assert_eq!(
-        m.decide(Plane::Management, input("https://a.example")).expect("call"),
+        m.decide(Plane::Management, input("https://a.example"))
+            .expect("call"),
         CorsDecision::Deny
     );
-    match m.decide(Plane::Management, input("https://studio.example")).expect("call") {
+    match m
+        .decide(Plane::Management, input("https://studio.example"))
+        .expect("call")
+    {
         CorsDecision::Allow(a) => assert_eq!(a.allow_origin, "https://studio.example"),
         other => panic!("unexpected {other:?}"),
     }
@@ -124,19 +152,45 @@ fn actor(role: Role, key: Option<&str>, user: Option<&str>) -> Actor {
 #[test]
 fn quota_stage_defaults_and_configuration() {
     let p = defaults();
-    match p.data.quota.decide("GET", "/v1/db/t", "db", &actor(Role::Anon, Some("k1"), None)).expect("call") {
+    match p
+        .data
+        .quota
+        .decide(
+            "GET",
+            "/v1/db/t",
+            "db",
+            &actor(Role::Anon, Some("k1"), None),
+        )
+        .expect("call")
+    {
         QuotaDecision::Limit(r) => {
-            assert_eq!((r.bucket.as_str(), r.rate_per_second, r.burst, r.cost), ("key:k1", 100, 1000, 1));
+            assert_eq!(
+                (r.bucket.as_str(), r.rate_per_second, r.burst, r.cost),
+                ("key:k1", 100, 1000, 1)
+            );
         }
         other => panic!("unexpected {other:?}"),
     }
-    match p.data.quota.decide("GET", "/v1/db/t", "db", &actor(Role::Authenticated, Some("k1"), Some("u1"))).expect("call") {
+    match p
+        .data
+        .quota
+        .decide(
+            "GET",
+            "/v1/db/t",
+            "db",
+            &actor(Role::Authenticated, Some("k1"), Some("u1")),
+        )
+        .expect("call")
+    {
         QuotaDecision::Limit(r) => assert_eq!(r.bucket, "user:proj:u1"),
         other => panic!("unexpected {other:?}"),
     }
     let keyless = Actor::unauthenticated(Plane::Data);
     assert_eq!(
-        p.data.quota.decide("GET", "/health", "gateway", &keyless).expect("call"),
+        p.data
+            .quota
+            .decide("GET", "/health", "gateway", &keyless)
+            .expect("call"),
         QuotaDecision::Exempt
     );
     let mut config = Config::default();
@@ -147,13 +201,23 @@ fn quota_stage_defaults_and_configuration() {
     let p = load(&config).expect("loads");
     let mut pro = actor(Role::ServiceRole, Some("k2"), None);
     pro.plan = Some("pro".into());
-    match p.data.quota.decide("POST", "/v1/functions/f", "functions", &pro).expect("call") {
-        QuotaDecision::Limit(r) => assert_eq!((r.rate_per_second, r.burst, r.cost), (500, 5000, 10)),
+    match p
+        .data
+        .quota
+        .decide("POST", "/v1/functions/f", "functions", &pro)
+        .expect("call")
+    {
+        QuotaDecision::Limit(r) => {
+            assert_eq!((r.rate_per_second, r.burst, r.cost), (500, 5000, 10))
+        }
         other => panic!("unexpected {other:?}"),
     }
     config.data_plane.plugins.quota.config = serde_json::json!({ "burst": 0 });
     let err = load(&config).expect_err("refused");
-    assert!(err.to_string().contains("data_plane.plugins.quota"), "{err}");
+    assert!(
+        err.to_string().contains("data_plane.plugins.quota"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -165,13 +229,28 @@ fn db_routing_stage_applies_the_six_rules_in_order() {
         postgrest_url: url.map(str::to_owned),
     };
     let decide = |method: &str, path: &str, project: Option<ProjectDb>| {
-        p.data.db_routing.decide(Plane::Data, method, path, project).expect("call")
+        p.data
+            .db_routing
+            .decide(Plane::Data, method, path, project)
+            .expect("call")
     };
     let url = Some("http://pgrst-a:3000");
-    assert_eq!(decide("GET", "/v1/db/schema", Some(dedicated(url))), DbRoute::Nats);
-    assert_eq!(decide("GET", "/v1/db/policies/x", Some(dedicated(url))), DbRoute::Nats);
-    assert_eq!(decide("POST", "/v1/db/sql", Some(dedicated(url))), DbRoute::Nats);
-    assert_eq!(decide("PUT", "/v1/db/todos", Some(dedicated(url))), DbRoute::Nats);
+    assert_eq!(
+        decide("GET", "/v1/db/schema", Some(dedicated(url))),
+        DbRoute::Nats
+    );
+    assert_eq!(
+        decide("GET", "/v1/db/policies/x", Some(dedicated(url))),
+        DbRoute::Nats
+    );
+    assert_eq!(
+        decide("POST", "/v1/db/sql", Some(dedicated(url))),
+        DbRoute::Nats
+    );
+    assert_eq!(
+        decide("PUT", "/v1/db/todos", Some(dedicated(url))),
+        DbRoute::Nats
+    );
     let mongo = ProjectDb {
         engine: DbEngine::Mongodb,
         ..dedicated(url)
@@ -186,7 +265,10 @@ fn db_routing_stage_applies_the_six_rules_in_order() {
         decide("GET", "/v1/db/todos", Some(dedicated(url))),
         DbRoute::Postgrest("http://pgrst-a:3000".into())
     );
-    assert_eq!(decide("GET", "/v1/db/todos", Some(dedicated(None))), DbRoute::Unresolved);
+    assert_eq!(
+        decide("GET", "/v1/db/todos", Some(dedicated(None))),
+        DbRoute::Unresolved
+    );
 }
 
 fn hostile(reuse: InstanceReuse) -> Policies {
@@ -245,7 +327,11 @@ fn a_module_with_the_wrong_exports_is_refused_at_load() {
     let mut config = Config::default();
     config.data_plane.plugins.cors.module = path.display().to_string();
     let err = load(&config).expect_err("refused");
-    assert!(err.to_string().contains("does not export the cors stage world"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("does not export the cors stage world"),
+        "{err}"
+    );
     let junk = dir.path().join("junk.wasm");
     std::fs::write(&junk, b"\0asm not really").expect("write");
     config.data_plane.plugins.cors.module = junk.display().to_string();
@@ -272,7 +358,14 @@ fn calls_from_many_threads_share_one_module_safely() {
                 for i in 0..200 {
                     let key = format!("aura_pk_{t}_{i}");
                     let r = key_request("/v1/db/x", &[], &[("apikey", key.as_str())]);
-                    match p.data.api_key.as_ref().expect("stage").extract(&r).expect("call") {
+                    match p
+                        .data
+                        .api_key
+                        .as_ref()
+                        .expect("stage")
+                        .extract(&r)
+                        .expect("call")
+                    {
                         KeyDecision::Present(c) => assert_eq!(c.key, key),
                         other => panic!("unexpected {other:?}"),
                     }

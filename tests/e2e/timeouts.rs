@@ -18,9 +18,12 @@ async fn a_functions_request_outlives_the_default_budget_that_cuts_other_groups(
     config.timeouts.functions_ms = 5_000;
     let gw = InProcess::start(config).await;
     let delay = Duration::from_millis(1_500);
-    let functions = Responder::start(&nats.url(), &format!("{prefix}.functions.http"), delay, |_| {
-        reply(200, &[], b"done")
-    })
+    let functions = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.functions.http"),
+        delay,
+        |_| reply(200, &[], b"done"),
+    )
     .await;
     let _auth = Responder::start(&nats.url(), &format!("{prefix}.auth.http"), delay, |_| {
         reply(200, &[], b"done")
@@ -33,12 +36,25 @@ async fn a_functions_request_outlives_the_default_budget_that_cuts_other_groups(
         reqwest::get(gw.data_url("/v1/auth/slow")),
     );
     let (f, a) = (f.expect("functions"), a.expect("auth"));
-    assert_eq!(f.status(), StatusCode::OK, "functions has its own, longer budget");
+    assert_eq!(
+        f.status(),
+        StatusCode::OK,
+        "functions has its own, longer budget"
+    );
     assert_eq!(f.text().await.expect("body"), "done");
-    assert_eq!(a.status(), StatusCode::GATEWAY_TIMEOUT, "auth is cut at the default budget");
+    assert_eq!(
+        a.status(),
+        StatusCode::GATEWAY_TIMEOUT,
+        "auth is cut at the default budget"
+    );
     assert!(a.headers().contains_key("x-request-id"));
     let body: serde_json::Value = a.json().await.expect("json");
-    assert!(body["error"]["code"].as_str().expect("code").ends_with("timeout"));
+    assert!(
+        body["error"]["code"]
+            .as_str()
+            .expect("code")
+            .ends_with("timeout")
+    );
     assert!(started.elapsed() >= delay);
     assert_eq!(functions.count(), 1);
 }
@@ -51,12 +67,17 @@ async fn gateway_routes_have_a_budget_too() {
     let mut config = test_config(&nats.url(), &prefix);
     config.timeouts.default_ms = 300;
     let gw = InProcess::start(config).await;
-    let _control = Responder::start(&nats.url(), &format!("{prefix}.control.http"), Duration::from_millis(1_000), |_| {
-        reply(200, &[], b"")
-    })
+    let _control = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.control.http"),
+        Duration::from_millis(1_000),
+        |_| reply(200, &[], b""),
+    )
     .await;
     let started = Instant::now();
-    let response = reqwest::get(gw.mgmt_url("/v1/projects/abc/logs")).await.expect("request");
+    let response = reqwest::get(gw.mgmt_url("/v1/projects/abc/logs"))
+        .await
+        .expect("request");
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
     assert!(started.elapsed() < Duration::from_millis(1_000));
 }

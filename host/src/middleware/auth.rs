@@ -11,7 +11,11 @@ use super::PlaneCtx;
 use crate::actor::Actor;
 
 /// The layer.
-pub async fn authenticate(State(ctx): State<PlaneCtx>, mut request: Request, next: Next) -> Response {
+pub async fn authenticate(
+    State(ctx): State<PlaneCtx>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let actor = Actor::unauthenticated(ctx.plane);
     request.extensions_mut().insert(actor.clone());
     let mut response = next.run(request).await;

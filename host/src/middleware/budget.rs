@@ -22,7 +22,11 @@ pub struct Budget(pub Duration);
 
 /// The layer: 504 with the contract's JSON error when the budget runs out before the response
 /// headers are ready.
-pub async fn enforce(State(Budget(budget)): State<Budget>, mut request: Request, next: Next) -> Response {
+pub async fn enforce(
+    State(Budget(budget)): State<Budget>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let deadline = Instant::now() + budget;
     request.extensions_mut().insert(Deadline(deadline));
     match tokio::time::timeout_at(deadline, next.run(request)).await {

@@ -49,7 +49,10 @@ fn apply_allow(plane: Plane, allow: &CorsAllow, preflight: bool, headers: &mut H
         return false;
     }
     let Ok(origin) = HeaderValue::from_str(&allow.allow_origin) else {
-        tracing::error!(plane = plane.as_str(), "the cors stage answered an invalid origin");
+        tracing::error!(
+            plane = plane.as_str(),
+            "the cors stage answered an invalid origin"
+        );
         return false;
     };
     headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);

@@ -34,9 +34,11 @@ pub async fn guard(State(ctx): State<PlaneCtx>, request: Request, next: Next) ->
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
     if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-        let mut response =
-            GatewayError::unauthorized("invalid_metrics_token", "a valid metrics bearer token is required")
-                .into_response();
+        let mut response = GatewayError::unauthorized(
+            "invalid_metrics_token",
+            "a valid metrics bearer token is required",
+        )
+        .into_response();
         response
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -38,7 +38,9 @@ pub async fn assign(mut request: Request, next: Next) -> Response {
     let id = RequestId::mint();
     let value = id.header_value();
     tracing::Span::current().record("request_id", id.0.as_str());
-    request.headers_mut().insert(X_REQUEST_ID.clone(), value.clone());
+    request
+        .headers_mut()
+        .insert(X_REQUEST_ID.clone(), value.clone());
     request.extensions_mut().insert(id);
     let mut response = next.run(request).await;
     response.headers_mut().insert(X_REQUEST_ID.clone(), value);

@@ -40,6 +40,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 /// Builds the data-plane router: service routes plus the data plane's extras, under the chain.
 pub fn build_data_plane_router(state: AppState) -> Router {
     let timeouts = &state.config.timeouts;
-    let routes = service_routes(timeouts).merge(with_budget(extra_routes(), timeouts.default_budget()));
+    let routes =
+        service_routes(timeouts).merge(with_budget(extra_routes(), timeouts.default_budget()));
     chain::apply(with_fallbacks(routes), state, Plane::Data)
 }

@@ -28,16 +28,26 @@ macro_rules! to {
 fn extra_routes() -> Router<AppState> {
     Router::new()
         .merge(health())
-        .route("/v1/organizations/{org_id}/projects", to!(post, Service::Provisioner))
+        .route(
+            "/v1/organizations/{org_id}/projects",
+            to!(post, Service::Provisioner),
+        )
         .route("/v1/projects/{project_ref}", to!(get, Service::Control))
-        .route("/v1/projects/{project_ref}/api-keys/rotate", to!(post, Service::Control))
-        .route("/v1/projects/{project_ref}/logs", to!(get, Service::Control))
+        .route(
+            "/v1/projects/{project_ref}/api-keys/rotate",
+            to!(post, Service::Control),
+        )
+        .route(
+            "/v1/projects/{project_ref}/logs",
+            to!(get, Service::Control),
+        )
 }
 
 /// Builds the management-plane router: service routes plus the management extras, under the
 /// chain.
 pub fn build_management_plane_router(state: AppState) -> Router {
     let timeouts = &state.config.timeouts;
-    let routes = service_routes(timeouts).merge(with_budget(extra_routes(), timeouts.default_budget()));
+    let routes =
+        service_routes(timeouts).merge(with_budget(extra_routes(), timeouts.default_budget()));
     chain::apply(with_fallbacks(routes), state, Plane::Management)
 }

@@ -22,7 +22,10 @@ fn default_group() -> Router<AppState> {
         .route("/v1/db/{*rest}", db_route())
         .route("/v1/storage/{*rest}", http_route(Service::Storage))
         .route("/v1/realtime/{*rest}", http_route(Service::Realtime))
-        .route("/v1/notifications/{*rest}", nats_route(Service::Notifications))
+        .route(
+            "/v1/notifications/{*rest}",
+            nats_route(Service::Notifications),
+        )
         .route("/v1/ai/{*rest}", nats_route(Service::Ai))
         .route("/v1/control/{*rest}", nats_route(Service::Control))
 }
@@ -55,5 +58,7 @@ pub fn health() -> Router<AppState> {
 pub fn with_fallbacks(router: Router<AppState>) -> Router<AppState> {
     router
         .fallback(|| async { GatewayError::not_found("no route for this path").into_response() })
-        .method_not_allowed_fallback(|| async { GatewayError::method_not_allowed().into_response() })
+        .method_not_allowed_fallback(|| async {
+            GatewayError::method_not_allowed().into_response()
+        })
 }

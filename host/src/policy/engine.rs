@@ -91,7 +91,8 @@ impl PolicyEngine {
 
     /// Compiles a component. Called when a module is loaded, never on the request path.
     pub fn compile(&self, bytes: &[u8]) -> Result<Component, String> {
-        Component::from_binary(&self.engine, bytes).map_err(|e| format!("not a valid component: {e:#}"))
+        Component::from_binary(&self.engine, bytes)
+            .map_err(|e| format!("not a valid component: {e:#}"))
     }
 
     fn deadline_ticks(&self) -> u64 {
@@ -210,7 +211,10 @@ impl<W: StageWorld> StageModule<W> {
             Ok(Ok(setup)) => setup,
             Ok(Err(reason)) => return Err(refuse(FailureKind::Refused, reason)),
             Err(e) => {
-                return Err(refuse(classify(&store, &e), format!("configure failed: {e:#}")));
+                return Err(refuse(
+                    classify(&store, &e),
+                    format!("configure failed: {e:#}"),
+                ));
             }
         };
         let module = Self {

@@ -175,38 +175,43 @@ fn component_for(
     stage_config: &StageConfig,
     base: Option<&Path>,
 ) -> Result<(String, String, Component), PluginError> {
-    let (name, bytes): (String, std::borrow::Cow<'static, [u8]>) =
-        match stage_config.module_path() {
-            None => (
-                config::BUILTIN.to_owned(),
-                std::borrow::Cow::Borrowed(match stage {
-                    Stage::ApiKey => builtin::API_KEY,
-                    Stage::Cors => builtin::CORS,
-                    Stage::Quota => builtin::QUOTA,
-                    Stage::DbRouting => builtin::DB_ROUTING,
-                }),
-            ),
-            Some(path) => {
-                let resolved = config::resolve(base, path);
-                let bytes = std::fs::read(&resolved).map_err(|e| PluginError::Io {
-                    key: key.to_owned(),
-                    path: resolved.display().to_string(),
-                    reason: e.to_string(),
-                })?;
-                (resolved.display().to_string(), std::borrow::Cow::Owned(bytes))
-            }
-        };
+    let (name, bytes): (String, std::borrow::Cow<'static, [u8]>) = match stage_config.module_path()
+    {
+        None => (
+            config::BUILTIN.to_owned(),
+            std::borrow::Cow::Borrowed(match stage {
+                Stage::ApiKey => builtin::API_KEY,
+                Stage::Cors => builtin::CORS,
+                Stage::Quota => builtin::QUOTA,
+                Stage::DbRouting => builtin::DB_ROUTING,
+            }),
+        ),
+        Some(path) => {
+            let resolved = config::resolve(base, path);
+            let bytes = std::fs::read(&resolved).map_err(|e| PluginError::Io {
+                key: key.to_owned(),
+                path: resolved.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            (
+                resolved.display().to_string(),
+                std::borrow::Cow::Owned(bytes),
+            )
+        }
+    };
     let digest = hex::encode(Sha256::digest(&bytes));
     let component = match cache.compiled.get(&digest) {
         Some(c) => c.clone(),
         None => {
-            let c = runtime.compile(&bytes).map_err(|reason| PluginError::Load {
-                stage,
-                plane,
-                module: name.clone(),
-                kind: FailureKind::Refused,
-                reason,
-            })?;
+            let c = runtime
+                .compile(&bytes)
+                .map_err(|reason| PluginError::Load {
+                    stage,
+                    plane,
+                    module: name.clone(),
+                    kind: FailureKind::Refused,
+                    reason,
+                })?;
             cache.compiled.insert(digest.clone(), c.clone());
             c
         }
@@ -254,9 +259,21 @@ impl Policies {
         let m = &config.management_plane.plugins;
         let data = PlanePolicies {
             plane: Plane::Data,
-            api_key: Some(ApiKeyStage::load(runtime, Plane::Data, load(Plane::Data, Stage::ApiKey, &d.api_key)?)?),
-            cors: CorsStage::load(runtime, Plane::Data, load(Plane::Data, Stage::Cors, &d.cors)?)?,
-            quota: QuotaStage::load(runtime, Plane::Data, load(Plane::Data, Stage::Quota, &d.quota)?)?,
+            api_key: Some(ApiKeyStage::load(
+                runtime,
+                Plane::Data,
+                load(Plane::Data, Stage::ApiKey, &d.api_key)?,
+            )?),
+            cors: CorsStage::load(
+                runtime,
+                Plane::Data,
+                load(Plane::Data, Stage::Cors, &d.cors)?,
+            )?,
+            quota: QuotaStage::load(
+                runtime,
+                Plane::Data,
+                load(Plane::Data, Stage::Quota, &d.quota)?,
+            )?,
             db_routing: DbRoutingStage::load(
                 runtime,
                 Plane::Data,
@@ -269,7 +286,11 @@ impl Policies {
             api_key: None,
             cors: CorsStage::load(runtime, mp, load(mp, Stage::Cors, &m.cors)?)?,
             quota: QuotaStage::load(runtime, mp, load(mp, Stage::Quota, &m.quota)?)?,
-            db_routing: DbRoutingStage::load(runtime, mp, load(mp, Stage::DbRouting, &m.db_routing)?)?,
+            db_routing: DbRoutingStage::load(
+                runtime,
+                mp,
+                load(mp, Stage::DbRouting, &m.db_routing)?,
+            )?,
         };
         Ok(Self {
             data: Arc::new(data),

@@ -57,9 +57,30 @@ macro_rules! stage_world {
     };
 }
 
-stage_world!(api_key, ApiKeyStage, ApiKeyStagePre, aura_gateway_api_key, Stage::ApiKey, Vec<String>);
-stage_world!(cors, CorsStage, CorsStagePre, aura_gateway_cors, Stage::Cors, ());
-stage_world!(quota, QuotaStage, QuotaStagePre, aura_gateway_quota, Stage::Quota, ());
+stage_world!(
+    api_key,
+    ApiKeyStage,
+    ApiKeyStagePre,
+    aura_gateway_api_key,
+    Stage::ApiKey,
+    Vec<String>
+);
+stage_world!(
+    cors,
+    CorsStage,
+    CorsStagePre,
+    aura_gateway_cors,
+    Stage::Cors,
+    ()
+);
+stage_world!(
+    quota,
+    QuotaStage,
+    QuotaStagePre,
+    aura_gateway_quota,
+    Stage::Quota,
+    ()
+);
 stage_world!(
     db_routing,
     DbRoutingStage,
@@ -119,6 +140,32 @@ impl ApiKeyStage {
         self.module.setup()
     }
 
+    /// Builds the stage's input from a request head: only the headers the plugin asked for,
+    /// and the `apikey` query values.
+    pub fn request_of(
+        &self,
+        method: &str,
+        uri: &http::Uri,
+        headers: &http::HeaderMap,
+    ) -> KeyRequest {
+        let wanted = self.headers();
+        KeyRequest {
+            method: method.to_owned(),
+            path: uri.path().to_owned(),
+            query_keys: crate::proxy::envelope::apikey_query_values(uri.query()),
+            headers: headers
+                .iter()
+                .filter(|(name, _)| wanted.iter().any(|w| w == name.as_str()))
+                .map(|(name, value)| {
+                    (
+                        name.as_str().to_owned(),
+                        String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
     /// Extracts the credential of one request.
     pub fn extract(&self, request: &KeyRequest) -> Result<KeyDecision, PluginError> {
         self.module
@@ -135,7 +182,11 @@ wrapper!(CorsStage, bindings::cors::CorsStage);
 
 impl CorsStage {
     /// Decides the CORS answer for one request with an `Origin`.
-    pub fn decide(&self, plane: Plane, request: CorsInput<'_>) -> Result<CorsDecision, PluginError> {
+    pub fn decide(
+        &self,
+        plane: Plane,
+        request: CorsInput<'_>,
+    ) -> Result<CorsDecision, PluginError> {
         use bindings::cors::aura::gateway::types::Plane as WitPlane;
         let request = CorsRequest {
             plane: match plane {

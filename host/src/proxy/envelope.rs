@@ -165,11 +165,19 @@ pub fn parse_reply(payload: &[u8]) -> Result<Reply, GatewayError> {
     let status = StatusCode::from_u16(raw.status)
         .ok()
         .filter(|s| (200..=599).contains(&s.as_u16()))
-        .ok_or_else(|| bad(format!("the backend reply has an invalid status {}", raw.status)))?;
+        .ok_or_else(|| {
+            bad(format!(
+                "the backend reply has an invalid status {}",
+                raw.status
+            ))
+        })?;
     let mut headers = HeaderMap::new();
     for (name, value) in raw.headers.unwrap_or_default() {
-        let name = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| bad(format!("the backend reply has an invalid header name {name:?}")))?;
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            bad(format!(
+                "the backend reply has an invalid header name {name:?}"
+            ))
+        })?;
         let value = HeaderValue::from_str(&value)
             .map_err(|_| bad(format!("the backend reply has an invalid value for {name}")))?;
         if HOP_BY_HOP.contains(&name.as_str()) || name == http::header::CONTENT_LENGTH {
@@ -211,7 +219,14 @@ mod tests {
     #[test]
     fn stripped_headers() {
         let named = vec!["x-hop".to_owned()];
-        for h in ["apikey", "x-api-key", "x-aura-role", "connection", "x-hop", "upgrade"] {
+        for h in [
+            "apikey",
+            "x-api-key",
+            "x-aura-role",
+            "connection",
+            "x-hop",
+            "upgrade",
+        ] {
             assert!(is_stripped_request_header(h, &named), "{h}");
         }
         assert!(!is_stripped_request_header("authorization", &named));
@@ -219,8 +234,8 @@ mod tests {
 
     #[test]
     fn replies_are_validated() {
-        let r = parse_reply(br#"{"status":201,"headers":[["x-a","1"]],"body":"AAEC"}"#)
-            .expect("valid");
+        let r =
+            parse_reply(br#"{"status":201,"headers":[["x-a","1"]],"body":"AAEC"}"#).expect("valid");
         assert_eq!(r.status, StatusCode::CREATED);
         assert_eq!(&r.body[..], &[0, 1, 2]);
         assert!(parse_reply(b"not json").is_err());

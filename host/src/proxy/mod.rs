@@ -24,20 +24,24 @@ use crate::state::AppState;
 
 /// A route handler forwarding to `service` over NATS.
 pub fn nats_route(service: Service) -> MethodRouter<AppState> {
-    any(move |State(state): State<AppState>, request: Request| async move {
-        forward_nats(&state, service, request)
-            .await
-            .unwrap_or_else(IntoResponse::into_response)
-    })
+    any(
+        move |State(state): State<AppState>, request: Request| async move {
+            forward_nats(&state, service, request)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        },
+    )
 }
 
 /// The `/v1/db/*` handler: the db-routing stage decides the transport per request.
 pub fn db_route() -> MethodRouter<AppState> {
-    any(|State(state): State<AppState>, request: Request| async move {
-        route_db(&state, request)
-            .await
-            .unwrap_or_else(IntoResponse::into_response)
-    })
+    any(
+        |State(state): State<AppState>, request: Request| async move {
+            route_db(&state, request)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        },
+    )
 }
 
 /// A route handler for a service reached over HTTP (storage, realtime).
@@ -45,7 +49,10 @@ pub fn http_route(service: Service) -> MethodRouter<AppState> {
     any(move || async move {
         GatewayError::unavailable(
             "backend_not_configured",
-            format!("no HTTP backend is configured for the {} service", service.name()),
+            format!(
+                "no HTTP backend is configured for the {} service",
+                service.name()
+            ),
         )
         .into_response()
     })
@@ -57,7 +64,12 @@ async fn route_db(state: &AppState, request: Request) -> Result<Response, Gatewa
     let route = policies
         .plane(actor.plane)
         .db_routing
-        .decide(actor.plane, request.method().as_str(), request.uri().path(), None)
+        .decide(
+            actor.plane,
+            request.method().as_str(),
+            request.uri().path(),
+            None,
+        )
         .map_err(|e| state.plugin_failed(&e))?;
     match route {
         DbRoute::Nats => forward_nats(state, Service::Db, request).await,
@@ -90,7 +102,10 @@ pub async fn read_body(body: Body) -> Result<bytes::Bytes, GatewayError> {
             }
             source = err.source();
         }
-        GatewayError::bad_request("invalid_body", format!("the request body could not be read: {e}"))
+        GatewayError::bad_request(
+            "invalid_body",
+            format!("the request body could not be read: {e}"),
+        )
     })
 }
 

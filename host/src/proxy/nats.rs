@@ -85,7 +85,10 @@ impl NatsTransport {
         if !self.is_connected() {
             return Err(GatewayError::unavailable(
                 "backend_unavailable",
-                format!("the {} service cannot be reached (NATS connection down)", service.name()),
+                format!(
+                    "the {} service cannot be reached (NATS connection down)",
+                    service.name()
+                ),
             )
             .retry_after(Duration::from_secs(1)));
         }
@@ -94,7 +97,10 @@ impl NatsTransport {
         let mut attempt = 0u32;
         loop {
             let now = Instant::now();
-            let Some(left) = deadline.checked_duration_since(now).filter(|d| !d.is_zero()) else {
+            let Some(left) = deadline
+                .checked_duration_since(now)
+                .filter(|d| !d.is_zero())
+            else {
                 return Err(timeout(service));
             };
             envelope.deadline_ms = left.as_millis() as u64;
@@ -133,7 +139,11 @@ impl NatsTransport {
                         // inside the deadline.
                         let wait = self.backoff.saturating_mul(1 << attempt.min(16));
                         attempt += 1;
-                        tracing::debug!(service = service.name(), attempt, "no responders; replaying");
+                        tracing::debug!(
+                            service = service.name(),
+                            attempt,
+                            "no responders; replaying"
+                        );
                         if Instant::now() + wait >= deadline {
                             return Err(timeout(service));
                         }
@@ -165,6 +175,9 @@ impl NatsTransport {
 fn timeout(service: Service) -> GatewayError {
     GatewayError::timeout(
         "upstream_timeout",
-        format!("the {} service did not answer within the route's budget", service.name()),
+        format!(
+            "the {} service did not answer within the route's budget",
+            service.name()
+        ),
     )
 }

@@ -1,6 +1,9 @@
 //! Component glue: exports `aura:gateway/api-key` over [`crate::policy`].
 
-#![expect(unsafe_code, reason = "wit-bindgen generates the canonical ABI glue with unsafe code")]
+#![expect(
+    unsafe_code,
+    reason = "wit-bindgen generates the canonical ABI glue with unsafe code"
+)]
 
 use std::sync::OnceLock;
 
@@ -9,7 +12,9 @@ use crate::policy::{Decision, Policy, Role, Source};
 wit_bindgen::generate!({ path: "../../wit", world: "api-key-stage" });
 
 use aura::gateway::types::Plane;
-use exports::aura::gateway::api_key::{Credential, Guest, KeyDecision, KeyRequest, KeyRole, KeySource};
+use exports::aura::gateway::api_key::{
+    Credential, Guest, KeyDecision, KeyRequest, KeyRole, KeySource,
+};
 
 static POLICY: OnceLock<Policy> = OnceLock::new();
 

@@ -94,7 +94,12 @@ impl Policy {
     }
 
     /// Decides for one request. `headers` holds only the configured headers.
-    pub fn extract(&self, path: &str, query_keys: &[String], headers: &[(String, String)]) -> Decision {
+    pub fn extract(
+        &self,
+        path: &str,
+        query_keys: &[String],
+        headers: &[(String, String)],
+    ) -> Decision {
         let mut header_key: Option<&str> = None;
         for (name, value) in headers {
             if !self.headers.iter().any(|h| h == name) {
@@ -184,7 +189,10 @@ mod tests {
             } => assert_eq!(allowed_roles, vec![Role::Anon]),
             other => panic!("unexpected {other:?}"),
         }
-        assert!(matches!(p.extract("/v1/db/todos", &q, &[]), Decision::Refuse(_)));
+        assert!(matches!(
+            p.extract("/v1/db/todos", &q, &[]),
+            Decision::Refuse(_)
+        ));
         assert!(matches!(
             p.extract("/v1/db/todos", &q, &[h("apikey", "aura_pk_abc")]),
             Decision::Refuse(_)

@@ -119,9 +119,18 @@ mod tests {
     #[test]
     fn the_six_rules_in_order() {
         let p = Policy::configure("{}").expect("config");
-        assert_eq!(p.decide("GET", "/v1/db/schema", Some(DEDICATED)), Route::Nats);
-        assert_eq!(p.decide("POST", "/v1/db/sql/run", Some(DEDICATED)), Route::Nats);
-        assert_eq!(p.decide("PUT", "/v1/db/todos", Some(DEDICATED)), Route::Nats);
+        assert_eq!(
+            p.decide("GET", "/v1/db/schema", Some(DEDICATED)),
+            Route::Nats
+        );
+        assert_eq!(
+            p.decide("POST", "/v1/db/sql/run", Some(DEDICATED)),
+            Route::Nats
+        );
+        assert_eq!(
+            p.decide("PUT", "/v1/db/todos", Some(DEDICATED)),
+            Route::Nats
+        );
         let mongo = Project {
             engine: Engine::Mongodb,
             ..DEDICATED
@@ -140,7 +149,10 @@ mod tests {
             postgrest_url: None,
             ..DEDICATED
         };
-        assert_eq!(p.decide("GET", "/v1/db/todos", Some(unresolved)), Route::Unresolved);
+        assert_eq!(
+            p.decide("GET", "/v1/db/todos", Some(unresolved)),
+            Route::Unresolved
+        );
     }
 
     #[test]

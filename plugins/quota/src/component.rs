@@ -1,6 +1,9 @@
 //! Component glue: exports `aura:gateway/quota` over [`crate::policy`].
 
-#![expect(unsafe_code, reason = "wit-bindgen generates the canonical ABI glue with unsafe code")]
+#![expect(
+    unsafe_code,
+    reason = "wit-bindgen generates the canonical ABI glue with unsafe code"
+)]
 
 use std::sync::OnceLock;
 

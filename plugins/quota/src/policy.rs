@@ -89,7 +89,9 @@ impl Policy {
             serde_json::from_str(json).map_err(|e| format!("invalid quota config: {e}"))?
         };
         if let Some((group, _)) = config.costs.iter().find(|(_, c)| **c == 0) {
-            return Err(format!("costs.{group}: must be at least 1 (use a larger rate instead)"));
+            return Err(format!(
+                "costs.{group}: must be at least 1 (use a larger rate instead)"
+            ));
         }
         let default = Limits {
             rate_per_second: config.rate_per_second.unwrap_or(100),

@@ -1,6 +1,9 @@
 //! Component glue for the hostile test plugin.
 
-#![expect(unsafe_code, reason = "wit-bindgen generates the canonical ABI glue with unsafe code")]
+#![expect(
+    unsafe_code,
+    reason = "wit-bindgen generates the canonical ABI glue with unsafe code"
+)]
 
 use std::hint::black_box;
 

@@ -127,9 +127,7 @@ impl Process {
     fn wait_healthy(&self) {
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(60) {
-            let up = |port| {
-                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-            };
+            let up = |port| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
             if up(self.port) && up(self.management_port) {
                 return;
             }

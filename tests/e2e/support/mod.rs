@@ -21,5 +21,9 @@ pub fn free_port() -> u16 {
 /// A subject prefix no other test uses.
 pub fn unique_prefix() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!("t{}x{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "t{}x{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }

@@ -64,7 +64,11 @@ impl Drop for NatsServer {
 
 fn binary() -> String {
     std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| {
-        for candidate in ["/usr/sbin/nats-server", "/usr/bin/nats-server", "/usr/local/bin/nats-server"] {
+        for candidate in [
+            "/usr/sbin/nats-server",
+            "/usr/bin/nats-server",
+            "/usr/local/bin/nats-server",
+        ] {
             if std::path::Path::new(candidate).exists() {
                 return candidate.to_owned();
             }

@@ -23,7 +23,10 @@ impl Responder {
         reply: impl Fn(serde_json::Value) -> Bytes + Send + Sync + 'static,
     ) -> Self {
         let client = async_nats::connect(url).await.expect("responder connects");
-        let mut sub = client.subscribe(subject.to_owned()).await.expect("subscribe");
+        let mut sub = client
+            .subscribe(subject.to_owned())
+            .await
+            .expect("subscribe");
         client.flush().await.expect("flush");
         let deliveries = Arc::new(AtomicUsize::new(0));
         let count = deliveries.clone();
