@@ -112,8 +112,12 @@ fn ensure_target() {
     if installed {
         return;
     }
-    println!("cargo:warning=installing the {TARGET} target with rustup (needed to build the policy plugins)");
-    let status = Command::new("rustup").args(["target", "add", TARGET]).status();
+    println!(
+        "cargo:warning=installing the {TARGET} target with rustup (needed to build the policy plugins)"
+    );
+    let status = Command::new("rustup")
+        .args(["target", "add", TARGET])
+        .status();
     if !matches!(status, Ok(s) if s.success()) {
         println!("cargo:warning=could not install {TARGET}; run: rustup target add {TARGET}");
     }
