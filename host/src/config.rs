@@ -36,6 +36,10 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The WebAssembly policy runtime.
     pub plugins: PluginRuntimeConfig,
+    /// The control store (projects, organizations, members, API keys).
+    pub control: ControlConfig,
+    /// Credentials: API key cache, user and console JWTs.
+    pub auth: AuthConfig,
     /// Data-plane settings.
     pub data_plane: DataPlaneConfig,
     /// Management-plane settings.
@@ -54,6 +58,8 @@ impl Default for Config {
             log: LogConfig::default(),
             metrics: MetricsConfig::default(),
             plugins: PluginRuntimeConfig::default(),
+            control: ControlConfig::default(),
+            auth: AuthConfig::default(),
             data_plane: DataPlaneConfig::default(),
             management_plane: ManagementPlaneConfig::default(),
         }
@@ -179,6 +185,164 @@ impl Default for LogConfig {
 pub struct MetricsConfig {
     /// Bearer token required on `GET /metrics`. Without one, `/metrics` answers 404.
     pub token: Option<String>,
+}
+
+/// Which control store implementation to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// A declarative TOML file (DB-less mode).
+    File,
+    /// PostgreSQL, schema `aura_control`.
+    Postgres,
+}
+
+/// The control store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlConfig {
+    /// `file` (default) or `postgres`.
+    pub store: StoreKind,
+    /// The control file (file store); relative to the config file. None: an empty store.
+    pub file: Option<String>,
+    /// How often the control file is checked for changes, in milliseconds.
+    pub reload_interval_ms: u64,
+    /// `postgres://…` (postgres store).
+    pub database_url: Option<String>,
+    /// Pool size (postgres store).
+    pub max_connections: u32,
+    /// Time allowed to get a pooled connection, in milliseconds (postgres store).
+    pub acquire_timeout_ms: u64,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        Self {
+            store: StoreKind::File,
+            file: None,
+            reload_interval_ms: 1_000,
+            database_url: None,
+            max_connections: 10,
+            acquire_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// Verification of one kind of JWT.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JwtConfig {
+    /// HS256 shared secret (at least 32 bytes).
+    pub hs256_secret: Option<String>,
+    /// JWKS URL for RS256 / ES256 keys.
+    pub jwks_url: Option<String>,
+    /// Accepted algorithms (`HS256`, `RS256`, `ES256`). Default: HS256 when a secret is set,
+    /// RS256 and ES256 when a JWKS URL is set. Never taken from the token.
+    pub algorithms: Option<Vec<String>>,
+    /// Least time between two JWKS fetches caused by an unknown `kid`, in seconds.
+    pub jwks_refresh_cooldown_secs: Option<u64>,
+    /// Age after which the JWKS is fetched again, in seconds.
+    pub jwks_max_age_secs: Option<u64>,
+}
+
+impl JwtConfig {
+    /// Whether any verification key is configured.
+    pub fn is_configured(&self) -> bool {
+        self.hs256_secret.is_some() || self.jwks_url.is_some()
+    }
+
+    /// The accepted algorithms, explicit or derived from the key material.
+    pub fn effective_algorithms(&self) -> Vec<String> {
+        match &self.algorithms {
+            Some(list) => list.clone(),
+            None => {
+                let mut list = Vec::new();
+                if self.hs256_secret.is_some() {
+                    list.push("HS256".to_owned());
+                }
+                if self.jwks_url.is_some() {
+                    list.push("RS256".to_owned());
+                    list.push("ES256".to_owned());
+                }
+                list
+            }
+        }
+    }
+
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if let Some(secret) = &self.hs256_secret
+            && secret.len() < 32
+        {
+            return Err(problem(
+                &format!("{key}.hs256_secret"),
+                "must be at least 32 bytes",
+            ));
+        }
+        if let Some(url) = &self.jwks_url
+            && !(url.starts_with("https://") || url.starts_with("http://"))
+        {
+            return Err(problem(
+                &format!("{key}.jwks_url"),
+                "must be an http(s) URL",
+            ));
+        }
+        for alg in self.effective_algorithms() {
+            match alg.as_str() {
+                "HS256" if self.hs256_secret.is_none() => {
+                    return Err(problem(
+                        &format!("{key}.algorithms"),
+                        "HS256 needs hs256_secret",
+                    ));
+                }
+                "RS256" | "ES256" if self.jwks_url.is_none() => {
+                    return Err(problem(
+                        &format!("{key}.algorithms"),
+                        format!("{alg} needs jwks_url"),
+                    ));
+                }
+                "HS256" | "RS256" | "ES256" => {}
+                other => {
+                    return Err(problem(
+                        &format!("{key}.algorithms"),
+                        format!("{other:?} is not supported (HS256, RS256, ES256)"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Credentials.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Lifetime of cached API key lookups, positive and negative, in seconds (1–30: a revoked
+    /// key stops working within this time).
+    pub key_cache_ttl_secs: u64,
+    /// Entries kept in the API key cache.
+    pub key_cache_capacity: u64,
+    /// Lifetime of cached project records (data plane), in seconds.
+    pub project_cache_ttl_secs: u64,
+    /// Clock skew tolerated on `exp` and `nbf`, in seconds (0–60).
+    pub leeway_secs: u64,
+    /// User JWTs on the data plane (`aud` = `authenticated`).
+    pub user_jwt: JwtConfig,
+    /// Console JWTs on the management plane (`aud` = `aurabase-control`).
+    pub console_jwt: JwtConfig,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            key_cache_ttl_secs: 30,
+            key_cache_capacity: 100_000,
+            project_cache_ttl_secs: 30,
+            leeway_secs: 5,
+            user_jwt: JwtConfig::default(),
+            console_jwt: JwtConfig::default(),
+        }
+    }
 }
 
 /// How plugin instances are used across calls.
@@ -421,6 +585,60 @@ impl Config {
         if p.max_idle_instances == 0 {
             return Err(problem("plugins.max_idle_instances", "must be at least 1"));
         }
+        let c = &self.control;
+        match c.store {
+            StoreKind::Postgres => match &c.database_url {
+                Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                }
+                Some(_) => {
+                    return Err(problem(
+                        "control.database_url",
+                        "must start with postgres:// or postgresql://",
+                    ));
+                }
+                None => {
+                    return Err(problem(
+                        "control.database_url",
+                        "is required when control.store = \"postgres\"",
+                    ));
+                }
+            },
+            StoreKind::File => {
+                if let Some(file) = &c.file {
+                    let resolved = resolve(base, Path::new(file));
+                    if !resolved.is_file() {
+                        return Err(problem(
+                            "control.file",
+                            format!("{} is not a file", resolved.display()),
+                        ));
+                    }
+                }
+            }
+        }
+        if c.reload_interval_ms == 0 {
+            return Err(problem("control.reload_interval_ms", "must be at least 1"));
+        }
+        if c.max_connections == 0 {
+            return Err(problem("control.max_connections", "must be at least 1"));
+        }
+        let a = &self.auth;
+        if !(1..=30).contains(&a.key_cache_ttl_secs) {
+            return Err(problem(
+                "auth.key_cache_ttl_secs",
+                "must be between 1 and 30 (a revoked key must stop working within 30 s)",
+            ));
+        }
+        if a.key_cache_capacity == 0 {
+            return Err(problem("auth.key_cache_capacity", "must be at least 1"));
+        }
+        if a.project_cache_ttl_secs == 0 {
+            return Err(problem("auth.project_cache_ttl_secs", "must be at least 1"));
+        }
+        if a.leeway_secs > 60 {
+            return Err(problem("auth.leeway_secs", "must be at most 60"));
+        }
+        a.user_jwt.validate("auth.user_jwt")?;
+        a.console_jwt.validate("auth.console_jwt")?;
         for (key, stage) in self.stages() {
             if !stage.config.is_object() {
                 return Err(problem(&format!("{key}.config"), "must be a table"));

@@ -4,7 +4,9 @@
 //! handler ([`proxy`]) → transport → backend, calling [`policy`] stages at fixed points.
 
 pub mod actor;
+pub mod auth;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod metrics;
 pub mod middleware;

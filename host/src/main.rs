@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use aura_gateway::auth::keys::{generate_key, hash_key};
 use aura_gateway::config::Config;
+use aura_gateway::control::postgres::PostgresStore;
+use aura_gateway::control::{self, KeyRole};
 use aura_gateway::policy::{Policies, PolicyEngine};
 use aura_gateway::state::AppState;
 use aura_gateway::{server, telemetry};
@@ -34,6 +37,39 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Apply the control-store migrations (schema aura_control) to a PostgreSQL database.
+    Migrate {
+        /// postgres://user@host/db
+        #[arg(long)]
+        database_url: String,
+    },
+    /// Manage API keys in the configured control store (file or postgres).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+        /// TOML configuration file naming the control store.
+        #[arg(long, short, global = true)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCommand {
+    /// Create a key; prints it once (only its SHA-256 is stored).
+    Create {
+        /// Project reference.
+        #[arg(long)]
+        project: String,
+        /// anon or service_role.
+        #[arg(long, value_parser = ["anon", "service_role"])]
+        role: String,
+    },
+    /// Revoke a key by id; it stops working within the key cache lifetime (30 s at most).
+    Revoke {
+        /// The key's id (printed by create).
+        #[arg(long)]
+        id: uuid::Uuid,
+    },
 }
 
 fn main() -> ExitCode {
@@ -51,6 +87,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve { config } => runtime.block_on(serve(config)),
         Command::CheckConfig { config } => check_config(config),
+        Command::Migrate { database_url } => runtime.block_on(migrate(database_url)),
+        Command::Keys { command, config } => runtime.block_on(keys(command, config)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -73,6 +111,46 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
     let state = AppState::build(config.clone(), base).await?;
     let (data, management) = server::bind(&config).await?;
     server::serve(state, data, management, server::shutdown_signal()).await
+}
+
+async fn migrate(database_url: String) -> anyhow::Result<()> {
+    let config = aura_gateway::config::ControlConfig::default();
+    let store = PostgresStore::connect(&database_url, &config).await?;
+    store.migrate().await?;
+    println!("migrations applied");
+    Ok(())
+}
+
+async fn keys(command: KeysCommand, path: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = load(path.as_ref())?;
+    let base = path.as_deref().and_then(|p| p.parent());
+    let store = control::open(&config.control, base).await?;
+    match command {
+        KeysCommand::Create { project, role } => {
+            let role =
+                KeyRole::parse(&role).ok_or_else(|| anyhow::anyhow!("unknown role {role}"))?;
+            let key = generate_key(role);
+            let record = store
+                .create_api_key(&project, role, &hash_key(&key))
+                .await?;
+            println!("{key}");
+            eprintln!(
+                "created {} key {} for project {} in the {} store; the key is shown only once",
+                role.as_str(),
+                record.id,
+                record.project_ref,
+                store.kind()
+            );
+        }
+        KeysCommand::Revoke { id } => {
+            if store.revoke_api_key(id).await? {
+                println!("revoked {id}");
+            } else {
+                println!("{id} was already revoked");
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::auth::Authenticator;
 use crate::config::Config;
+use crate::control::{self, ControlStore};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::policy::{PluginError, Policies, PolicyEngine};
@@ -29,6 +31,8 @@ pub struct StateInner {
     policies: ArcSwap<Policies>,
     /// Prometheus metrics.
     pub metrics: Metrics,
+    /// Credentials: the control store, key cache, JWT verifiers.
+    pub auth: Authenticator,
 }
 
 impl Deref for AppState {
@@ -42,6 +46,17 @@ impl AppState {
     /// Loads the policy modules of both planes and starts the NATS connection. `base` is the
     /// config file's folder, for relative module paths.
     pub async fn build(config: Config, base: Option<&Path>) -> anyhow::Result<Self> {
+        let store = control::open(&config.control, base).await?;
+        Self::build_with_store(config, base, store).await
+    }
+
+    /// Like [`AppState::build`] over a given control store.
+    pub async fn build_with_store(
+        config: Config,
+        base: Option<&Path>,
+        store: Arc<dyn ControlStore>,
+    ) -> anyhow::Result<Self> {
+        let auth = Authenticator::new(&config.auth, store);
         let runtime = PolicyEngine::new(&config.plugins)?;
         let policies = Policies::load(&runtime, &config, base)?;
         let nats = NatsTransport::connect(&config.nats).await?;
@@ -51,6 +66,7 @@ impl AppState {
             runtime,
             policies: ArcSwap::from_pointee(policies),
             metrics: Metrics::new(),
+            auth,
         })))
     }
 

@@ -182,10 +182,15 @@ async fn sigterm_lets_in_flight_requests_finish() {
     let nats = shared();
     let prefix = unique_prefix();
     let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("control.toml"),
+        crate::support::gateway::e2e_control_file(),
+    )
+    .expect("control file");
     let path = write_config(
         dir.path(),
         &format!(
-            "[nats]\nurl = {:?}\nsubject_prefix = {prefix:?}\n",
+            "[nats]\nurl = {:?}\nsubject_prefix = {prefix:?}\n[control]\nfile = \"control.toml\"\n",
             nats.url()
         ),
     );
@@ -198,7 +203,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
     )
     .await;
     // Wait until the gateway's own NATS connection is up.
-    let client = reqwest::Client::new();
+    let client = crate::support::gateway::client();
     for _ in 0..100 {
         let r = client
             .get(gw.data_url("/v1/auth/x"))
@@ -213,7 +218,8 @@ async fn sigterm_lets_in_flight_requests_finish() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let url = gw.data_url("/v1/functions/slow");
-    let in_flight = tokio::spawn(async move { reqwest::get(url).await });
+    let in_flight =
+        tokio::spawn(async move { crate::support::gateway::client().get(url).send().await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = gw.child.id().to_string();
     assert!(
@@ -234,4 +240,143 @@ async fn sigterm_lets_in_flight_requests_finish() {
         .expect("join")
         .expect("wait");
     assert!(status.success(), "clean exit after SIGTERM: {status:?}");
+}
+
+#[tokio::test]
+async fn keys_create_gives_a_working_key_and_revoke_stops_it() {
+    let nats = shared();
+    let prefix = unique_prefix();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let control = dir.path().join("control.toml");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/control/local.toml"),
+        &control,
+    )
+    .expect("copy the example control file");
+    let path = write_config(
+        dir.path(),
+        &format!(
+            "[nats]\nurl = {:?}\nsubject_prefix = {prefix:?}\n[control]\nfile = \"control.toml\"\nreload_interval_ms = 100\n[auth]\nkey_cache_ttl_secs = 1\n[log]\nlevel = \"debug\"\n",
+            nats.url()
+        ),
+    );
+    let create = Command::new(binary())
+        .args([
+            "keys",
+            "create",
+            "--project",
+            "demo",
+            "--role",
+            "anon",
+            "--config",
+        ])
+        .arg(&path)
+        .output()
+        .expect("keys create");
+    assert!(
+        create.status.success(),
+        "{}",
+        String::from_utf8_lossy(&create.stderr)
+    );
+    let key = String::from_utf8(create.stdout)
+        .expect("utf8")
+        .trim()
+        .to_owned();
+    assert!(key.starts_with("aura_pk_"), "{key}");
+    let stored = std::fs::read_to_string(&control).expect("read");
+    assert!(!stored.contains(&key), "only the hash is stored");
+    assert!(stored.contains(&aura_gateway::auth::keys::hash_key(&key)));
+    let id = String::from_utf8_lossy(&create.stderr)
+        .split_whitespace()
+        .find_map(|w| uuid::Uuid::parse_str(w).ok())
+        .expect("create names the key id");
+
+    let gw = Process::serve(&path, dir.path());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let _auth = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.auth.http"),
+        Duration::ZERO,
+        move |e| {
+            let _ = tx.send(e);
+            reply(200, &[], b"{}")
+        },
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let r = client
+        .get(gw.data_url("/v1/auth/user"))
+        .header("apikey", &key)
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::OK);
+    let envelope = rx.recv().await.expect("envelope");
+    assert_eq!(envelope["actor"]["role"], "anon");
+    assert_eq!(envelope["actor"]["project"], "demo");
+    let r = client
+        .get(gw.data_url("/v1/auth/user"))
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+
+    let revoke = Command::new(binary())
+        .args(["keys", "revoke", "--id", &id.to_string(), "--config"])
+        .arg(&path)
+        .output()
+        .expect("keys revoke");
+    assert!(
+        revoke.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoke.stderr)
+    );
+    let mut refused = false;
+    for _ in 0..40 {
+        let r = client
+            .get(gw.data_url("/v1/auth/user"))
+            .header("apikey", &key)
+            .send()
+            .await
+            .expect("r");
+        if r.status() == StatusCode::UNAUTHORIZED {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused, "the revoked key stopped working");
+    let log = gw.log_text();
+    assert!(!log.contains(&key), "the key never appears in the logs");
+    assert!(!log.contains(&key[8..]), "not even without its prefix");
+}
+
+#[tokio::test]
+async fn migrate_creates_the_control_schema() {
+    let db = crate::support::postgres::TestDatabase::create().await;
+    let out = Command::new(binary())
+        .args(["migrate", "--database-url", &db.url])
+        .output()
+        .expect("migrate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The tables are there with the contract's columns.
+    db.execute(
+        "INSERT INTO aura_control.organizations (id, name) VALUES ('00000000-0000-4000-8000-000000000001', 'o');
+         INSERT INTO aura_control.projects (ref, organization_id, db_engine, topology)
+           VALUES ('p', '00000000-0000-4000-8000-000000000001', 'postgres', 'shared');
+         INSERT INTO aura_control.organization_members (organization_id, user_id, role)
+           VALUES ('00000000-0000-4000-8000-000000000001', '00000000-0000-4000-8000-000000000002', 'owner');
+         INSERT INTO aura_control.api_keys (id, project_ref, role, key_sha256, revoked_at)
+           VALUES ('00000000-0000-4000-8000-000000000003', 'p', 'anon', 'h', NULL);",
+    )
+    .await;
+    let again = Command::new(binary())
+        .args(["migrate", "--database-url", &db.url])
+        .output()
+        .expect("migrate");
+    assert!(again.status.success(), "migrations are idempotent");
 }

@@ -17,7 +17,23 @@ const SECURITY_HEADERS: &[&str] = &[
 ];
 
 async fn state(config: Config) -> AppState {
-    AppState::build(config, None).await.expect("state")
+    let store = std::sync::Arc::new(crate::support::gateway::e2e_store());
+    AppState::build_with_store(config, None, store)
+        .await
+        .expect("state")
+}
+
+/// Credentials of the standard e2e records for `router`'s plane.
+fn credentials(data_plane: bool) -> (&'static str, String) {
+    if data_plane {
+        ("apikey", crate::support::gateway::TEST_KEY.to_owned())
+    } else {
+        let user = uuid::Uuid::parse_str(crate::support::gateway::TEST_CONSOLE_USER).expect("uuid");
+        (
+            "authorization",
+            format!("Bearer {}", crate::support::fixture::console_token(user)),
+        )
+    }
 }
 
 fn config() -> Config {
@@ -207,25 +223,24 @@ async fn client_request_ids_are_replaced_by_fresh_ones() {
 #[tokio::test]
 async fn unknown_routes_and_methods_get_json_errors_with_headers_on_both_planes() {
     let state = state(config()).await;
-    for router in [
-        build_data_plane_router(state.clone()),
-        build_management_plane_router(state.clone()),
+    for (data_plane, router) in [
+        (true, build_data_plane_router(state.clone())),
+        (false, build_management_plane_router(state.clone())),
     ] {
-        let response = send(
-            &router,
-            Request::get("/nope").body(Body::empty()).expect("request"),
-        )
-        .await;
+        let (name, value) = credentials(data_plane);
+        let request = |method: &str, path: &str| {
+            Request::builder()
+                .method(method)
+                .uri(path)
+                .header(name, value.as_str())
+                .body(Body::empty())
+                .expect("request")
+        };
+        let response = send(&router, request("GET", "/nope")).await;
         assert_eq!(response.status(), StatusCode::NOT_FOUND);
         assert_edge_headers(&response);
         assert_eq!(json(response).await["error"]["code"], "not_found");
-        let response = send(
-            &router,
-            Request::delete("/health")
-                .body(Body::empty())
-                .expect("request"),
-        )
-        .await;
+        let response = send(&router, request("DELETE", "/health")).await;
         assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_edge_headers(&response);
         assert_eq!(json(response).await["error"]["code"], "method_not_allowed");

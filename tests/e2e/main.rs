@@ -5,6 +5,10 @@ mod support;
 
 mod binary;
 mod chain;
+mod control_store;
+mod hostile;
+mod identity;
+mod jwks;
 mod nats;
 mod plugins;
 mod timeouts;

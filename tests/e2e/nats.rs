@@ -41,11 +41,10 @@ async fn the_envelope_carries_the_request_field_by_field_and_the_reply_comes_bac
     )
     .await;
     let body: Vec<u8> = (0..=255u8).collect();
-    let response = reqwest::Client::new()
-        .post(gw.data_url("/v1/functions/hello%20world/x?a=1&apikey=secret&b=%2F"))
+    let response = crate::support::gateway::client()
+        .post(gw.data_url("/v1/functions/hello%20world/x?a=1&b=%2F"))
         .header("content-type", "application/octet-stream")
-        .header("apikey", "aura_pk_should_not_pass")
-        .header("x-api-key", "aura_pk_should_not_pass")
+        .header("x-api-key", crate::support::gateway::TEST_KEY)
         .header("x-aura-role", "service_role")
         .header("x-custom", "Kept")
         .header("connection", "keep-alive, x-hop")
@@ -102,9 +101,16 @@ async fn the_envelope_carries_the_request_field_by_field_and_the_reply_comes_bac
     assert!(names.iter().all(|n| *n == n.to_ascii_lowercase()));
     let actor = &envelope["actor"];
     assert_eq!(actor["role"], "anon");
-    for field in ["project", "key_id", "user_id", "org_role"] {
+    assert_eq!(actor["project"], crate::support::gateway::TEST_PROJECT);
+    assert_eq!(actor["key_id"], "00000000-0000-4000-8000-0000000000e1");
+    for field in ["user_id", "org_role"] {
         assert!(actor[field].is_null(), "actor.{field} = {}", actor[field]);
     }
+    assert!(
+        !envelope
+            .to_string()
+            .contains(crate::support::gateway::TEST_KEY)
+    );
     let deadline = envelope["deadline_ms"].as_u64().expect("deadline_ms");
     assert!(
         deadline > 370_000 && deadline <= 380_000,
@@ -128,16 +134,23 @@ async fn the_management_plane_sends_its_own_plane_and_an_empty_query_is_omitted(
         },
     )
     .await;
-    let response = reqwest::get(gw.mgmt_url("/v1/projects/abc"))
+    let response = crate::support::gateway::console_client()
+        .get(gw.mgmt_url("/v1/projects/e2e"))
+        .send()
         .await
         .expect("request");
     assert_eq!(response.status(), StatusCode::OK);
     let envelope = rx.recv().await.expect("envelope");
     assert_eq!(envelope["plane"], "management");
-    assert_eq!(envelope["path"], "/v1/projects/abc");
+    assert_eq!(envelope["path"], "/v1/projects/e2e");
     assert!(envelope.get("query").is_none(), "{envelope}");
     assert!(envelope.get("body").is_none(), "{envelope}");
     assert_eq!(envelope["actor"]["role"], "console");
+    assert_eq!(envelope["actor"]["org_role"], "owner");
+    assert_eq!(
+        envelope["actor"]["user_id"],
+        crate::support::gateway::TEST_CONSOLE_USER
+    );
 }
 
 #[tokio::test]
@@ -152,7 +165,9 @@ async fn a_malformed_reply_is_a_502() {
         |_| Bytes::from_static(b"{\"status\": \"fine\"}"),
     )
     .await;
-    let response = reqwest::get(gw.data_url("/v1/ai/complete"))
+    let response = crate::support::gateway::client()
+        .get(gw.data_url("/v1/ai/complete"))
+        .send()
         .await
         .expect("request");
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
@@ -168,7 +183,9 @@ async fn no_responders_is_a_503_after_bounded_replays() {
     config.nats.retry_backoff_ms = 10;
     let gw = InProcess::start(config).await;
     let started = Instant::now();
-    let response = reqwest::get(gw.data_url("/v1/notifications/send"))
+    let response = crate::support::gateway::client()
+        .get(gw.data_url("/v1/notifications/send"))
+        .send()
         .await
         .expect("request");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -192,7 +209,9 @@ async fn a_slow_responder_gets_exactly_one_delivery_and_the_caller_a_504() {
         |_| reply(200, &[], b"late"),
     )
     .await;
-    let response = reqwest::get(gw.data_url("/v1/auth/token"))
+    let response = crate::support::gateway::client()
+        .get(gw.data_url("/v1/auth/token"))
+        .send()
         .await
         .expect("request");
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
@@ -217,7 +236,13 @@ async fn a_responder_that_subscribes_after_the_first_attempt_gets_exactly_one_de
     config.nats.retry_backoff_ms = 100;
     let gw = InProcess::start(config).await;
     let url = gw.data_url("/v1/control/thing");
-    let request = tokio::spawn(async move { reqwest::get(url).await.expect("request") });
+    let request = tokio::spawn(async move {
+        crate::support::gateway::client()
+            .get(url)
+            .send()
+            .await
+            .expect("request")
+    });
     tokio::time::sleep(Duration::from_millis(150)).await;
     let responder = Responder::start(
         &nats.url(),
@@ -248,14 +273,14 @@ async fn a_body_over_the_servers_max_payload_is_refused_before_sending() {
     )
     .await;
     // Let the gateway's connection learn the server's limit.
-    let ok = reqwest::Client::new()
+    let ok = crate::support::gateway::client()
         .post(gw.data_url("/v1/functions/f"))
         .body(vec![7u8; 1000])
         .send()
         .await
         .expect("request");
     assert_eq!(ok.status(), StatusCode::OK);
-    let response = reqwest::Client::new()
+    let response = crate::support::gateway::client()
         .post(gw.data_url("/v1/functions/f"))
         .body(vec![7u8; 60_000])
         .send()
@@ -275,7 +300,7 @@ async fn a_streamed_body_past_the_limit_is_a_413() {
     let gw = InProcess::start(config).await;
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         (0..10).map(|_| Ok(vec![1u8; 500])).collect();
-    let response = reqwest::Client::new()
+    let response = crate::support::gateway::client()
         .post(gw.data_url("/v1/functions/f"))
         .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
         .send()
@@ -307,7 +332,7 @@ async fn backend_cors_headers_never_reach_the_client() {
         },
     )
     .await;
-    let response = reqwest::Client::new()
+    let response = crate::support::gateway::client()
         .get(gw.data_url("/v1/auth/user"))
         .header("origin", "https://app.example")
         .send()
@@ -328,7 +353,9 @@ async fn while_nats_is_unreachable_requests_fail_fast() {
     let dead = format!("nats://127.0.0.1:{}", crate::support::free_port());
     let gw = InProcess::start(test_config(&dead, &unique_prefix())).await;
     let started = Instant::now();
-    let response = reqwest::get(gw.data_url("/v1/functions/f"))
+    let response = crate::support::gateway::client()
+        .get(gw.data_url("/v1/functions/f"))
+        .send()
         .await
         .expect("request");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -338,6 +365,10 @@ async fn while_nats_is_unreachable_requests_fail_fast() {
         "{:?}",
         started.elapsed()
     );
-    let health = reqwest::get(gw.data_url("/health")).await.expect("request");
+    let health = crate::support::gateway::client()
+        .get(gw.data_url("/health"))
+        .send()
+        .await
+        .expect("request");
     assert_eq!(health.status(), StatusCode::OK);
 }

@@ -19,8 +19,16 @@ fn load(config: &Config) -> Result<Policies, PluginError> {
     Policies::load(&runtime, config, None)
 }
 
+/// The default configuration, with a deadline generous enough for a loaded test machine
+/// (deadlines themselves are tested with hostile plugins).
+fn config() -> Config {
+    let mut c = Config::default();
+    c.plugins.call_deadline_ms = 2_000;
+    c
+}
+
 fn defaults() -> Policies {
-    load(&Config::default()).expect("default plugins load")
+    load(&config()).expect("default plugins load")
 }
 
 fn key_request(path: &str, query_keys: &[&str], headers: &[(&str, &str)]) -> KeyRequest {
@@ -94,7 +102,7 @@ fn api_key_stage_follows_the_contract() {
 
 #[test]
 fn cors_stage_answers_per_plane() {
-    let mut config = Config::default();
+    let mut config = config();
     config.management_plane.plugins.cors.config =
         serde_json::json!({ "allow_origins": ["https://studio.example"] });
     let p = load(&config).expect("loads");
@@ -131,7 +139,7 @@ fn cors_stage_answers_per_plane() {
 
 #[test]
 fn a_wildcard_management_cors_config_is_refused_at_load() {
-    let mut config = Config::default();
+    let mut config = config();
     config.management_plane.plugins.cors.config = serde_json::json!({ "allow_origins": ["*"] });
     let err = load(&config).expect_err("refused");
     let text = err.to_string();
@@ -193,7 +201,7 @@ fn quota_stage_defaults_and_configuration() {
             .expect("call"),
         QuotaDecision::Exempt
     );
-    let mut config = Config::default();
+    let mut config = config();
     config.data_plane.plugins.quota.config = serde_json::json!({
         "plans": { "pro": { "rate_per_second": 500, "burst": 5000 } },
         "costs": { "functions": 10 }
@@ -272,9 +280,9 @@ fn db_routing_stage_applies_the_six_rules_in_order() {
 }
 
 fn hostile(reuse: InstanceReuse) -> Policies {
-    let mut config = Config::default();
+    let mut config = config();
     config.plugins.instance_reuse = reuse;
-    config.plugins.call_deadline_ms = 50;
+    config.plugins.call_deadline_ms = 200;
     config.plugins.memory_limit_bytes = 4 << 20;
     config.data_plane.plugins.cors.module = TESTING_PLUGIN_PATH.into();
     load(&config).expect("the testing plugin loads")
@@ -324,7 +332,7 @@ fn a_module_with_the_wrong_exports_is_refused_at_load() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("quota-as-cors.wasm");
     std::fs::write(&path, aura_gateway::policy::builtin::QUOTA).expect("write");
-    let mut config = Config::default();
+    let mut config = config();
     config.data_plane.plugins.cors.module = path.display().to_string();
     let err = load(&config).expect_err("refused");
     assert!(
@@ -341,7 +349,7 @@ fn a_module_with_the_wrong_exports_is_refused_at_load() {
 
 #[test]
 fn a_plugin_may_refuse_its_configuration() {
-    let mut config = Config::default();
+    let mut config = config();
     config.data_plane.plugins.cors.module = TESTING_PLUGIN_PATH.into();
     config.data_plane.plugins.cors.config = serde_json::json!({ "refuse": true });
     let err = load(&config).expect_err("refused");

@@ -32,8 +32,12 @@ async fn a_functions_request_outlives_the_default_budget_that_cuts_other_groups(
 
     let started = Instant::now();
     let (f, a) = tokio::join!(
-        reqwest::get(gw.data_url("/v1/functions/slow")),
-        reqwest::get(gw.data_url("/v1/auth/slow")),
+        crate::support::gateway::client()
+            .get(gw.data_url("/v1/functions/slow"))
+            .send(),
+        crate::support::gateway::client()
+            .get(gw.data_url("/v1/auth/slow"))
+            .send(),
     );
     let (f, a) = (f.expect("functions"), a.expect("auth"));
     assert_eq!(
@@ -75,7 +79,9 @@ async fn gateway_routes_have_a_budget_too() {
     )
     .await;
     let started = Instant::now();
-    let response = reqwest::get(gw.mgmt_url("/v1/projects/abc/logs"))
+    let response = crate::support::gateway::console_client()
+        .get(gw.mgmt_url("/v1/projects/e2e/logs"))
+        .send()
         .await
         .expect("request");
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);

@@ -54,7 +54,13 @@ impl PolicyEngine {
             .linear_memory_keep_resident(128 * 1024)
             .table_keep_resident(16 * 1024);
         let mut config = Config::new();
+        // Each memory slot reserves only what a plugin may use (plus a small guard), instead of
+        // the default multi-GiB reservation: the pool then needs gigabytes of address space,
+        // not terabytes, at the price of explicit bounds checks in plugin code.
         config
+            .memory_reservation(settings.memory_limit_bytes as u64)
+            .memory_guard_size(64 * 1024)
+            .memory_reservation_for_growth(0)
             .wasm_component_model(true)
             .epoch_interruption(true)
             .concurrency_support(false)

@@ -21,12 +21,32 @@ pub struct InProcess {
 
 impl InProcess {
     /// Starts a gateway with `config` (its ports are replaced by ephemeral ones).
-    pub async fn start(mut config: Config) -> Self {
+    /// Without a control file in `config`, the gateway uses the standard e2e records
+    /// ([`TEST_KEY`], [`TEST_PROJECT`], [`TEST_CONSOLE_USER`]).
+    pub async fn start(config: Config) -> Self {
+        let store: std::sync::Arc<dyn aura_gateway::control::ControlStore> =
+            if config.control.file.is_none() {
+                std::sync::Arc::new(e2e_store())
+            } else {
+                aura_gateway::control::open(&config.control, None)
+                    .await
+                    .expect("control store")
+            };
+        Self::start_with_store(config, store).await
+    }
+
+    /// Starts a gateway over `store`.
+    pub async fn start_with_store(
+        mut config: Config,
+        store: std::sync::Arc<dyn aura_gateway::control::ControlStore>,
+    ) -> Self {
         config.host = "127.0.0.1".into();
         config.port = 0;
         config.management_port = 0;
         config.validate(None).expect("valid test config");
-        let state = AppState::build(config.clone(), None).await.expect("state");
+        let state = AppState::build_with_store(config.clone(), None, store)
+            .await
+            .expect("state");
         let (data, management) = server::bind(&config).await.expect("bind");
         let (data_addr, mgmt_addr) = (
             data.local_addr().expect("addr"),
@@ -81,6 +101,9 @@ pub fn test_config(nats_url: &str, prefix: &str) -> Config {
     config.nats.subject_prefix = prefix.to_owned();
     config.log.level = "warn".into();
     config.metrics.token = Some("test-metrics-token-0123456789".into());
+    config.plugins.call_deadline_ms = 2_000;
+    config.auth.user_jwt.hs256_secret = Some(super::fixture::USER_SECRET.into());
+    config.auth.console_jwt.hs256_secret = Some(super::fixture::CONSOLE_SECRET.into());
     config
 }
 
@@ -157,4 +180,81 @@ impl Drop for Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// An anon key of [`TEST_PROJECT`] in the standard e2e records.
+pub const TEST_KEY: &str = "aura_pk_e2e_0123456789abcdefghijklmnopqrstuvwxyz";
+/// The project of the standard e2e records.
+pub const TEST_PROJECT: &str = "e2e";
+/// The owner of [`TEST_PROJECT`]'s organization.
+pub const TEST_CONSOLE_USER: &str = "00000000-0000-4000-8000-0000000000ee";
+
+/// The standard e2e records as a control file.
+pub fn e2e_control_file() -> String {
+    format!(
+        r#"[[organizations]]
+id = "00000000-0000-4000-8000-0000000000e0"
+name = "e2e"
+
+[[projects]]
+ref = "{TEST_PROJECT}"
+organization_id = "00000000-0000-4000-8000-0000000000e0"
+db_engine = "postgres"
+topology = "shared"
+
+[[organization_members]]
+organization_id = "00000000-0000-4000-8000-0000000000e0"
+user_id = "{TEST_CONSOLE_USER}"
+role = "owner"
+
+[[api_keys]]
+id = "00000000-0000-4000-8000-0000000000e1"
+project_ref = "{TEST_PROJECT}"
+role = "anon"
+key_sha256 = "{}"
+"#,
+        aura_gateway::auth::keys::hash_key(TEST_KEY)
+    )
+}
+
+/// A file store of the standard e2e records (in a fresh temporary file).
+pub fn e2e_store() -> aura_gateway::control::file::FileStore {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("e2e-control.toml");
+    std::fs::write(&path, e2e_control_file()).expect("write");
+    let store = aura_gateway::control::file::FileStore::open(&path).expect("valid");
+    // The store keeps its records in memory; the file may go.
+    drop(dir);
+    store
+}
+
+/// An HTTP client sending [`TEST_KEY`] on every request.
+pub fn client() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        "apikey",
+        reqwest::header::HeaderValue::from_static(TEST_KEY),
+    );
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .expect("client")
+}
+
+/// An HTTP client sending a console token of [`TEST_CONSOLE_USER`] on every request.
+pub fn console_client() -> reqwest::Client {
+    let user = uuid::Uuid::parse_str(TEST_CONSOLE_USER).expect("uuid");
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        "authorization",
+        reqwest::header::HeaderValue::from_str(&format!(
+            "Bearer {}",
+            super::fixture::console_token(user)
+        ))
+        .expect("header"),
+    );
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .expect("client")
 }

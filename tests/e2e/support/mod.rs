@@ -3,8 +3,10 @@
 
 #![allow(dead_code)]
 
+pub mod fixture;
 pub mod gateway;
 pub mod nats_server;
+pub mod postgres;
 pub mod responder;
 
 use std::net::TcpListener;

@@ -1,0 +1,225 @@
+//! Management-plane authentication: a console JWT only, and the caller's organization role
+//! recomputed from the control store on every request (project → organization → membership).
+
+use http::request::Parts;
+use http::{Method, header};
+use uuid::Uuid;
+
+use super::data_plane::strip_client_credentials;
+use super::{Authenticator, store_failed};
+use crate::actor::{Actor, Role};
+use crate::control::OrgRole;
+use crate::error::GatewayError;
+use crate::plane::Plane;
+
+/// What a management request is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// No credential needed (`/health`).
+    Public,
+    /// An organization route: `/v1/organizations/{org_id}/…`.
+    Organization(String),
+    /// A project route: `/v1/projects/{ref}/…`.
+    Project(String),
+    /// A service route: the project comes from `x-aura-project`.
+    Service,
+    /// Anything else (answered 404 by the router once the caller is known).
+    Other,
+}
+
+const SERVICE_PREFIXES: &[&str] = &[
+    "/v1/auth/",
+    "/v1/db/",
+    "/v1/storage/",
+    "/v1/functions/",
+    "/v1/realtime/",
+    "/v1/notifications/",
+    "/v1/ai/",
+    "/v1/control/",
+];
+
+/// The scope of a path.
+pub fn scope_of(path: &str) -> Scope {
+    if path == "/health" {
+        return Scope::Public;
+    }
+    if let Some(rest) = path.strip_prefix("/v1/organizations/") {
+        let id = rest.split('/').next().unwrap_or_default();
+        return Scope::Organization(id.to_owned());
+    }
+    if let Some(rest) = path.strip_prefix("/v1/projects/") {
+        let project = rest.split('/').next().unwrap_or_default();
+        return Scope::Project(project.to_owned());
+    }
+    if SERVICE_PREFIXES.iter().any(|p| path.starts_with(p)) {
+        return Scope::Service;
+    }
+    Scope::Other
+}
+
+/// The least role a route needs (CONTRACT §2): owner or admin to create projects and rotate
+/// keys; any member elsewhere.
+pub fn required_role(method: &Method, path: &str) -> OrgRole {
+    let creates_project = *method == Method::POST
+        && path.starts_with("/v1/organizations/")
+        && path.ends_with("/projects");
+    let rotates_keys = *method == Method::POST
+        && path.starts_with("/v1/projects/")
+        && path.ends_with("/api-keys/rotate");
+    if creates_project || rotates_keys {
+        OrgRole::Admin
+    } else {
+        OrgRole::ReadOnly
+    }
+}
+
+fn bearer(parts: &Parts) -> Option<&str> {
+    let value = parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+fn not_found(what: &str) -> GatewayError {
+    GatewayError::not_found(format!("{what} not found"))
+}
+
+/// Authenticates a management-plane request.
+pub async fn authenticate(auth: &Authenticator, parts: &mut Parts) -> Result<Actor, GatewayError> {
+    let scope = scope_of(parts.uri.path());
+    let header_project = parts
+        .headers
+        .get("x-aura-project")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // API keys do not exist on this plane: ignored and removed, like any client x-aura-*.
+    strip_client_credentials(parts);
+    let mut actor = Actor::unauthenticated(Plane::Management);
+    if scope == Scope::Public {
+        return Ok(actor);
+    }
+    let token = bearer(parts).ok_or_else(|| {
+        GatewayError::unauthorized(
+            "missing_token",
+            "a console token is required (Authorization: Bearer)",
+        )
+    })?;
+    let verifier = auth.console_jwt.as_ref().ok_or_else(|| {
+        GatewayError::unauthorized("invalid_token", "console tokens are not configured")
+    })?;
+    let claims = verifier
+        .verify(token)
+        .await
+        .map_err(|e| GatewayError::unauthorized("invalid_token", e.0))?;
+    let user = Uuid::parse_str(&claims.subject)
+        .map_err(|_| GatewayError::unauthorized("invalid_token", "the sub claim must be a uuid"))?;
+    actor.role = Role::Console;
+    actor.user_id = Some(user.to_string());
+
+    let (organization, project) = match scope {
+        Scope::Public => unreachable!("handled above"),
+        Scope::Other => return Ok(actor),
+        Scope::Organization(id) => {
+            let id = Uuid::parse_str(&id).map_err(|_| not_found("organization"))?;
+            let exists = auth
+                .store
+                .organization_exists(id)
+                .await
+                .map_err(|e| store_failed(&e))?;
+            if !exists {
+                return Err(not_found("organization"));
+            }
+            (id, None)
+        }
+        Scope::Project(project_ref) => (
+            organization_of(auth, &project_ref).await?,
+            Some(project_ref),
+        ),
+        Scope::Service => {
+            let project_ref = header_project.filter(|p| !p.is_empty()).ok_or_else(|| {
+                GatewayError::bad_request(
+                    "project_required",
+                    "service routes on the management plane need the x-aura-project header",
+                )
+            })?;
+            (
+                organization_of(auth, &project_ref).await?,
+                Some(project_ref),
+            )
+        }
+    };
+    // Recomputed on every request: a changed or deleted membership applies at once.
+    let role = auth
+        .store
+        .membership(organization, user)
+        .await
+        .map_err(|e| store_failed(&e))?
+        .ok_or_else(|| {
+            GatewayError::forbidden("not_a_member", "you are not a member of this organization")
+        })?;
+    if role == OrgRole::ReadOnly && parts.method != Method::GET && parts.method != Method::HEAD {
+        return Err(GatewayError::forbidden(
+            "read_only",
+            "the read_only role may only read",
+        ));
+    }
+    if !role.at_least(required_role(&parts.method, parts.uri.path())) {
+        return Err(GatewayError::forbidden(
+            "insufficient_role",
+            "this action needs the owner or admin role",
+        ));
+    }
+    actor.project = project;
+    actor.org_role = Some(role.as_str().to_owned());
+    Ok(actor)
+}
+
+async fn organization_of(auth: &Authenticator, project_ref: &str) -> Result<Uuid, GatewayError> {
+    auth.store
+        .project(project_ref)
+        .await
+        .map_err(|e| store_failed(&e))?
+        .map(|p| p.organization_id)
+        .ok_or_else(|| not_found("project"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_follow_the_routes() {
+        assert_eq!(scope_of("/health"), Scope::Public);
+        assert_eq!(
+            scope_of("/v1/projects/abc/logs"),
+            Scope::Project("abc".into())
+        );
+        assert_eq!(scope_of("/v1/projects/abc"), Scope::Project("abc".into()));
+        assert_eq!(
+            scope_of("/v1/organizations/o1/projects"),
+            Scope::Organization("o1".into())
+        );
+        assert_eq!(scope_of("/v1/db/todos"), Scope::Service);
+        assert_eq!(scope_of("/nope"), Scope::Other);
+    }
+
+    #[test]
+    fn owner_or_admin_where_the_contract_says_so() {
+        assert_eq!(
+            required_role(&Method::POST, "/v1/organizations/o/projects"),
+            OrgRole::Admin
+        );
+        assert_eq!(
+            required_role(&Method::POST, "/v1/projects/p/api-keys/rotate"),
+            OrgRole::Admin
+        );
+        assert_eq!(
+            required_role(&Method::GET, "/v1/projects/p/logs"),
+            OrgRole::ReadOnly
+        );
+        assert!(OrgRole::Owner.at_least(OrgRole::Admin));
+        assert!(!OrgRole::Developer.at_least(OrgRole::Admin));
+    }
+}

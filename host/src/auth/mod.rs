@@ -1,0 +1,89 @@
+//! Identity: API keys and user JWTs on the data plane ([`data_plane`]), console JWTs and org
+//! roles on the management plane ([`management`]). The result is the request's
+//! [`crate::actor::Actor`].
+
+pub mod data_plane;
+pub mod jwt;
+pub mod keys;
+pub mod management;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moka::future::Cache;
+
+use self::jwt::JwtVerifier;
+use self::keys::KeyResolver;
+use crate::config::AuthConfig;
+use crate::control::{ApiKeyRecord, ControlStore, ProjectRecord, StoreError};
+use crate::error::GatewayError;
+
+/// `aud` of user tokens.
+pub const USER_AUDIENCE: &str = "authenticated";
+/// `aud` of console tokens.
+pub const CONSOLE_AUDIENCE: &str = "aurabase-control";
+
+/// Everything authentication needs, shared by both planes.
+#[derive(Debug)]
+pub struct Authenticator {
+    /// The control store.
+    pub store: Arc<dyn ControlStore>,
+    keys: KeyResolver,
+    projects: Cache<String, Option<Arc<ProjectRecord>>>,
+    user_jwt: Option<JwtVerifier>,
+    console_jwt: Option<JwtVerifier>,
+}
+
+/// The answer to a control store failure: the request fails closed.
+pub fn store_failed(error: &StoreError) -> GatewayError {
+    tracing::error!(error = %error, "control store lookup failed");
+    match error {
+        StoreError::Unavailable(_) => GatewayError::unavailable(
+            "control_store_unavailable",
+            "credentials cannot be checked right now",
+        )
+        .retry_after(Duration::from_secs(1)),
+        _ => GatewayError::internal("credentials cannot be checked"),
+    }
+}
+
+impl Authenticator {
+    /// Builds the authenticator over `store`.
+    pub fn new(config: &AuthConfig, store: Arc<dyn ControlStore>) -> Self {
+        let leeway = Duration::from_secs(config.leeway_secs);
+        Self {
+            keys: KeyResolver::new(
+                store.clone(),
+                Duration::from_secs(config.key_cache_ttl_secs),
+                config.key_cache_capacity,
+            ),
+            projects: Cache::builder()
+                .time_to_live(Duration::from_secs(config.project_cache_ttl_secs))
+                .max_capacity(config.key_cache_capacity)
+                .build(),
+            user_jwt: JwtVerifier::new(&config.user_jwt, USER_AUDIENCE, leeway),
+            console_jwt: JwtVerifier::new(&config.console_jwt, CONSOLE_AUDIENCE, leeway),
+            store,
+        }
+    }
+
+    /// Resolves an API key (cached, positive and negative).
+    pub async fn resolve_key(&self, key: &str) -> Result<Option<Arc<ApiKeyRecord>>, GatewayError> {
+        self.keys.resolve(key).await.map_err(|e| store_failed(&e))
+    }
+
+    /// A project (cached), for the data plane.
+    pub async fn cached_project(
+        &self,
+        project_ref: &str,
+    ) -> Result<Option<Arc<ProjectRecord>>, GatewayError> {
+        let store = self.store.clone();
+        let lookup = project_ref.to_owned();
+        self.projects
+            .try_get_with(project_ref.to_owned(), async move {
+                store.project(&lookup).await.map(|p| p.map(Arc::new))
+            })
+            .await
+            .map_err(|e| store_failed(&e))
+    }
+}

@@ -1,0 +1,385 @@
+//! DB-less control store: a declarative TOML file holding the same records as the Postgres
+//! tables, reloaded when it changes.
+//!
+//! ```toml
+//! [[organizations]]
+//! id = "6f1c…"
+//! name = "Demo"
+//!
+//! [[projects]]
+//! ref = "demo"
+//! organization_id = "6f1c…"
+//! db_engine = "postgres"      # or "mongodb"
+//! topology = "shared"         # or "dedicated"
+//! # postgrest_url = "http://…"
+//! # plan = "free"
+//!
+//! [[organization_members]]
+//! organization_id = "6f1c…"
+//! user_id = "…"
+//! role = "owner"              # owner | admin | developer | read_only
+//!
+//! [[api_keys]]
+//! id = "…"
+//! project_ref = "demo"
+//! role = "anon"               # anon | service_role
+//! key_sha256 = "…64 hex…"
+//! # revoked_at = "2026-01-01T00:00:00Z"
+//! ```
+//!
+//! A file that fails to parse or validate on reload is refused with an error log and the
+//! previous records keep serving.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use chrono::Utc;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::records::is_sha256_hex;
+use super::{
+    ApiKeyRecord, ControlStore, KeyRole, MemberRecord, OrgRole, OrganizationRecord, ProjectRecord,
+    StoreError,
+};
+
+/// The file's content.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlFile {
+    #[serde(default)]
+    pub organizations: Vec<OrganizationRecord>,
+    #[serde(default)]
+    pub projects: Vec<ProjectRecord>,
+    #[serde(default)]
+    pub organization_members: Vec<MemberRecord>,
+    #[serde(default)]
+    pub api_keys: Vec<ApiKeyRecord>,
+}
+
+/// The records, indexed.
+#[derive(Debug, Default)]
+struct Snapshot {
+    keys: HashMap<String, ApiKeyRecord>,
+    projects: HashMap<String, ProjectRecord>,
+    organizations: HashSet<Uuid>,
+    members: HashMap<(Uuid, Uuid), OrgRole>,
+}
+
+impl ControlFile {
+    /// Parses and checks the same constraints as the Postgres schema (keys, references,
+    /// uniqueness), naming the offending record.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let file: ControlFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        file.check()?;
+        Ok(file)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let mut orgs = HashSet::new();
+        for o in &self.organizations {
+            if !orgs.insert(o.id) {
+                return Err(format!("organizations: id {} appears twice", o.id));
+            }
+        }
+        let mut projects = HashSet::new();
+        for p in &self.projects {
+            if p.project_ref.is_empty() {
+                return Err("projects: ref must not be empty".into());
+            }
+            if !projects.insert(p.project_ref.as_str()) {
+                return Err(format!("projects: ref {:?} appears twice", p.project_ref));
+            }
+            if !orgs.contains(&p.organization_id) {
+                return Err(format!(
+                    "projects.{}: organization {} does not exist",
+                    p.project_ref, p.organization_id
+                ));
+            }
+        }
+        let mut members = HashSet::new();
+        for m in &self.organization_members {
+            if !orgs.contains(&m.organization_id) {
+                return Err(format!(
+                    "organization_members: organization {} does not exist",
+                    m.organization_id
+                ));
+            }
+            if !members.insert((m.organization_id, m.user_id)) {
+                return Err(format!(
+                    "organization_members: user {} appears twice in organization {}",
+                    m.user_id, m.organization_id
+                ));
+            }
+        }
+        let mut ids = HashSet::new();
+        let mut hashes = HashSet::new();
+        for k in &self.api_keys {
+            if !ids.insert(k.id) {
+                return Err(format!("api_keys: id {} appears twice", k.id));
+            }
+            if !is_sha256_hex(&k.key_sha256) {
+                return Err(format!(
+                    "api_keys.{}: key_sha256 must be 64 lower-case hex digits",
+                    k.id
+                ));
+            }
+            if !hashes.insert(k.key_sha256.as_str()) {
+                return Err(format!("api_keys.{}: key_sha256 appears twice", k.id));
+            }
+            if !projects.contains(k.project_ref.as_str()) {
+                return Err(format!(
+                    "api_keys.{}: project {:?} does not exist",
+                    k.id, k.project_ref
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn index(self) -> Snapshot {
+        Snapshot {
+            organizations: self.organizations.iter().map(|o| o.id).collect(),
+            members: self
+                .organization_members
+                .iter()
+                .map(|m| ((m.organization_id, m.user_id), m.role))
+                .collect(),
+            projects: self
+                .projects
+                .into_iter()
+                .map(|p| (p.project_ref.clone(), p))
+                .collect(),
+            keys: self
+                .api_keys
+                .into_iter()
+                .map(|k| (k.key_sha256.clone(), k))
+                .collect(),
+        }
+    }
+}
+
+/// The file-backed store.
+#[derive(Debug)]
+pub struct FileStore {
+    path: Option<PathBuf>,
+    snapshot: ArcSwap<Snapshot>,
+    stamp: std::sync::Mutex<Option<(SystemTime, u64)>>,
+    writing: tokio::sync::Mutex<()>,
+}
+
+fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+impl FileStore {
+    /// A store with no records (no file configured).
+    pub fn empty() -> Self {
+        Self {
+            path: None,
+            snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            stamp: std::sync::Mutex::new(None),
+            writing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Loads `path`; an unreadable or invalid file is an error naming it.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let stamp = stamp_of(path);
+        let snapshot = Self::read(path)?;
+        Ok(Self {
+            path: Some(path.to_path_buf()),
+            snapshot: ArcSwap::from_pointee(snapshot),
+            stamp: std::sync::Mutex::new(stamp),
+            writing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn read(path: &Path) -> Result<Snapshot, StoreError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))?;
+        ControlFile::parse(&text)
+            .map(ControlFile::index)
+            .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))
+    }
+
+    /// Reloads the file if it changed since the last load. On an invalid file the previous
+    /// records stay in force and the error is returned.
+    pub fn reload_if_changed(&self) -> Result<bool, StoreError> {
+        let Some(path) = &self.path else {
+            return Ok(false);
+        };
+        let now = stamp_of(path);
+        {
+            let last = self
+                .stamp
+                .lock()
+                .map_err(|_| StoreError::Invalid("poisoned".into()))?;
+            if *last == now {
+                return Ok(false);
+            }
+        }
+        let result = Self::read(path);
+        if let Ok(mut last) = self.stamp.lock() {
+            *last = now;
+        }
+        let snapshot = result?;
+        self.snapshot.store(Arc::new(snapshot));
+        tracing::info!(file = %path.display(), "control file reloaded");
+        Ok(true)
+    }
+
+    /// Polls the file every `every` and reloads it when it changes.
+    pub fn watch(self: &Arc<Self>, every: Duration) {
+        if self.path.is_none() {
+            return;
+        }
+        let weak: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(store) = weak.upgrade() else { break };
+                if let Err(e) = store.reload_if_changed() {
+                    tracing::error!(error = %e, "control file refused; previous records stay in force");
+                }
+            }
+        });
+    }
+
+    /// Edits the file with `edit` (comments and layout kept), then reloads it.
+    async fn edit(
+        &self,
+        edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let path = self.path.as_ref().ok_or_else(|| {
+            StoreError::Invalid("no control file is configured (control.file)".into())
+        })?;
+        let _guard = self.writing.lock().await;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))?;
+        let mut doc: toml_edit::DocumentMut = text
+            .parse()
+            .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))?;
+        edit(&mut doc)?;
+        let new_text = doc.to_string();
+        ControlFile::parse(&new_text).map_err(StoreError::Invalid)?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, &new_text)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))?;
+        self.snapshot.store(Arc::new(Self::read(path)?));
+        if let Ok(mut last) = self.stamp.lock() {
+            *last = stamp_of(path);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ControlStore for FileStore {
+    async fn api_key_by_hash(&self, sha256_hex: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        Ok(self.snapshot.load().keys.get(sha256_hex).cloned())
+    }
+
+    async fn project(&self, project_ref: &str) -> Result<Option<ProjectRecord>, StoreError> {
+        Ok(self.snapshot.load().projects.get(project_ref).cloned())
+    }
+
+    async fn organization_exists(&self, id: Uuid) -> Result<bool, StoreError> {
+        Ok(self.snapshot.load().organizations.contains(&id))
+    }
+
+    async fn membership(
+        &self,
+        organization_id: Uuid,
+        user_id: Uuid,
+    ) -> Result<Option<OrgRole>, StoreError> {
+        Ok(self
+            .snapshot
+            .load()
+            .members
+            .get(&(organization_id, user_id))
+            .copied())
+    }
+
+    async fn create_api_key(
+        &self,
+        project_ref: &str,
+        role: KeyRole,
+        sha256_hex: &str,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        if !self.snapshot.load().projects.contains_key(project_ref) {
+            return Err(StoreError::NotFound(format!("project {project_ref:?}")));
+        }
+        let record = ApiKeyRecord {
+            id: Uuid::new_v4(),
+            project_ref: project_ref.to_owned(),
+            role,
+            key_sha256: sha256_hex.to_owned(),
+            revoked_at: None,
+        };
+        let r = record.clone();
+        self.edit(move |doc| {
+            let mut table = toml_edit::Table::new();
+            table["id"] = toml_edit::value(r.id.to_string());
+            table["project_ref"] = toml_edit::value(r.project_ref.clone());
+            table["role"] = toml_edit::value(r.role.as_str());
+            table["key_sha256"] = toml_edit::value(r.key_sha256.clone());
+            let keys = doc
+                .entry("api_keys")
+                .or_insert(toml_edit::Item::ArrayOfTables(
+                    toml_edit::ArrayOfTables::new(),
+                ));
+            keys.as_array_of_tables_mut()
+                .ok_or_else(|| StoreError::Invalid("api_keys must be an array of tables".into()))?
+                .push(table);
+            Ok(())
+        })
+        .await?;
+        Ok(record)
+    }
+
+    async fn revoke_api_key(&self, id: Uuid) -> Result<bool, StoreError> {
+        let now = Utc::now();
+        let mut found = false;
+        let mut changed = false;
+        self.edit(|doc| {
+            if let Some(keys) = doc
+                .get_mut("api_keys")
+                .and_then(|k| k.as_array_of_tables_mut())
+            {
+                for table in keys.iter_mut() {
+                    if table.get("id").and_then(|v| v.as_str()) == Some(id.to_string().as_str()) {
+                        found = true;
+                        if table.get("revoked_at").is_none() {
+                            table["revoked_at"] = toml_edit::value(now.to_rfc3339());
+                            changed = true;
+                        }
+                    }
+                }
+            }
+            if found {
+                Ok(())
+            } else {
+                Err(StoreError::NotFound(format!("api key {id}")))
+            }
+        })
+        .await?;
+        Ok(changed)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn kind(&self) -> &'static str {
+        "file"
+    }
+}

@@ -1,0 +1,92 @@
+//! The control store: projects, organizations, memberships and API keys (CONTRACT §6), behind
+//! one trait with two implementations that behave the same: a declarative file ([`file`], the
+//! DB-less default) and PostgreSQL ([`postgres`]).
+
+pub mod file;
+pub mod postgres;
+pub mod records;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+pub use records::{
+    ApiKeyRecord, DbEngine, KeyRole, MemberRecord, OrgRole, OrganizationRecord, ProjectRecord,
+    Topology,
+};
+
+use crate::config::{self, ControlConfig, StoreKind};
+
+/// A control store failure.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The store cannot be reached or did not answer in time; retrying later may work.
+    #[error("control store unavailable: {0}")]
+    Unavailable(String),
+    /// The store holds or was asked for something invalid.
+    #[error("control store: {0}")]
+    Invalid(String),
+    /// The record to change does not exist.
+    #[error("control store: {0} not found")]
+    NotFound(String),
+}
+
+/// What the gateway reads from (and, for key management, writes to) the control store.
+#[async_trait]
+pub trait ControlStore: Send + Sync + std::fmt::Debug {
+    /// The key whose SHA-256 (lower-case hex) is `sha256_hex`, revoked or not.
+    async fn api_key_by_hash(&self, sha256_hex: &str) -> Result<Option<ApiKeyRecord>, StoreError>;
+    /// A project by reference.
+    async fn project(&self, project_ref: &str) -> Result<Option<ProjectRecord>, StoreError>;
+    /// Whether an organization exists.
+    async fn organization_exists(&self, id: Uuid) -> Result<bool, StoreError>;
+    /// The role of `user_id` in `organization_id`, if a member.
+    async fn membership(
+        &self,
+        organization_id: Uuid,
+        user_id: Uuid,
+    ) -> Result<Option<OrgRole>, StoreError>;
+    /// Stores a new key (only its hash) for an existing project.
+    async fn create_api_key(
+        &self,
+        project_ref: &str,
+        role: KeyRole,
+        sha256_hex: &str,
+    ) -> Result<ApiKeyRecord, StoreError>;
+    /// Revokes a key now. Returns false when it was already revoked.
+    async fn revoke_api_key(&self, id: Uuid) -> Result<bool, StoreError>;
+    /// Checks that the store answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+    /// `file` or `postgres`.
+    fn kind(&self) -> &'static str;
+}
+
+/// Opens the store named by the configuration. `base` resolves a relative file path.
+pub async fn open(
+    config: &ControlConfig,
+    base: Option<&Path>,
+) -> Result<Arc<dyn ControlStore>, StoreError> {
+    match config.store {
+        StoreKind::File => {
+            let store = match &config.file {
+                Some(path) => file::FileStore::open(&config::resolve(base, Path::new(path)))?,
+                None => file::FileStore::empty(),
+            };
+            let store = Arc::new(store);
+            store.watch(std::time::Duration::from_millis(config.reload_interval_ms));
+            Ok(store)
+        }
+        StoreKind::Postgres => {
+            let url = config.database_url.as_deref().ok_or_else(|| {
+                StoreError::Invalid(
+                    "control.database_url is required for the postgres store".into(),
+                )
+            })?;
+            Ok(Arc::new(
+                postgres::PostgresStore::connect(url, config).await?,
+            ))
+        }
+    }
+}

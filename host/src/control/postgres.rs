@@ -1,0 +1,204 @@
+//! PostgreSQL control store (schema `aura_control`), through sqlx. The schema is created by the
+//! migrations in `host/migrations/`, applied by `aura-gateway migrate`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use uuid::Uuid;
+
+use super::{
+    ApiKeyRecord, ControlStore, DbEngine, KeyRole, OrgRole, ProjectRecord, StoreError, Topology,
+};
+use crate::config::ControlConfig;
+
+/// The migrations shipped with the gateway.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The Postgres-backed store.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+fn unavailable(e: sqlx::Error) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+impl PostgresStore {
+    /// Creates the pool. Connections are opened lazily, so the gateway starts while the
+    /// database is down and the first queries fail fast with `Unavailable`.
+    pub async fn connect(url: &str, config: &ControlConfig) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
+            .connect_lazy(url)
+            .map_err(|e| StoreError::Invalid(format!("control.database_url: {e}")))?;
+        Ok(Self { pool })
+    }
+
+    /// Wraps an existing pool.
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// Applies the shipped migrations.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))
+    }
+}
+
+type KeyRow = (Uuid, String, String, String, Option<DateTime<Utc>>);
+
+fn key_record(
+    (id, project_ref, role, key_sha256, revoked_at): KeyRow,
+) -> Result<ApiKeyRecord, StoreError> {
+    let role = KeyRole::parse(&role)
+        .ok_or_else(|| StoreError::Invalid(format!("api_keys.{id}: unknown role {role:?}")))?;
+    Ok(ApiKeyRecord {
+        id,
+        project_ref,
+        role,
+        key_sha256,
+        revoked_at,
+    })
+}
+
+#[async_trait]
+impl ControlStore for PostgresStore {
+    async fn api_key_by_hash(&self, sha256_hex: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let row: Option<KeyRow> = sqlx::query_as(
+            "SELECT id, project_ref, role, key_sha256, revoked_at \
+             FROM aura_control.api_keys WHERE key_sha256 = $1",
+        )
+        .bind(sha256_hex)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        row.map(key_record).transpose()
+    }
+
+    async fn project(&self, project_ref: &str) -> Result<Option<ProjectRecord>, StoreError> {
+        let row: Option<(String, Uuid, String, String, Option<String>, String)> = sqlx::query_as(
+            "SELECT ref, organization_id, db_engine, topology, postgrest_url, plan \
+             FROM aura_control.projects WHERE ref = $1",
+        )
+        .bind(project_ref)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        row.map(
+            |(project_ref, organization_id, engine, topology, postgrest_url, plan)| {
+                Ok(ProjectRecord {
+                    db_engine: DbEngine::parse(&engine).ok_or_else(|| {
+                        StoreError::Invalid(format!(
+                            "projects.{project_ref}: unknown db_engine {engine:?}"
+                        ))
+                    })?,
+                    topology: Topology::parse(&topology).ok_or_else(|| {
+                        StoreError::Invalid(format!(
+                            "projects.{project_ref}: unknown topology {topology:?}"
+                        ))
+                    })?,
+                    project_ref,
+                    organization_id,
+                    postgrest_url,
+                    plan,
+                })
+            },
+        )
+        .transpose()
+    }
+
+    async fn organization_exists(&self, id: Uuid) -> Result<bool, StoreError> {
+        let row: Option<(i32,)> =
+            sqlx::query_as("SELECT 1 FROM aura_control.organizations WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        Ok(row.is_some())
+    }
+
+    async fn membership(
+        &self,
+        organization_id: Uuid,
+        user_id: Uuid,
+    ) -> Result<Option<OrgRole>, StoreError> {
+        let row: Option<(String,)> = sqlx::query_as(
+            "SELECT role FROM aura_control.organization_members \
+             WHERE organization_id = $1 AND user_id = $2",
+        )
+        .bind(organization_id)
+        .bind(user_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        row.map(|(role,)| {
+            OrgRole::parse(&role).ok_or_else(|| {
+                StoreError::Invalid(format!("organization_members: unknown role {role:?}"))
+            })
+        })
+        .transpose()
+    }
+
+    async fn create_api_key(
+        &self,
+        project_ref: &str,
+        role: KeyRole,
+        sha256_hex: &str,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        if self.project(project_ref).await?.is_none() {
+            return Err(StoreError::NotFound(format!("project {project_ref:?}")));
+        }
+        let row: KeyRow = sqlx::query_as(
+            "INSERT INTO aura_control.api_keys (id, project_ref, role, key_sha256) \
+             VALUES ($1, $2, $3, $4) RETURNING id, project_ref, role, key_sha256, revoked_at",
+        )
+        .bind(Uuid::new_v4())
+        .bind(project_ref)
+        .bind(role.as_str())
+        .bind(sha256_hex)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        key_record(row)
+    }
+
+    async fn revoke_api_key(&self, id: Uuid) -> Result<bool, StoreError> {
+        let exists: Option<(Option<DateTime<Utc>>,)> =
+            sqlx::query_as("SELECT revoked_at FROM aura_control.api_keys WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound(format!("api key {id}")));
+        }
+        let done = sqlx::query(
+            "UPDATE aura_control.api_keys SET revoked_at = now() \
+             WHERE id = $1 AND revoked_at IS NULL",
+        )
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+            .map_err(unavailable)
+    }
+
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+}

@@ -1,0 +1,180 @@
+//! The records of the control store (CONTRACT §6).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Role of an API key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyRole {
+    Anon,
+    ServiceRole,
+}
+
+impl KeyRole {
+    /// Contract spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyRole::Anon => "anon",
+            KeyRole::ServiceRole => "service_role",
+        }
+    }
+
+    /// Parses the contract spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "anon" => Some(KeyRole::Anon),
+            "service_role" => Some(KeyRole::ServiceRole),
+            _ => None,
+        }
+    }
+}
+
+/// Role of a member in an organization, strongest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrgRole {
+    Owner,
+    Admin,
+    Developer,
+    ReadOnly,
+}
+
+impl OrgRole {
+    /// Contract spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrgRole::Owner => "owner",
+            OrgRole::Admin => "admin",
+            OrgRole::Developer => "developer",
+            OrgRole::ReadOnly => "read_only",
+        }
+    }
+
+    /// Parses the contract spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "owner" => Some(OrgRole::Owner),
+            "admin" => Some(OrgRole::Admin),
+            "developer" => Some(OrgRole::Developer),
+            "read_only" => Some(OrgRole::ReadOnly),
+            _ => None,
+        }
+    }
+
+    /// Whether this role is at least `other` (`owner > admin > developer > read_only`).
+    pub fn at_least(self, other: OrgRole) -> bool {
+        self.rank() >= other.rank()
+    }
+
+    fn rank(self) -> u8 {
+        match self {
+            OrgRole::Owner => 3,
+            OrgRole::Admin => 2,
+            OrgRole::Developer => 1,
+            OrgRole::ReadOnly => 0,
+        }
+    }
+}
+
+/// Database engine of a project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DbEngine {
+    Postgres,
+    Mongodb,
+}
+
+impl DbEngine {
+    /// Parses the contract spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "postgres" => Some(DbEngine::Postgres),
+            "mongodb" => Some(DbEngine::Mongodb),
+            _ => None,
+        }
+    }
+}
+
+/// Database topology of a project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Topology {
+    Shared,
+    Dedicated,
+}
+
+impl Topology {
+    /// Parses the contract spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "shared" => Some(Topology::Shared),
+            "dedicated" => Some(Topology::Dedicated),
+            _ => None,
+        }
+    }
+}
+
+/// `aura_control.organizations`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrganizationRecord {
+    pub id: Uuid,
+    pub name: String,
+}
+
+fn free() -> String {
+    "free".to_owned()
+}
+
+/// `aura_control.projects`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectRecord {
+    #[serde(rename = "ref")]
+    pub project_ref: String,
+    pub organization_id: Uuid,
+    pub db_engine: DbEngine,
+    pub topology: Topology,
+    #[serde(default)]
+    pub postgrest_url: Option<String>,
+    #[serde(default = "free")]
+    pub plan: String,
+}
+
+/// `aura_control.organization_members`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberRecord {
+    pub organization_id: Uuid,
+    pub user_id: Uuid,
+    pub role: OrgRole,
+}
+
+/// `aura_control.api_keys`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyRecord {
+    pub id: Uuid,
+    pub project_ref: String,
+    pub role: KeyRole,
+    pub key_sha256: String,
+    #[serde(default)]
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl ApiKeyRecord {
+    /// Whether the key is revoked at `now`. A revocation time in the future (a rotation grace
+    /// period) takes effect when it is reached.
+    pub fn is_revoked(&self, now: DateTime<Utc>) -> bool {
+        self.revoked_at.is_some_and(|at| at <= now)
+    }
+}
+
+/// Whether `s` is a SHA-256 digest in lower-case hex.
+pub fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}

@@ -1,0 +1,205 @@
+//! One suite, run against both control store implementations: they must behave the same.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aura_gateway::auth::keys::hash_key;
+use aura_gateway::control::{ControlStore, DbEngine, KeyRole, OrgRole, StoreError, Topology};
+use uuid::Uuid;
+
+use crate::support::fixture::Fixture;
+use crate::support::postgres::TestDatabase;
+
+async fn contract(store: &dyn ControlStore, fx: &Fixture) {
+    let now = chrono::Utc::now();
+    let anon = store
+        .api_key_by_hash(&hash_key(&fx.anon_key))
+        .await
+        .expect("lookup")
+        .expect("the anon key exists");
+    assert_eq!(anon.id, fx.anon_key_id);
+    assert_eq!(anon.project_ref, "alpha");
+    assert_eq!(anon.role, KeyRole::Anon);
+    assert!(!anon.is_revoked(now));
+    let service = store
+        .api_key_by_hash(&hash_key(&fx.service_key))
+        .await
+        .expect("lookup")
+        .expect("exists");
+    assert_eq!(service.role, KeyRole::ServiceRole);
+    let revoked = store
+        .api_key_by_hash(&hash_key(&fx.revoked_key))
+        .await
+        .expect("lookup")
+        .expect("revoked keys are still found");
+    assert!(revoked.is_revoked(now));
+    assert!(
+        store
+            .api_key_by_hash(&hash_key("aura_pk_nope"))
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+
+    let alpha = store
+        .project("alpha")
+        .await
+        .expect("lookup")
+        .expect("alpha");
+    assert_eq!(alpha.organization_id, fx.org_a);
+    assert_eq!(
+        (alpha.db_engine, alpha.topology),
+        (DbEngine::Postgres, Topology::Shared)
+    );
+    assert_eq!(alpha.plan, "free");
+    assert_eq!(
+        store
+            .project("beta")
+            .await
+            .expect("lookup")
+            .expect("beta")
+            .plan,
+        "pro"
+    );
+    let gamma = store
+        .project("gamma")
+        .await
+        .expect("lookup")
+        .expect("gamma");
+    assert_eq!(gamma.topology, Topology::Dedicated);
+    assert_eq!(gamma.postgrest_url, None);
+    assert!(store.project("missing").await.expect("lookup").is_none());
+
+    assert!(store.organization_exists(fx.org_a).await.expect("lookup"));
+    assert!(
+        !store
+            .organization_exists(Uuid::new_v4())
+            .await
+            .expect("lookup")
+    );
+    assert_eq!(
+        store.membership(fx.org_a, fx.owner).await.expect("lookup"),
+        Some(OrgRole::Owner)
+    );
+    assert_eq!(
+        store.membership(fx.org_a, fx.reader).await.expect("lookup"),
+        Some(OrgRole::ReadOnly)
+    );
+    assert_eq!(
+        store
+            .membership(fx.org_a, fx.outsider)
+            .await
+            .expect("lookup"),
+        None
+    );
+    assert_eq!(
+        store
+            .membership(fx.org_b, fx.outsider)
+            .await
+            .expect("lookup"),
+        Some(OrgRole::Owner)
+    );
+
+    let new_key = "aura_sk_created_by_the_suite_0123456789abcdef";
+    let created = store
+        .create_api_key("beta", KeyRole::ServiceRole, &hash_key(new_key))
+        .await
+        .expect("create");
+    let found = store
+        .api_key_by_hash(&hash_key(new_key))
+        .await
+        .expect("lookup")
+        .expect("created key is found");
+    assert_eq!(found.id, created.id);
+    assert_eq!(found.project_ref, "beta");
+    assert!(matches!(
+        store
+            .create_api_key("missing", KeyRole::Anon, &hash_key("x"))
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(store.revoke_api_key(created.id).await.expect("revoke"));
+    assert!(
+        !store
+            .revoke_api_key(created.id)
+            .await
+            .expect("second revoke")
+    );
+    let found = store
+        .api_key_by_hash(&hash_key(new_key))
+        .await
+        .expect("lookup")
+        .expect("still found");
+    assert!(found.is_revoked(chrono::Utc::now()));
+    assert!(matches!(
+        store.revoke_api_key(Uuid::new_v4()).await,
+        Err(StoreError::NotFound(_))
+    ));
+    store.ping().await.expect("ping");
+}
+
+#[tokio::test]
+async fn the_file_store_honours_the_contract() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let store = fx.file_store(dir.path());
+    contract(&store, &fx).await;
+}
+
+#[tokio::test]
+async fn the_postgres_store_honours_the_contract() {
+    let db = TestDatabase::create().await;
+    let store = db.store().await;
+    let fx = Fixture::new();
+    fx.seed(&db).await;
+    contract(&store, &fx).await;
+}
+
+#[tokio::test]
+async fn the_file_store_reloads_changes_and_keeps_serving_on_a_bad_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let store = Arc::new(fx.file_store(dir.path()));
+    store.watch(Duration::from_millis(50));
+    let path = dir.path().join("control.toml");
+    let newcomer = Uuid::new_v4();
+    let text = fx.control_file()
+        + &format!(
+            "[[organization_members]]\norganization_id = \"{}\"\nuser_id = \"{newcomer}\"\nrole = \"developer\"\n",
+            fx.org_a
+        );
+    std::fs::write(&path, &text).expect("write");
+    let mut seen = None;
+    for _ in 0..100 {
+        seen = store.membership(fx.org_a, newcomer).await.expect("lookup");
+        if seen.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen, Some(OrgRole::Developer), "the change was picked up");
+
+    std::fs::write(&path, "[[projects]]\nref = 1\n").expect("write a broken file");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        store.membership(fx.org_a, newcomer).await.expect("lookup"),
+        Some(OrgRole::Developer),
+        "a broken file is refused and the previous records keep serving"
+    );
+}
+
+#[test]
+fn the_file_store_checks_references_like_the_database() {
+    use aura_gateway::control::file::ControlFile;
+    let err = ControlFile::parse(
+        "[[projects]]\nref = \"p\"\norganization_id = \"00000000-0000-4000-8000-000000000001\"\ndb_engine = \"postgres\"\ntopology = \"shared\"\n",
+    )
+    .expect_err("unknown organization");
+    assert!(err.contains("does not exist"), "{err}");
+    let err = ControlFile::parse("[[api_keys]]\nid = \"00000000-0000-4000-8000-000000000001\"\nproject_ref = \"p\"\nrole = \"anon\"\nkey_sha256 = \"XYZ\"\n")
+        .expect_err("bad hash");
+    assert!(err.contains("key_sha256"), "{err}");
+    let err = ControlFile::parse("[[organizations]]\nid = \"00000000-0000-4000-8000-000000000001\"\nname = \"a\"\nextra = 1\n")
+        .expect_err("unknown field");
+    assert!(err.contains("extra"), "{err}");
+}

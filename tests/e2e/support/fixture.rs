@@ -1,0 +1,296 @@
+//! One set of control records, loadable into either store, and tokens for its users.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use aura_gateway::auth::keys::hash_key;
+use aura_gateway::control::file::FileStore;
+use aura_gateway::control::{
+    ApiKeyRecord, ControlStore, KeyRole, OrgRole, ProjectRecord, StoreError,
+};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use uuid::Uuid;
+
+use super::postgres::TestDatabase;
+
+pub const USER_SECRET: &str = "test-user-jwt-secret-0123456789abcdef";
+pub const CONSOLE_SECRET: &str = "test-console-jwt-secret-0123456789abcdef";
+
+/// The records: organization A (projects `alpha`, `beta`, dedicated `gamma`), organization B
+/// (project `other`), members of A with every role, and keys.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    pub org_a: Uuid,
+    pub org_b: Uuid,
+    pub owner: Uuid,
+    pub admin: Uuid,
+    pub developer: Uuid,
+    pub reader: Uuid,
+    pub outsider: Uuid,
+    pub anon_key: String,
+    pub service_key: String,
+    pub other_project_key: String,
+    pub revoked_key: String,
+    pub anon_key_id: Uuid,
+    pub service_key_id: Uuid,
+}
+
+impl Default for Fixture {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        let rnd = || Uuid::new_v4().simple().to_string();
+        Self {
+            org_a: Uuid::new_v4(),
+            org_b: Uuid::new_v4(),
+            owner: Uuid::new_v4(),
+            admin: Uuid::new_v4(),
+            developer: Uuid::new_v4(),
+            reader: Uuid::new_v4(),
+            outsider: Uuid::new_v4(),
+            anon_key: format!("aura_pk_{}", rnd()),
+            service_key: format!("aura_sk_{}", rnd()),
+            other_project_key: format!("aura_pk_{}", rnd()),
+            revoked_key: format!("aura_pk_{}", rnd()),
+            anon_key_id: Uuid::new_v4(),
+            service_key_id: Uuid::new_v4(),
+        }
+    }
+
+    fn keys(&self) -> Vec<(Uuid, &str, KeyRole, &str, bool)> {
+        vec![
+            (
+                self.anon_key_id,
+                "alpha",
+                KeyRole::Anon,
+                self.anon_key.as_str(),
+                false,
+            ),
+            (
+                self.service_key_id,
+                "alpha",
+                KeyRole::ServiceRole,
+                self.service_key.as_str(),
+                false,
+            ),
+            (
+                Uuid::new_v4(),
+                "other",
+                KeyRole::Anon,
+                self.other_project_key.as_str(),
+                false,
+            ),
+            (
+                Uuid::new_v4(),
+                "alpha",
+                KeyRole::Anon,
+                self.revoked_key.as_str(),
+                true,
+            ),
+        ]
+    }
+
+    fn members(&self) -> Vec<(Uuid, Uuid, OrgRole)> {
+        vec![
+            (self.org_a, self.owner, OrgRole::Owner),
+            (self.org_a, self.admin, OrgRole::Admin),
+            (self.org_a, self.developer, OrgRole::Developer),
+            (self.org_a, self.reader, OrgRole::ReadOnly),
+            (self.org_b, self.outsider, OrgRole::Owner),
+        ]
+    }
+
+    /// The records as a control file.
+    pub fn control_file(&self) -> String {
+        let mut s = format!(
+            "[[organizations]]\nid = \"{}\"\nname = \"A\"\n\n[[organizations]]\nid = \"{}\"\nname = \"B\"\n\n",
+            self.org_a, self.org_b
+        );
+        for (r, org, topology, plan) in [
+            ("alpha", self.org_a, "shared", "free"),
+            ("beta", self.org_a, "shared", "pro"),
+            ("gamma", self.org_a, "dedicated", "free"),
+            ("other", self.org_b, "shared", "free"),
+        ] {
+            s += &format!(
+                "[[projects]]\nref = \"{r}\"\norganization_id = \"{org}\"\ndb_engine = \"postgres\"\ntopology = \"{topology}\"\nplan = \"{plan}\"\n\n"
+            );
+        }
+        for (org, user, role) in self.members() {
+            s += &format!(
+                "[[organization_members]]\norganization_id = \"{org}\"\nuser_id = \"{user}\"\nrole = \"{}\"\n\n",
+                role.as_str()
+            );
+        }
+        for (id, project, role, key, revoked) in self.keys() {
+            s += &format!(
+                "[[api_keys]]\nid = \"{id}\"\nproject_ref = \"{project}\"\nrole = \"{}\"\nkey_sha256 = \"{}\"\n{}\n",
+                role.as_str(),
+                hash_key(key),
+                if revoked {
+                    "revoked_at = \"2020-01-01T00:00:00Z\"\n"
+                } else {
+                    ""
+                }
+            );
+        }
+        s
+    }
+
+    /// A file store holding the records, in `dir`.
+    pub fn file_store(&self, dir: &std::path::Path) -> FileStore {
+        let path = dir.join("control.toml");
+        std::fs::write(&path, self.control_file()).expect("write control file");
+        FileStore::open(&path).expect("valid control file")
+    }
+
+    /// Inserts the records into a migrated database.
+    pub async fn seed(&self, db: &TestDatabase) {
+        let mut sql = format!(
+            "INSERT INTO aura_control.organizations (id, name) VALUES ('{}', 'A'), ('{}', 'B');\n",
+            self.org_a, self.org_b
+        );
+        sql += &format!(
+            "INSERT INTO aura_control.projects (ref, organization_id, db_engine, topology, plan) VALUES \
+             ('alpha', '{a}', 'postgres', 'shared', 'free'), ('beta', '{a}', 'postgres', 'shared', 'pro'), \
+             ('gamma', '{a}', 'postgres', 'dedicated', 'free'), ('other', '{b}', 'postgres', 'shared', 'free');\n",
+            a = self.org_a,
+            b = self.org_b
+        );
+        for (org, user, role) in self.members() {
+            sql += &format!(
+                "INSERT INTO aura_control.organization_members VALUES ('{org}', '{user}', '{}');\n",
+                role.as_str()
+            );
+        }
+        for (id, project, role, key, revoked) in self.keys() {
+            sql += &format!(
+                "INSERT INTO aura_control.api_keys VALUES ('{id}', '{project}', '{}', '{}', {});\n",
+                role.as_str(),
+                hash_key(key),
+                if revoked {
+                    "'2020-01-01T00:00:00Z'"
+                } else {
+                    "NULL"
+                }
+            );
+        }
+        db.execute(&sql).await;
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+/// Signs `claims` with HS256 and `secret`.
+pub fn hs256(secret: &str, claims: serde_json::Value) -> String {
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()).expect("secret"),
+    )
+    .expect("sign")
+}
+
+/// A valid user token for `project`.
+pub fn user_token(project: &str, user: Uuid) -> String {
+    hs256(
+        USER_SECRET,
+        serde_json::json!({ "sub": user.to_string(), "aud": "authenticated", "ref": project, "exp": now() + 600 }),
+    )
+}
+
+/// A valid console token for `user`.
+pub fn console_token(user: Uuid) -> String {
+    console_token_with(
+        serde_json::json!({ "sub": user.to_string(), "aud": "aurabase-control", "exp": now() + 600 }),
+    )
+}
+
+/// A console token with these claims.
+pub fn console_token_with(claims: serde_json::Value) -> String {
+    hs256(CONSOLE_SECRET, claims)
+}
+
+/// Seconds since the epoch.
+pub fn epoch() -> u64 {
+    now()
+}
+
+/// A store wrapper counting key lookups per hash.
+#[derive(Debug)]
+pub struct CountingStore {
+    pub inner: Arc<dyn ControlStore>,
+    pub key_lookups: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    pub total: AtomicUsize,
+}
+
+impl CountingStore {
+    pub fn new(inner: Arc<dyn ControlStore>) -> Self {
+        Self {
+            inner,
+            key_lookups: Default::default(),
+            total: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn max_lookups_of_one_key(&self) -> usize {
+        self.key_lookups
+            .lock()
+            .expect("lock")
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl ControlStore for CountingStore {
+    async fn api_key_by_hash(&self, h: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        self.total.fetch_add(1, Ordering::SeqCst);
+        *self
+            .key_lookups
+            .lock()
+            .expect("lock")
+            .entry(h.to_owned())
+            .or_default() += 1;
+        self.inner.api_key_by_hash(h).await
+    }
+    async fn project(&self, r: &str) -> Result<Option<ProjectRecord>, StoreError> {
+        self.inner.project(r).await
+    }
+    async fn organization_exists(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.inner.organization_exists(id).await
+    }
+    async fn membership(&self, o: Uuid, u: Uuid) -> Result<Option<OrgRole>, StoreError> {
+        self.inner.membership(o, u).await
+    }
+    async fn create_api_key(
+        &self,
+        p: &str,
+        r: KeyRole,
+        h: &str,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        self.inner.create_api_key(p, r, h).await
+    }
+    async fn revoke_api_key(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.inner.revoke_api_key(id).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+}

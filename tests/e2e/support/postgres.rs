@@ -1,0 +1,92 @@
+//! A fresh PostgreSQL database per test, on the server named by `AURA_TEST_DATABASE_URL`
+//! (default: the local server, user postgres), dropped afterwards.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use aura_gateway::control::postgres::PostgresStore;
+use sqlx::Connection;
+use sqlx::postgres::{PgConnection, PgPoolOptions};
+
+/// The administrative URL tests create databases through.
+pub fn admin_url() -> String {
+    std::env::var("AURA_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A database that exists for one test.
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+}
+
+fn with_database(url: &str, db: &str) -> String {
+    let (base, _) = url
+        .rsplit_once('/')
+        .expect("a database URL ends with /dbname");
+    format!("{base}/{db}")
+}
+
+impl TestDatabase {
+    /// Creates a new, empty database.
+    pub async fn create() -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "aura_test_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let admin = admin_url();
+        let mut conn = PgConnection::connect(&admin)
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL must be reachable at {admin}: {e}"));
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("drop old");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create database");
+        let url = with_database(&admin, &name);
+        Self { name, url }
+    }
+
+    /// A migrated store on this database.
+    pub async fn store(&self) -> PostgresStore {
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&self.url)
+            .await
+            .expect("connect");
+        let store = PostgresStore::from_pool(pool);
+        store.migrate().await.expect("migrations apply");
+        store
+    }
+
+    /// Runs SQL statements on this database.
+    pub async fn execute(&self, sql: &str) {
+        let mut conn = PgConnection::connect(&self.url).await.expect("connect");
+        sqlx::raw_sql(sql).execute(&mut conn).await.expect("sql");
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let admin = admin_url();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                if let Ok(mut conn) = PgConnection::connect(&admin).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
