@@ -40,6 +40,10 @@ pub struct Config {
     pub control: ControlConfig,
     /// Credentials: API key cache, user and console JWTs.
     pub auth: AuthConfig,
+    /// Circuit breakers.
+    pub breaker: BreakerConfig,
+    /// HTTP backends: storage, realtime, dedicated PostgREST.
+    pub upstreams: UpstreamsConfig,
     /// Data-plane settings.
     pub data_plane: DataPlaneConfig,
     /// Management-plane settings.
@@ -60,6 +64,8 @@ impl Default for Config {
             plugins: PluginRuntimeConfig::default(),
             control: ControlConfig::default(),
             auth: AuthConfig::default(),
+            breaker: BreakerConfig::default(),
+            upstreams: UpstreamsConfig::default(),
             data_plane: DataPlaneConfig::default(),
             management_plane: ManagementPlaneConfig::default(),
         }
@@ -341,6 +347,66 @@ impl Default for AuthConfig {
             leeway_secs: 5,
             user_jwt: JwtConfig::default(),
             console_jwt: JwtConfig::default(),
+        }
+    }
+}
+
+/// Circuit breakers: one per service, one per dedicated PostgREST target.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open a breaker.
+    pub failure_threshold: u32,
+    /// How long an open breaker refuses calls, in milliseconds.
+    pub open_ms: u64,
+    /// Calls admitted at once while half-open.
+    pub half_open_probes: u32,
+    /// Dedicated PostgREST targets tracked at most.
+    pub max_targets: usize,
+    /// Period of the sweep of idle PostgREST target breakers, in seconds.
+    pub sweep_secs: u64,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 5,
+            open_ms: 5_000,
+            half_open_probes: 1,
+            max_targets: 10_000,
+            sweep_secs: 60,
+        }
+    }
+}
+
+/// HTTP backends.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamsConfig {
+    /// Base URL of the storage service (`http://host:port[/path]`); none: storage answers 503.
+    pub storage_url: Option<String>,
+    /// Base URL of the realtime service; none: realtime answers 503.
+    pub realtime_url: Option<String>,
+    /// Largest upload accepted on `/v1/storage/*`, in bytes (streamed, never buffered).
+    pub storage_max_body_bytes: u64,
+    /// Time allowed to open a connection to an HTTP backend, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// A stream (body, SSE, WebSocket) with no traffic either way for this long is closed, in
+    /// seconds. Streams are not bounded by the route budget once established.
+    pub stream_idle_timeout_secs: u64,
+    /// Idle pooled connections kept per backend host.
+    pub pool_max_idle_per_host: usize,
+}
+
+impl Default for UpstreamsConfig {
+    fn default() -> Self {
+        Self {
+            storage_url: None,
+            realtime_url: None,
+            storage_max_body_bytes: 5 * 1024 * 1024 * 1024,
+            connect_timeout_ms: 2_000,
+            stream_idle_timeout_secs: 300,
+            pool_max_idle_per_host: 64,
         }
     }
 }
@@ -639,6 +705,58 @@ impl Config {
         }
         a.user_jwt.validate("auth.user_jwt")?;
         a.console_jwt.validate("auth.console_jwt")?;
+        let b = &self.breaker;
+        if b.failure_threshold == 0 {
+            return Err(problem("breaker.failure_threshold", "must be at least 1"));
+        }
+        if b.open_ms == 0 {
+            return Err(problem("breaker.open_ms", "must be at least 1"));
+        }
+        if b.half_open_probes == 0 {
+            return Err(problem("breaker.half_open_probes", "must be at least 1"));
+        }
+        if b.max_targets == 0 {
+            return Err(problem("breaker.max_targets", "must be at least 1"));
+        }
+        if b.sweep_secs == 0 {
+            return Err(problem("breaker.sweep_secs", "must be at least 1"));
+        }
+        let u = &self.upstreams;
+        for (key, url) in [
+            ("upstreams.storage_url", &u.storage_url),
+            ("upstreams.realtime_url", &u.realtime_url),
+        ] {
+            if let Some(url) = url
+                && url
+                    .parse::<http::Uri>()
+                    .ok()
+                    .filter(|uri| uri.scheme_str() == Some("http") && uri.host().is_some())
+                    .is_none()
+            {
+                return Err(problem(
+                    key,
+                    format!("{url:?} is not an http://host[:port][/path] URL"),
+                ));
+            }
+        }
+        if u.storage_max_body_bytes == 0 {
+            return Err(problem(
+                "upstreams.storage_max_body_bytes",
+                "must be at least 1",
+            ));
+        }
+        if u.connect_timeout_ms == 0 {
+            return Err(problem(
+                "upstreams.connect_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        if u.stream_idle_timeout_secs == 0 {
+            return Err(problem(
+                "upstreams.stream_idle_timeout_secs",
+                "must be at least 1",
+            ));
+        }
         for (key, stage) in self.stages() {
             if !stage.config.is_object() {
                 return Err(problem(&format!("{key}.config"), "must be a table"));

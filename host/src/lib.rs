@@ -5,6 +5,7 @@
 
 pub mod actor;
 pub mod auth;
+pub mod breaker;
 pub mod config;
 pub mod control;
 pub mod error;

@@ -1,18 +1,24 @@
 //! The one state shared by both planes.
 
+use std::collections::HashMap;
 use std::ops::Deref;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
 use crate::auth::Authenticator;
-use crate::config::Config;
+use crate::breaker::table::BreakerTable;
+use crate::breaker::{BreakerSettings, CircuitBreaker};
+use crate::config::{BreakerConfig, Config};
 use crate::control::{self, ControlStore};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::policy::{PluginError, Policies, PolicyEngine};
+use crate::proxy::http::HttpTransport;
 use crate::proxy::nats::NatsTransport;
+use crate::proxy::service::Service;
 
 /// Shared state of both planes: configuration, NATS client, plugin runtime and loaded policy
 /// modules, metrics. Cheap to clone.
@@ -33,6 +39,47 @@ pub struct StateInner {
     pub metrics: Metrics,
     /// Credentials: the control store, key cache, JWT verifiers.
     pub auth: Authenticator,
+    /// The pooled HTTP client of the HTTP backends.
+    pub http: HttpTransport,
+    /// Circuit breakers.
+    pub breakers: Breakers,
+}
+
+/// One breaker per service and a table of breakers per dedicated PostgREST target.
+#[derive(Debug)]
+pub struct Breakers {
+    services: HashMap<Service, Arc<CircuitBreaker>>,
+    /// Per dedicated PostgREST target.
+    pub postgrest: Arc<BreakerTable>,
+}
+
+impl Breakers {
+    fn new(config: &BreakerConfig) -> Self {
+        let settings = BreakerSettings::from(config);
+        let services = Service::ALL
+            .iter()
+            .map(|s| (*s, CircuitBreaker::new(s.name(), settings)))
+            .collect();
+        let postgrest = BreakerTable::new(settings, config.max_targets);
+        postgrest.spawn_sweeper(Duration::from_secs(config.sweep_secs));
+        Self {
+            services,
+            postgrest,
+        }
+    }
+
+    /// The breaker of `service`.
+    pub fn service(&self, service: Service) -> Arc<CircuitBreaker> {
+        self.services
+            .get(&service)
+            .cloned()
+            .expect("every service has a breaker")
+    }
+
+    /// Every service breaker.
+    pub fn services(&self) -> impl Iterator<Item = (&Service, &Arc<CircuitBreaker>)> {
+        self.services.iter()
+    }
 }
 
 impl Deref for AppState {
@@ -57,6 +104,8 @@ impl AppState {
         store: Arc<dyn ControlStore>,
     ) -> anyhow::Result<Self> {
         let auth = Authenticator::new(&config.auth, store);
+        let config_upstreams = config.upstreams.clone();
+        let config_breaker = config.breaker.clone();
         let runtime = PolicyEngine::new(&config.plugins)?;
         let policies = Policies::load(&runtime, &config, base)?;
         let nats = NatsTransport::connect(&config.nats).await?;
@@ -66,6 +115,8 @@ impl AppState {
             runtime,
             policies: ArcSwap::from_pointee(policies),
             metrics: Metrics::new(),
+            http: HttpTransport::new(&config_upstreams),
+            breakers: Breakers::new(&config_breaker),
             auth,
         })))
     }

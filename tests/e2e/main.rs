@@ -3,6 +3,7 @@
 
 mod support;
 
+mod backends;
 mod binary;
 mod chain;
 mod control_store;

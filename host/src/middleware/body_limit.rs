@@ -9,10 +9,15 @@ use http_body_util::Limited;
 
 use super::{PlaneCtx, request_id};
 use crate::error::GatewayError;
+use crate::route_group::RouteGroup;
 
 /// The layer.
 pub async fn limit(State(ctx): State<PlaneCtx>, request: Request, next: Next) -> Response {
-    let limit = ctx.state.config.server.max_body_bytes;
+    // Storage has its own limit: uploads stream through and may be far larger.
+    let limit = match RouteGroup::of(request.uri().path()) {
+        RouteGroup::Storage => ctx.state.config.upstreams.storage_max_body_bytes as usize,
+        _ => ctx.state.config.server.max_body_bytes,
+    };
     let declared = request
         .headers()
         .get(http::header::CONTENT_LENGTH)

@@ -1,6 +1,8 @@
 //! The proxy handlers, written once and mounted on both planes, and their transports.
 
 pub mod envelope;
+pub mod http;
+pub mod idle;
 pub mod nats;
 pub mod service;
 
@@ -19,7 +21,7 @@ use crate::actor::Actor;
 use crate::error::GatewayError;
 use crate::middleware::budget::Deadline;
 use crate::middleware::request_id::RequestId;
-use crate::policy::stages::DbRoute;
+use crate::policy::stages::{DbEngine, DbRoute, ProjectDb, Topology};
 use crate::state::AppState;
 
 /// A route handler forwarding to `service` over NATS.
@@ -44,9 +46,30 @@ pub fn db_route() -> MethodRouter<AppState> {
     )
 }
 
-/// A route handler for a service reached over HTTP (storage, realtime).
+/// A route handler for a service reached over HTTP (storage, realtime): the path after
+/// `/v1/{service}` is appended to the service's base URL.
 pub fn http_route(service: Service) -> MethodRouter<AppState> {
-    any(move || async move {
+    any(
+        move |State(state): State<AppState>, request: Request| async move {
+            forward_http_service(&state, service, request)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        },
+    )
+}
+
+async fn forward_http_service(
+    state: &AppState,
+    service: Service,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    let upstreams = &state.config.upstreams;
+    let base = match service {
+        Service::Storage => upstreams.storage_url.as_deref(),
+        Service::Realtime => upstreams.realtime_url.as_deref(),
+        _ => None,
+    }
+    .ok_or_else(|| {
         GatewayError::unavailable(
             "backend_not_configured",
             format!(
@@ -54,33 +77,83 @@ pub fn http_route(service: Service) -> MethodRouter<AppState> {
                 service.name()
             ),
         )
-        .into_response()
-    })
+    })?;
+    let prefix = format!("/v1/{}", service.name());
+    let rest = request
+        .uri()
+        .path()
+        .strip_prefix(&prefix)
+        .unwrap_or_default();
+    let uri = self::http::upstream_uri(base, rest, request.uri().query())?;
+    let breaker = state.breakers.service(service);
+    forward_http(state, &breaker, uri, request).await
+}
+
+async fn forward_http(
+    state: &AppState,
+    breaker: &std::sync::Arc<crate::breaker::CircuitBreaker>,
+    uri: ::http::Uri,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    let actor = actor_of(&request)?;
+    let deadline = request
+        .extensions()
+        .get::<Deadline>()
+        .map(|d| d.0)
+        .unwrap_or_else(|| Instant::now() + state.config.timeouts.default_budget());
+    state
+        .http
+        .forward(breaker, uri, request, &actor, deadline)
+        .await
 }
 
 async fn route_db(state: &AppState, request: Request) -> Result<Response, GatewayError> {
     let actor = actor_of(&request)?;
-    let policies = state.policies();
-    let route = policies
-        .plane(actor.plane)
-        .db_routing
-        .decide(
-            actor.plane,
-            request.method().as_str(),
-            request.uri().path(),
-            None,
-        )
-        .map_err(|e| state.plugin_failed(&e))?;
+    let project = match &actor.project {
+        Some(project_ref) => state.auth.cached_project(project_ref).await?,
+        None => None,
+    };
+    let project = project.map(|p| ProjectDb {
+        engine: match p.db_engine {
+            crate::control::DbEngine::Postgres => DbEngine::Postgres,
+            crate::control::DbEngine::Mongodb => DbEngine::Mongodb,
+        },
+        topology: match p.topology {
+            crate::control::Topology::Shared => Topology::Shared,
+            crate::control::Topology::Dedicated => Topology::Dedicated,
+        },
+        postgrest_url: p.postgrest_url.clone(),
+    });
+    let route = {
+        let policies = state.policies();
+        policies
+            .plane(actor.plane)
+            .db_routing
+            .decide(
+                actor.plane,
+                request.method().as_str(),
+                request.uri().path(),
+                project,
+            )
+            .map_err(|e| state.plugin_failed(&e))?
+    };
     match route {
         DbRoute::Nats => forward_nats(state, Service::Db, request).await,
+        // Fail closed: never a fallback to a shared target.
         DbRoute::Unresolved => Err(GatewayError::unavailable(
             "db_target_unresolved",
             "the project's dedicated database endpoint is not resolved",
         )),
-        DbRoute::Postgrest(_) => Err(GatewayError::unavailable(
-            "backend_not_configured",
-            "direct PostgREST routing is not available",
-        )),
+        DbRoute::Postgrest(base) => {
+            let rest = request
+                .uri()
+                .path()
+                .strip_prefix("/v1/db")
+                .unwrap_or_default();
+            let uri = self::http::upstream_uri(&base, rest, request.uri().query())?;
+            let breaker = state.breakers.postgrest.get(base.trim_end_matches('/'));
+            forward_http(state, &breaker, uri, request).await
+        }
     }
 }
 
@@ -141,7 +214,30 @@ pub async fn forward_nats(
         deadline_ms: 0,
     };
     drop(body);
-    let reply = state.nats.request(service, &mut envelope, deadline).await?;
+    let breaker = state.breakers.service(service);
+    let probe = breaker.try_acquire_probe().map_err(|r| {
+        GatewayError::unavailable(
+            "circuit_open",
+            format!("the {} service is failing; try again later", service.name()),
+        )
+        .retry_after(r.retry_after)
+    })?;
+    let result = state.nats.request(service, &mut envelope, deadline).await;
+    match &result {
+        Ok(reply) if self::http::is_failure_status(reply.status) => probe.record_failure(),
+        Ok(_) => probe.record_success(),
+        // Delivery unknown (timeout) or the request's own fault: the probe goes back.
+        Err(e)
+            if matches!(
+                e.code,
+                "upstream_timeout" | "payload_too_large" | "internal_error"
+            ) =>
+        {
+            drop(probe)
+        }
+        Err(_) => probe.record_failure(),
+    }
+    let reply = result?;
     let mut response = Response::new(Body::from(reply.body));
     *response.status_mut() = reply.status;
     *response.headers_mut() = reply.headers;

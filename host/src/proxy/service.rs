@@ -15,6 +15,19 @@ pub enum Service {
 }
 
 impl Service {
+    /// Every service.
+    pub const ALL: [Service; 9] = [
+        Service::Auth,
+        Service::Db,
+        Service::Storage,
+        Service::Functions,
+        Service::Realtime,
+        Service::Notifications,
+        Service::Ai,
+        Service::Provisioner,
+        Service::Control,
+    ];
+
     /// The service name, as used in NATS subjects (`{prefix}.{name}.http`).
     pub fn name(self) -> &'static str {
         match self {

@@ -17,8 +17,12 @@ pub struct NatsServer {
 impl NatsServer {
     /// Starts a server; `extra_config` is appended to its configuration file.
     pub fn start(extra_config: &str) -> Self {
+        Self::start_on(free_port(), extra_config)
+    }
+
+    /// Starts a server on `port`.
+    pub fn start_on(port: u16, extra_config: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
         let conf: PathBuf = dir.path().join("nats.conf");
         std::fs::write(&conf, format!("listen: 127.0.0.1:{port}\n{extra_config}\n"))
             .expect("write nats.conf");
