@@ -44,6 +44,8 @@ pub struct Config {
     pub breaker: BreakerConfig,
     /// HTTP backends: storage, realtime, dedicated PostgREST.
     pub upstreams: UpstreamsConfig,
+    /// Rate limits: per IP before auth, per actor after auth, shared through Redis.
+    pub rate_limit: RateLimitConfig,
     /// Data-plane settings.
     pub data_plane: DataPlaneConfig,
     /// Management-plane settings.
@@ -66,6 +68,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             breaker: BreakerConfig::default(),
             upstreams: UpstreamsConfig::default(),
+            rate_limit: RateLimitConfig::default(),
             data_plane: DataPlaneConfig::default(),
             management_plane: ManagementPlaneConfig::default(),
         }
@@ -407,6 +410,69 @@ impl Default for UpstreamsConfig {
             connect_timeout_ms: 2_000,
             stream_idle_timeout_secs: 300,
             pool_max_idle_per_host: 64,
+        }
+    }
+}
+
+/// A token bucket: sustained rate and burst.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BucketConfig {
+    /// Off: no limit of this kind on this plane.
+    pub enabled: bool,
+    /// Sustained requests per second.
+    pub rate_per_second: u32,
+    /// Requests allowed at once.
+    pub burst: u32,
+}
+
+impl Default for BucketConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            rate_per_second: 100,
+            burst: 1000,
+        }
+    }
+}
+
+/// Rate limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitConfig {
+    /// Per client IP on the data plane, before authentication.
+    pub data_plane_per_ip: BucketConfig,
+    /// Per client IP on the management plane, before authentication.
+    pub management_plane_per_ip: BucketConfig,
+    /// Peers (CIDR) whose `X-Forwarded-For` is believed: the client IP is then the rightmost
+    /// address of the header that is not itself a trusted proxy.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// `redis://host:port/db`: per-actor quotas shared by every instance. None: local only.
+    pub redis_url: Option<String>,
+    /// Time allowed for one Redis call, in milliseconds; slower calls fall back to local.
+    pub redis_timeout_ms: u64,
+    /// Prefix of the Redis keys.
+    pub redis_key_prefix: String,
+    /// Failed Redis calls in a row after which the limiter stays local for `redis_retry_ms`.
+    pub redis_failure_threshold: u32,
+    /// How long the limiter stays local before trying Redis again, in milliseconds.
+    pub redis_retry_ms: u64,
+    /// Period of the cleanup of idle per-IP buckets, in seconds.
+    pub retain_interval_secs: u64,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            data_plane_per_ip: BucketConfig::default(),
+            management_plane_per_ip: BucketConfig::default(),
+            trusted_proxies: Vec::new(),
+            redis_url: None,
+            redis_timeout_ms: 50,
+            redis_key_prefix: "aura:rl:".to_owned(),
+            redis_failure_threshold: 3,
+            redis_retry_ms: 2_000,
+            retain_interval_secs: 60,
         }
     }
 }
@@ -754,6 +820,50 @@ impl Config {
         if u.stream_idle_timeout_secs == 0 {
             return Err(problem(
                 "upstreams.stream_idle_timeout_secs",
+                "must be at least 1",
+            ));
+        }
+        let r = &self.rate_limit;
+        for (key, b) in [
+            ("rate_limit.data_plane_per_ip", &r.data_plane_per_ip),
+            (
+                "rate_limit.management_plane_per_ip",
+                &r.management_plane_per_ip,
+            ),
+        ] {
+            if b.rate_per_second == 0 {
+                return Err(problem(
+                    &format!("{key}.rate_per_second"),
+                    "must be at least 1",
+                ));
+            }
+            if b.burst == 0 {
+                return Err(problem(&format!("{key}.burst"), "must be at least 1"));
+            }
+        }
+        if let Some(url) = &r.redis_url
+            && !(url.starts_with("redis://") || url.starts_with("rediss://"))
+        {
+            return Err(problem(
+                "rate_limit.redis_url",
+                "must start with redis:// or rediss://",
+            ));
+        }
+        if r.redis_timeout_ms == 0 {
+            return Err(problem("rate_limit.redis_timeout_ms", "must be at least 1"));
+        }
+        if r.redis_failure_threshold == 0 {
+            return Err(problem(
+                "rate_limit.redis_failure_threshold",
+                "must be at least 1",
+            ));
+        }
+        if r.redis_retry_ms == 0 {
+            return Err(problem("rate_limit.redis_retry_ms", "must be at least 1"));
+        }
+        if r.retain_interval_secs == 0 {
+            return Err(problem(
+                "rate_limit.retain_interval_secs",
                 "must be at least 1",
             ));
         }

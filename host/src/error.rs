@@ -104,6 +104,17 @@ impl GatewayError {
         )
     }
 
+    /// 429: over a rate limit; retry after `wait`.
+    pub fn rate_limited(wait: Duration) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many requests; slow down",
+            Side::Client,
+        )
+        .retry_after(wait)
+    }
+
     /// 500: a policy plugin failed; the request fails closed.
     pub fn policy_failed(stage: &str) -> Self {
         Self::new(

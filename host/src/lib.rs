@@ -15,6 +15,7 @@ pub mod plane;
 pub mod planes;
 pub mod policy;
 pub mod proxy;
+pub mod ratelimit;
 pub mod route_group;
 pub mod server;
 pub mod state;

@@ -16,6 +16,10 @@ pub struct Metrics {
     pub plugin_failures: IntCounterVec,
     /// 1 while the NATS connection is up.
     pub nats_connected: IntGauge,
+    /// Rate-limit decisions by plane, limiter (`ip`, `actor`) and decision.
+    pub ratelimit_decisions: IntCounterVec,
+    /// 1 while per-actor quotas are shared through Redis, 0 while local.
+    pub ratelimit_shared: IntGauge,
 }
 
 impl Metrics {
@@ -52,8 +56,23 @@ impl Metrics {
         .expect("valid metric");
         let nats_connected = IntGauge::new("nats_connected", "1 while the NATS connection is up")
             .expect("valid metric");
+        let ratelimit_decisions = IntCounterVec::new(
+            Opts::new(
+                "ratelimit_decisions_total",
+                "Rate-limit decisions by plane, limiter and decision",
+            ),
+            &["plane", "limiter", "decision"],
+        )
+        .expect("valid metric");
+        let ratelimit_shared = IntGauge::new(
+            "ratelimit_shared",
+            "1 while per-actor quotas are shared through Redis, 0 while local",
+        )
+        .expect("valid metric");
         for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(ratelimit_decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(ratelimit_shared.clone()),
+            Box::new(requests.clone()),
             Box::new(latency.clone()),
             Box::new(plugin_failures.clone()),
             Box::new(nats_connected.clone()),
@@ -66,6 +85,8 @@ impl Metrics {
             latency,
             plugin_failures,
             nats_connected,
+            ratelimit_decisions,
+            ratelimit_shared,
         }
     }
 

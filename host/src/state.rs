@@ -19,6 +19,7 @@ use crate::policy::{PluginError, Policies, PolicyEngine};
 use crate::proxy::http::HttpTransport;
 use crate::proxy::nats::NatsTransport;
 use crate::proxy::service::Service;
+use crate::ratelimit::{IpLimiter, QuotaLimiter};
 
 /// Shared state of both planes: configuration, NATS client, plugin runtime and loaded policy
 /// modules, metrics. Cheap to clone.
@@ -43,6 +44,10 @@ pub struct StateInner {
     pub http: HttpTransport,
     /// Circuit breakers.
     pub breakers: Breakers,
+    /// Per-IP limiters: data plane, management plane.
+    pub ip_limits: [Arc<IpLimiter>; 2],
+    /// Per-actor quotas.
+    pub quotas: Arc<QuotaLimiter>,
 }
 
 /// One breaker per service and a table of breakers per dedicated PostgREST target.
@@ -106,6 +111,14 @@ impl AppState {
         let auth = Authenticator::new(&config.auth, store);
         let config_upstreams = config.upstreams.clone();
         let config_breaker = config.breaker.clone();
+        let metrics = Metrics::new();
+        let rl = &config.rate_limit;
+        let retain = Duration::from_secs(rl.retain_interval_secs);
+        let ip_limits = [
+            IpLimiter::new(&rl.data_plane_per_ip, retain),
+            IpLimiter::new(&rl.management_plane_per_ip, retain),
+        ];
+        let quotas = QuotaLimiter::new(rl, metrics.clone());
         let runtime = PolicyEngine::new(&config.plugins)?;
         let policies = Policies::load(&runtime, &config, base)?;
         let nats = NatsTransport::connect(&config.nats).await?;
@@ -114,7 +127,9 @@ impl AppState {
             nats,
             runtime,
             policies: ArcSwap::from_pointee(policies),
-            metrics: Metrics::new(),
+            metrics,
+            ip_limits,
+            quotas,
             http: HttpTransport::new(&config_upstreams),
             breakers: Breakers::new(&config_breaker),
             auth,
@@ -124,6 +139,14 @@ impl AppState {
     /// The policy modules in force now. A request keeps the ones it started with.
     pub fn policies(&self) -> Arc<Policies> {
         self.policies.load_full()
+    }
+
+    /// The per-IP limiter of `plane`.
+    pub fn ip_limiter(&self, plane: crate::plane::Plane) -> &Arc<IpLimiter> {
+        match plane {
+            crate::plane::Plane::Data => &self.ip_limits[0],
+            crate::plane::Plane::Management => &self.ip_limits[1],
+        }
     }
 
     /// Counts a plugin failure and gives the fail-closed answer for it.

@@ -12,4 +12,5 @@ mod identity;
 mod jwks;
 mod nats;
 mod plugins;
+mod ratelimit;
 mod timeouts;

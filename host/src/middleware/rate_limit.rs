@@ -1,15 +1,68 @@
-//! Slot: per-IP rate limit, before authentication, on every route of the plane.
-//!
-//! It sits before auth so that an unauthenticated flood is refused before any credential work.
-//! The limiter itself (governor locally, Redis shared) plugs in here.
+//! Per-IP rate limit, before authentication, on every route of the plane (public ones too): a
+//! flood is refused before any credential or plugin work.
 
-use axum::extract::{Request, State};
+use std::net::{IpAddr, Ipv4Addr};
+
+use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, HeaderValue};
 
 use super::PlaneCtx;
+use crate::error::GatewayError;
+use crate::ratelimit::Decision;
+use crate::ratelimit::client_ip::client_ip;
+
+/// The client IP of the request (request extension), as the per-IP limit saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientIp(pub IpAddr);
+
+fn secs(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// Sets `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`.
+pub fn rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
+    headers.insert("ratelimit-limit", HeaderValue::from(decision.limit));
+    headers.insert("ratelimit-remaining", HeaderValue::from(decision.remaining));
+    headers.insert("ratelimit-reset", HeaderValue::from(secs(decision.reset)));
+}
+
+/// The 429 answer of a denied decision.
+pub fn too_many(decision: &Decision) -> Response {
+    let mut response = GatewayError::rate_limited(decision.reset).into_response();
+    rate_limit_headers(response.headers_mut(), decision);
+    response
+}
 
 /// The layer.
-pub async fn per_ip(State(_ctx): State<PlaneCtx>, request: Request, next: Next) -> Response {
+pub async fn per_ip(State(ctx): State<PlaneCtx>, mut request: Request, next: Next) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let state = &ctx.state;
+    let ip = client_ip(
+        peer,
+        request.headers(),
+        &state.config.rate_limit.trusted_proxies,
+    );
+    request.extensions_mut().insert(ClientIp(ip));
+    if let Some(decision) = state.ip_limiter(ctx.plane).check(ip) {
+        let verdict = if decision.allowed {
+            "allowed"
+        } else {
+            "limited"
+        };
+        state
+            .metrics
+            .ratelimit_decisions
+            .with_label_values(&[ctx.plane.as_str(), "ip", verdict])
+            .inc();
+        if !decision.allowed {
+            return too_many(&decision);
+        }
+    }
     next.run(request).await
 }

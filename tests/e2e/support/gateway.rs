@@ -102,6 +102,14 @@ pub fn test_config(nats_url: &str, prefix: &str) -> Config {
     config.log.level = "warn".into();
     config.metrics.token = Some("test-metrics-token-0123456789".into());
     config.plugins.call_deadline_ms = 2_000;
+    // Tests send bursts from one address; the rate-limit tests set their own limits.
+    for per_ip in [
+        &mut config.rate_limit.data_plane_per_ip,
+        &mut config.rate_limit.management_plane_per_ip,
+    ] {
+        per_ip.rate_per_second = 1_000_000;
+        per_ip.burst = 1_000_000;
+    }
     config.auth.user_jwt.hs256_secret = Some(super::fixture::USER_SECRET.into());
     config.auth.console_jwt.hs256_secret = Some(super::fixture::CONSOLE_SECRET.into());
     config

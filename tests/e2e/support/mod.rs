@@ -7,6 +7,7 @@ pub mod fixture;
 pub mod gateway;
 pub mod nats_server;
 pub mod postgres;
+pub mod redis_server;
 pub mod responder;
 
 use std::net::TcpListener;

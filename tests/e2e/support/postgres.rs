@@ -1,4 +1,4 @@
-//! A fresh PostgreSQL database per test, on the server named by `AURA_TEST_DATABASE_URL`
+//! A fresh PostgreSQL database per test, on the server named by `GATEWAY_TEST_DATABASE_URL`
 //! (default: the local server, user postgres), dropped afterwards.
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -9,7 +9,7 @@ use sqlx::postgres::{PgConnection, PgPoolOptions};
 
 /// The administrative URL tests create databases through.
 pub fn admin_url() -> String {
-    std::env::var("AURA_TEST_DATABASE_URL")
+    std::env::var("GATEWAY_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 

@@ -1,0 +1,318 @@
+//! Rate limits: per IP before auth, per actor after auth, shared through Redis with a local
+//! fallback.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aura_gateway::planes::build_data_plane_router;
+use aura_gateway::ratelimit::Rule;
+use aura_gateway::ratelimit::local::LocalBuckets;
+use aura_gateway::state::AppState;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use governor::clock::FakeRelativeClock;
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+
+use crate::support::fixture::{CountingStore, Fixture};
+use crate::support::gateway::{InProcess, client, test_config};
+use crate::support::nats_server::shared;
+use crate::support::redis_server::RedisServer;
+use crate::support::unique_prefix;
+
+fn from(peer: &str, request: http::request::Builder) -> Request<Body> {
+    let peer: SocketAddr = peer.parse().expect("addr");
+    let mut request = request.body(Body::empty()).expect("request");
+    request.extensions_mut().insert(ConnectInfo(peer));
+    request
+}
+
+#[tokio::test]
+async fn a_flood_from_one_ip_gets_the_burst_then_429_and_no_auth_work() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let counting = Arc::new(CountingStore::new(Arc::new(fx.file_store(dir.path()))));
+    let mut config = test_config("nats://127.0.0.1:1", "flood");
+    config.rate_limit.data_plane_per_ip.rate_per_second = 100;
+    config.rate_limit.data_plane_per_ip.burst = 1000;
+    let state = AppState::build_with_store(config, None, counting.clone())
+        .await
+        .expect("state");
+    let router = build_data_plane_router(state);
+    let started = Instant::now();
+    let (mut passed, mut limited) = (0, 0);
+    for i in 0..2_000 {
+        // A different unknown key each time: every request that gets past the limit costs a
+        // store lookup, so the lookups count the requests auth saw.
+        let key = format!("aura_pk_flood_{i:06}_0123456789abcdefghijklmnop");
+        let response = router
+            .clone()
+            .oneshot(from(
+                "198.51.100.20:5555",
+                Request::get("/v1/auth/user").header("apikey", key),
+            ))
+            .await
+            .expect("infallible");
+        match response.status() {
+            StatusCode::UNAUTHORIZED => passed += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                limited += 1;
+                assert!(response.headers().contains_key("retry-after"));
+                assert_eq!(response.headers()["ratelimit-limit"], "1000");
+                assert_eq!(response.headers()["ratelimit-remaining"], "0");
+                assert!(response.headers().contains_key("x-request-id"));
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let refill = (elapsed * 100.0).ceil() as i32;
+    assert!(
+        (1_000..=1_000 + refill + 1).contains(&passed),
+        "{passed} passed in {elapsed:.2} s (burst 1000, 100/s)"
+    );
+    assert_eq!(passed + limited, 2_000);
+    assert_eq!(
+        counting.total.load(std::sync::atomic::Ordering::SeqCst),
+        passed as usize,
+        "no auth work for limited requests"
+    );
+    // Another address is not affected.
+    let other = router
+        .clone()
+        .oneshot(from("198.51.100.21:5555", Request::get("/health")))
+        .await
+        .expect("infallible");
+    assert_eq!(other.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn forwarded_for_counts_only_from_trusted_proxies() {
+    let mut config = test_config("nats://127.0.0.1:1", "xff");
+    config.rate_limit.data_plane_per_ip.rate_per_second = 1;
+    config.rate_limit.data_plane_per_ip.burst = 5;
+    config.rate_limit.trusted_proxies = vec!["10.0.0.0/8".parse().expect("net")];
+    let state = AppState::build(config, None).await.expect("state");
+    let router = build_data_plane_router(state);
+    let send = |peer: &'static str, xff: String| {
+        router.clone().oneshot(from(
+            peer,
+            Request::get("/health").header("x-forwarded-for", xff),
+        ))
+    };
+    // An untrusted peer cannot spread itself over forged addresses.
+    let mut statuses = Vec::new();
+    for i in 0..10 {
+        statuses.push(
+            send("203.0.113.9:1", format!("192.0.2.{i}"))
+                .await
+                .expect("infallible")
+                .status(),
+        );
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
+        5,
+        "{statuses:?}"
+    );
+    // Behind a trusted proxy, each client has its own bucket.
+    for i in 0..10 {
+        let status = send("10.0.0.7:1", format!("6.6.6.6, 192.0.2.{i}"))
+            .await
+            .expect("infallible")
+            .status();
+        assert_eq!(status, StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn the_quota_stage_rule_is_enforced_per_key() {
+    let nats = shared();
+    let prefix = unique_prefix();
+    let mut config = test_config(&nats.url(), &prefix);
+    config.data_plane.plugins.quota.config =
+        serde_json::json!({ "rate_per_second": 1, "burst": 5 });
+    let gw = InProcess::start(config).await;
+    let c = client();
+    let mut remaining = Vec::new();
+    for _ in 0..5 {
+        let r = c.get(gw.data_url("/v1/auth/user")).send().await.expect("r");
+        assert_ne!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        remaining.push(
+            r.headers()["ratelimit-remaining"]
+                .to_str()
+                .expect("ascii")
+                .to_owned(),
+        );
+    }
+    assert_eq!(remaining, ["4", "3", "2", "1", "0"]);
+    let r = c.get(gw.data_url("/v1/auth/user")).send().await.expect("r");
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.headers().contains_key("retry-after"));
+    let body: serde_json::Value = r.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "rate_limited");
+    // Public paths without a key are exempt from the actor quota.
+    let r = reqwest::get(gw.data_url("/health")).await.expect("r");
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+/// Sends quota-checked requests until the gateway has used Redis once; returns how many of them
+/// Redis admitted (the last one).
+async fn wait_shared(gw: &InProcess, c: &reqwest::Client) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = c.get(gw.data_url("/v1/storage/x")).send().await.expect("r");
+        if gw.state.quotas.is_shared() {
+            return u32::from(r.status() == StatusCode::SERVICE_UNAVAILABLE);
+        }
+        assert!(Instant::now() < deadline, "Redis mode not reached");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn shared_config(redis: &RedisServer, burst: u32) -> aura_gateway::config::Config {
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.rate_limit.redis_url = Some(redis.url());
+    config.rate_limit.redis_retry_ms = 500;
+    config.data_plane.plugins.quota.config =
+        serde_json::json!({ "rate_per_second": 1, "burst": burst });
+    config
+}
+
+#[tokio::test]
+async fn two_instances_share_one_quota_through_redis() {
+    let redis = RedisServer::start();
+    let a = InProcess::start(shared_config(&redis, 200)).await;
+    let b = InProcess::start(shared_config(&redis, 200)).await;
+    let c = client();
+    let mut accepted = wait_shared(&a, &c).await + wait_shared(&b, &c).await;
+    for i in 0..600 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        let r = c.get(gw.data_url("/v1/storage/x")).send().await.expect("r");
+        match r.status() {
+            StatusCode::TOO_MANY_REQUESTS => {}
+            // Past the quota; no storage backend is configured, so it stops there.
+            StatusCode::SERVICE_UNAVAILABLE => accepted += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(
+        (190..=210).contains(&accepted),
+        "{accepted} accepted by two instances sharing a quota of 200"
+    );
+}
+
+#[tokio::test]
+async fn a_frozen_redis_falls_back_to_local_limits_and_sharing_resumes() {
+    let redis = RedisServer::start();
+    let gw = InProcess::start(shared_config(&redis, 100_000)).await;
+    let c = client();
+    wait_shared(&gw, &c).await;
+    redis.freeze();
+    let started = Instant::now();
+    let mut worst = Duration::ZERO;
+    for _ in 0..200 {
+        let t = Instant::now();
+        let r = c.get(gw.data_url("/health")).send().await.expect("r");
+        worst = worst.max(t.elapsed());
+        assert_eq!(r.status(), StatusCode::OK, "no error caused by Redis");
+        let r = c.get(gw.data_url("/v1/storage/x")).send().await.expect("r");
+        assert_eq!(
+            r.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "past the quota, no Redis error"
+        );
+        let body: serde_json::Value = r.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "backend_not_configured");
+    }
+    assert!(
+        !gw.state.quotas.is_shared(),
+        "limiting locally while Redis is frozen"
+    );
+    println!(
+        "redis frozen: 400 requests in {:.2} s, slowest {:.1} ms",
+        started.elapsed().as_secs_f64(),
+        worst.as_secs_f64() * 1000.0
+    );
+    redis.resume();
+    let resumed = Instant::now();
+    wait_shared(&gw, &c).await;
+    println!(
+        "shared again {:.2} s after Redis resumed",
+        resumed.elapsed().as_secs_f64()
+    );
+    assert!(resumed.elapsed() < Duration::from_secs(10));
+}
+
+/// A reference token bucket: `burst` tokens, `rate` per second, continuous refill.
+struct Model {
+    tokens: f64,
+    rate: f64,
+    burst: f64,
+}
+
+impl Model {
+    fn advance(&mut self, secs: f64) {
+        self.tokens = (self.tokens + secs * self.rate).min(self.burst);
+    }
+    fn take(&mut self, cost: f64) -> bool {
+        if self.tokens + 1e-9 >= cost {
+            self.tokens -= cost;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[test]
+fn the_local_limiter_behaves_like_a_token_bucket() {
+    let clock = FakeRelativeClock::default();
+    let buckets = LocalBuckets::with_clock(1_000, clock.clone());
+    let rule = |cost| Rule {
+        bucket: "k".into(),
+        rate_per_second: 10,
+        burst: 20,
+        cost,
+    };
+    let mut model = Model {
+        tokens: 20.0,
+        rate: 10.0,
+        burst: 20.0,
+    };
+    let mut seed: u64 = 0x1234_5678_9abc_def1;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut allowed, mut denied) = (0, 0);
+    for step in 0..5_000 {
+        let advance_ms = [0u64, 0, 0, 0, 0, 0, 10, 50, 100, 1_000][(next() % 10) as usize];
+        clock.advance(Duration::from_millis(advance_ms));
+        model.advance(advance_ms as f64 / 1000.0);
+        let cost = 1 + (next() % 3) as u32;
+        let decision = buckets.check(&rule(cost));
+        let expected = model.take(f64::from(cost));
+        assert_eq!(
+            decision.allowed, expected,
+            "step {step}: cost {cost}, model tokens {:.3}",
+            model.tokens
+        );
+        if decision.allowed {
+            allowed += 1;
+        } else {
+            denied += 1;
+            assert!(
+                decision.reset > Duration::ZERO,
+                "a denial says when to retry"
+            );
+        }
+    }
+    assert!(
+        allowed > 500 && denied > 500,
+        "both paths exercised: {allowed} / {denied}"
+    );
+}
