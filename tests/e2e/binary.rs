@@ -30,13 +30,7 @@ fn check_config(path: &Path) -> std::process::Output {
         .expect("run check-config")
 }
 
-const SECURITY_HEADERS: &[&str] = &[
-    "content-security-policy",
-    "x-content-type-options",
-    "referrer-policy",
-    "strict-transport-security",
-    "x-frame-options",
-];
+use crate::support::SECURITY_HEADERS;
 
 #[tokio::test]
 async fn the_example_config_serves_health_on_both_planes() {

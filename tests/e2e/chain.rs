@@ -8,13 +8,7 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tower::ServiceExt;
 
-const SECURITY_HEADERS: &[&str] = &[
-    "content-security-policy",
-    "x-content-type-options",
-    "referrer-policy",
-    "strict-transport-security",
-    "x-frame-options",
-];
+use crate::support::SECURITY_HEADERS;
 
 async fn state(config: Config) -> AppState {
     let store = std::sync::Arc::new(crate::support::gateway::e2e_store());

@@ -183,8 +183,13 @@ fn shared_config(redis: &RedisServer, burst: u32) -> aura_gateway::config::Confi
 #[tokio::test]
 async fn two_instances_share_one_quota_through_redis() {
     let redis = RedisServer::start();
-    let a = InProcess::start(shared_config(&redis, 200)).await;
-    let b = InProcess::start(shared_config(&redis, 200)).await;
+    // This test is about sharing, not the fallback: a loaded machine must not push it local.
+    let patient = |mut c: aura_gateway::config::Config| {
+        c.rate_limit.redis_timeout_ms = 2_000;
+        c
+    };
+    let a = InProcess::start(patient(shared_config(&redis, 200))).await;
+    let b = InProcess::start(patient(shared_config(&redis, 200))).await;
     let c = client();
     let mut accepted = wait_shared(&a, &c).await + wait_shared(&b, &c).await;
     for i in 0..600 {

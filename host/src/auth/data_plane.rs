@@ -3,8 +3,8 @@
 use http::request::Parts;
 use http::{HeaderValue, Method, Uri, header};
 
-use super::Authenticator;
 use super::keys::{key_label, plausible_key};
+use super::{Authenticator, bearer};
 use crate::actor::{Actor, Role};
 use crate::control::KeyRole;
 use crate::error::GatewayError;
@@ -52,15 +52,6 @@ pub fn strip_client_credentials(parts: &mut Parts) {
             parts.uri = new;
         }
     }
-}
-
-fn bearer(parts: &Parts) -> Option<&str> {
-    let value = parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
 }
 
 fn invalid_key(message: &str) -> GatewayError {

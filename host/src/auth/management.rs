@@ -1,12 +1,12 @@
 //! Management-plane authentication: a console JWT only, and the caller's organization role
 //! recomputed from the control store on every request (project → organization → membership).
 
+use http::Method;
 use http::request::Parts;
-use http::{Method, header};
 use uuid::Uuid;
 
 use super::data_plane::strip_client_credentials;
-use super::{Authenticator, store_failed};
+use super::{Authenticator, bearer, store_failed};
 use crate::actor::{Actor, Role};
 use crate::control::OrgRole;
 use crate::error::GatewayError;
@@ -71,15 +71,6 @@ pub fn required_role(method: &Method, path: &str) -> OrgRole {
     } else {
         OrgRole::ReadOnly
     }
-}
-
-fn bearer(parts: &Parts) -> Option<&str> {
-    let value = parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
 }
 
 fn not_found(what: &str) -> GatewayError {

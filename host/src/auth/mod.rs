@@ -34,6 +34,20 @@ pub struct Authenticator {
     console_jwt: Option<JwtVerifier>,
 }
 
+/// The token of an `Authorization: Bearer …` header, if any.
+pub(crate) fn bearer(parts: &http::request::Parts) -> Option<&str> {
+    let value = parts
+        .headers
+        .get(http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
 /// The answer to a control store failure: the request fails closed.
 pub fn store_failed(error: &StoreError) -> GatewayError {
     tracing::error!(error = %error, "control store lookup failed");

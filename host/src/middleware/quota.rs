@@ -6,7 +6,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::PlaneCtx;
-use super::rate_limit::{rate_limit_headers, too_many};
+use super::rate_limit::{count, rate_limit_headers, too_many};
 use crate::actor::Actor;
 use crate::error::GatewayError;
 use crate::policy::stages::QuotaDecision;
@@ -40,16 +40,7 @@ pub async fn per_actor(State(ctx): State<PlaneCtx>, request: Request, next: Next
         },
     };
     let decision = state.quotas.check(&rule).await;
-    let verdict = if decision.allowed {
-        "allowed"
-    } else {
-        "limited"
-    };
-    state
-        .metrics
-        .ratelimit_decisions
-        .with_label_values(&[ctx.plane.as_str(), "actor", verdict])
-        .inc();
+    count(&ctx, "actor", &decision);
     if !decision.allowed {
         return too_many(&decision);
     }

@@ -28,6 +28,20 @@ pub fn rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
     headers.insert("ratelimit-reset", HeaderValue::from(secs(decision.reset)));
 }
 
+/// Counts a decision in `aura_ratelimit_decisions_total`.
+pub fn count(ctx: &PlaneCtx, limiter: &str, decision: &Decision) {
+    let verdict = if decision.allowed {
+        "allowed"
+    } else {
+        "limited"
+    };
+    ctx.state
+        .metrics
+        .ratelimit_decisions
+        .with_label_values(&[ctx.plane.as_str(), limiter, verdict])
+        .inc();
+}
+
 /// The 429 answer of a denied decision.
 pub fn too_many(decision: &Decision) -> Response {
     let mut response = GatewayError::rate_limited(decision.reset).into_response();
@@ -50,16 +64,7 @@ pub async fn per_ip(State(ctx): State<PlaneCtx>, mut request: Request, next: Nex
     );
     request.extensions_mut().insert(ClientIp(ip));
     if let Some(decision) = state.ip_limiter(ctx.plane).check(ip) {
-        let verdict = if decision.allowed {
-            "allowed"
-        } else {
-            "limited"
-        };
-        state
-            .metrics
-            .ratelimit_decisions
-            .with_label_values(&[ctx.plane.as_str(), "ip", verdict])
-            .inc();
+        count(&ctx, "ip", &decision);
         if !decision.allowed {
             return too_many(&decision);
         }

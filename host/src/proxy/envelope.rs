@@ -10,7 +10,7 @@ use crate::actor::Actor;
 use crate::error::GatewayError;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: &[&str] = &[
+pub const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-authenticate",

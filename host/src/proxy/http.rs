@@ -23,25 +23,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::time::Instant;
 
-use super::envelope::{connection_named, query_without_apikey};
+use super::envelope::{HOP_BY_HOP, connection_named, query_without_apikey};
 use super::idle::{IdleBody, pump};
 use crate::actor::Actor;
 use crate::auth::data_plane::backend_headers;
 use crate::breaker::CircuitBreaker;
 use crate::config::UpstreamsConfig;
 use crate::error::GatewayError;
-
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
 
 /// Whether the request asks for a WebSocket upgrade.
 pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {

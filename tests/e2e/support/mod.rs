@@ -30,3 +30,12 @@ pub fn unique_prefix() -> String {
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// The security headers every response carries (CONTRACT §7).
+pub const SECURITY_HEADERS: &[&str] = &[
+    "content-security-policy",
+    "x-content-type-options",
+    "referrer-policy",
+    "strict-transport-security",
+    "x-frame-options",
+];
