@@ -1,7 +1,8 @@
 //! Prometheus metrics of the gateway, rendered on `GET /metrics`.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Every metric the gateway exports.
@@ -12,8 +13,14 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     /// Latency by plane and route group.
     pub latency: HistogramVec,
-    /// Policy plugin failures by plane, stage and kind.
+    /// Policy plugin calls by plane, stage and module digest.
+    pub plugin_calls: IntCounterVec,
+    /// Policy plugin failures by plane, stage, kind and module digest.
     pub plugin_failures: IntCounterVec,
+    /// Policy plugin call latency by plane and stage.
+    pub plugin_latency: HistogramVec,
+    /// Breaker state per service and failing PostgREST target: 0 closed, 1 half-open, 2 open.
+    pub breaker_state: IntGaugeVec,
     /// 1 while the NATS connection is up.
     pub nats_connected: IntGauge,
     /// Rate-limit decisions by plane, limiter (`ip`, `actor`) and decision.
@@ -46,12 +53,36 @@ impl Metrics {
             &["plane", "group"],
         )
         .expect("valid metric");
+        let plugin_calls = IntCounterVec::new(
+            Opts::new(
+                "plugin_calls_total",
+                "Policy plugin calls by plane, stage and module digest",
+            ),
+            &["plane", "stage", "digest"],
+        )
+        .expect("valid metric");
         let plugin_failures = IntCounterVec::new(
             Opts::new(
                 "plugin_failures_total",
-                "Policy plugin failures by plane, stage and kind",
+                "Policy plugin failures by plane, stage, kind (trap, deadline, memory, refused) and module digest",
             ),
-            &["plane", "stage", "kind"],
+            &["plane", "stage", "kind", "digest"],
+        )
+        .expect("valid metric");
+        let plugin_latency = HistogramVec::new(
+            HistogramOpts::new("plugin_call_duration_seconds", "Policy plugin call latency")
+                .buckets(vec![
+                    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3, 1e-2, 0.1,
+                ]),
+            &["plane", "stage"],
+        )
+        .expect("valid metric");
+        let breaker_state = IntGaugeVec::new(
+            Opts::new(
+                "breaker_state",
+                "Circuit breaker state (0 closed, 1 half-open, 2 open) per service and per failing PostgREST target",
+            ),
+            &["breaker"],
         )
         .expect("valid metric");
         let nats_connected = IntGauge::new("nats_connected", "1 while the NATS connection is up")
@@ -74,7 +105,10 @@ impl Metrics {
             Box::new(ratelimit_shared.clone()),
             Box::new(requests.clone()),
             Box::new(latency.clone()),
+            Box::new(plugin_calls.clone()),
             Box::new(plugin_failures.clone()),
+            Box::new(plugin_latency.clone()),
+            Box::new(breaker_state.clone()),
             Box::new(nats_connected.clone()),
         ] {
             registry.register(c).expect("registered once");
@@ -83,7 +117,10 @@ impl Metrics {
             registry,
             requests,
             latency,
+            plugin_calls,
             plugin_failures,
+            plugin_latency,
+            breaker_state,
             nats_connected,
             ratelimit_decisions,
             ratelimit_shared,

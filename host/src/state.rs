@@ -120,6 +120,7 @@ impl AppState {
         ];
         let quotas = QuotaLimiter::new(rl, metrics.clone());
         let runtime = PolicyEngine::new(&config.plugins)?;
+        runtime.set_metrics(metrics.clone());
         let policies = Policies::load(&runtime, &config, base)?;
         let nats = NatsTransport::connect(&config.nats).await?;
         Ok(Self(Arc::new(StateInner {
@@ -149,15 +150,29 @@ impl AppState {
         }
     }
 
-    /// Counts a plugin failure and gives the fail-closed answer for it.
+    /// The fail-closed answer to a plugin failure (counted and logged by the runtime).
     pub fn plugin_failed(&self, error: &PluginError) -> GatewayError {
-        let stage = error.stage().map(|s| s.key()).unwrap_or("unknown");
-        if let PluginError::Call { plane, kind, .. } = error {
+        GatewayError::policy_failed(error.stage().map(|s| s.key()).unwrap_or("unknown"))
+    }
+
+    /// Brings the gauges that are read rather than counted up to date (before a scrape).
+    pub fn refresh_gauges(&self) {
+        self.metrics
+            .nats_connected
+            .set(i64::from(self.nats.is_connected()));
+        // Targets that closed again disappear from the gauge: start from scratch.
+        self.metrics.breaker_state.reset();
+        for (target, state) in self.breakers.postgrest.not_closed() {
             self.metrics
-                .plugin_failures
-                .with_label_values(&[plane.as_str(), stage, kind.as_str()])
-                .inc();
+                .breaker_state
+                .with_label_values(&[&format!("postgrest:{target}")])
+                .set(state.as_gauge());
         }
-        GatewayError::policy_failed(stage)
+        for (service, breaker) in self.breakers.services() {
+            self.metrics
+                .breaker_state
+                .with_label_values(&[service.name()])
+                .set(breaker.state().as_gauge());
+        }
     }
 }

@@ -11,6 +11,7 @@ mod hostile;
 mod identity;
 mod jwks;
 mod nats;
+mod operability;
 mod plugins;
 mod ratelimit;
 mod timeouts;

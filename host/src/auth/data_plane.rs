@@ -120,8 +120,10 @@ pub async fn authenticate(
     actor.key_id = Some(record.id.to_string());
     actor.plan = project.map(|p| p.plan.clone());
 
-    // Optional user JWT. A bearer equal to the API key is the SDK sending the key twice.
-    if let Some(token) = bearer(parts).filter(|t| *t != key) {
+    // Optional user JWT. A bearer equal to the API key is the SDK sending the key twice. On
+    // `/metrics` the bearer is the metrics token, checked by its own guard.
+    let metrics = parts.uri.path() == crate::middleware::metrics_auth::METRICS_PATH;
+    if let Some(token) = bearer(parts).filter(|t| *t != key && !metrics) {
         let verifier = auth.user_jwt.as_ref().ok_or_else(|| {
             GatewayError::unauthorized("invalid_token", "user tokens are not accepted here")
         })?;
@@ -137,7 +139,7 @@ pub async fn authenticate(
         }
         actor.role = Role::Authenticated;
         actor.user_id = Some(claims.subject);
-    } else if bearer(parts).is_some() {
+    } else if bearer(parts).is_some() && !metrics {
         // The key sent again as a bearer: not a user token, and not forwarded as one.
         parts.headers.remove(header::AUTHORIZATION);
     }

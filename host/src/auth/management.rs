@@ -40,7 +40,7 @@ const SERVICE_PREFIXES: &[&str] = &[
 
 /// The scope of a path.
 pub fn scope_of(path: &str) -> Scope {
-    if path == "/health" {
+    if path == "/health" || path == "/ready" {
         return Scope::Public;
     }
     if let Some(rest) = path.strip_prefix("/v1/organizations/") {

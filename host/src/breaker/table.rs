@@ -88,6 +88,15 @@ impl BreakerTable {
         before - entries.len()
     }
 
+    /// Targets whose breaker is not closed, with their state.
+    pub fn not_closed(&self) -> Vec<(String, BreakerState)> {
+        self.lock()
+            .iter()
+            .map(|(k, e)| (k.clone(), e.breaker.state()))
+            .filter(|(_, s)| *s != BreakerState::Closed)
+            .collect()
+    }
+
     /// Entries held.
     pub fn len(&self) -> usize {
         self.lock().len()

@@ -24,10 +24,7 @@ fn extra_routes() -> Router<AppState> {
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    state
-        .metrics
-        .nats_connected
-        .set(i64::from(state.nats.is_connected()));
+    state.refresh_gauges();
     (
         [(
             header::CONTENT_TYPE,

@@ -28,6 +28,7 @@ macro_rules! to {
 fn extra_routes() -> Router<AppState> {
     Router::new()
         .merge(health())
+        .route("/ready", get(ready))
         .route(
             "/v1/organizations/{org_id}/projects",
             to!(post, Service::Provisioner),
@@ -41,6 +42,40 @@ fn extra_routes() -> Router<AppState> {
             "/v1/projects/{project_ref}/logs",
             to!(get, Service::Control),
         )
+}
+
+/// `GET /ready`: which dependencies are up. 503 while a required one (NATS, the control store)
+/// is down; Redis is reported but not required (quotas fall back to local limits).
+async fn ready(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let nats = state.nats.is_connected();
+    let store = matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(1), state.auth.store.ping()).await,
+        Ok(Ok(()))
+    );
+    let redis = match state.quotas.redis_up().await {
+        None => "not_configured",
+        Some(true) => "up",
+        Some(false) => "down",
+    };
+    let up = |ok: bool| if ok { "up" } else { "down" };
+    let checks = serde_json::json!({
+        "nats": up(nats),
+        "control_store": up(store),
+        "redis": redis,
+    });
+    if nats && store {
+        axum::Json(serde_json::json!({ "status": "ready", "checks": checks })).into_response()
+    } else {
+        let body = serde_json::json!({
+            "error": { "code": "not_ready", "message": "a required dependency is down" },
+            "status": "not_ready",
+            "checks": checks,
+        });
+        (http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+    }
 }
 
 /// Builds the management-plane router: service routes plus the management extras, under the

@@ -36,6 +36,7 @@ pub struct PluginState {
 pub struct PolicyEngine {
     engine: Engine,
     settings: PluginRuntimeConfig,
+    metrics: std::sync::OnceLock<crate::metrics::Metrics>,
     ticker_stop: Arc<AtomicBool>,
     ticker: Mutex<Option<JoinHandle<()>>>,
 }
@@ -85,9 +86,15 @@ impl PolicyEngine {
         Ok(Arc::new(Self {
             engine,
             settings: settings.clone(),
+            metrics: std::sync::OnceLock::new(),
             ticker_stop,
             ticker: Mutex::new(Some(ticker)),
         }))
+    }
+
+    /// Where calls, failures and latencies are counted from now on.
+    pub fn set_metrics(&self, metrics: crate::metrics::Metrics) {
+        let _ = self.metrics.set(metrics);
     }
 
     /// The runtime settings.
@@ -273,6 +280,19 @@ impl<W: StageWorld> StageModule<W> {
         }
     }
 
+    fn count_failure(&self, kind: FailureKind) {
+        if let Some(m) = self.runtime.metrics.get() {
+            m.plugin_failures
+                .with_label_values(&[
+                    self.plane.as_str(),
+                    W::STAGE.key(),
+                    kind.as_str(),
+                    &self.digest,
+                ])
+                .inc();
+        }
+    }
+
     fn failure(&self, kind: FailureKind, reason: String) -> PluginError {
         PluginError::Call {
             stage: W::STAGE,
@@ -299,12 +319,27 @@ impl<W: StageWorld> StageModule<W> {
         };
         let mut slot = match reused {
             Some(slot) => slot,
-            None => self.new_slot().inspect_err(|e| e.log())?,
+            None => self.new_slot().inspect_err(|e| {
+                e.log();
+                if let Some(kind) = e.kind() {
+                    self.count_failure(kind);
+                }
+            })?,
         };
         slot.store.data_mut().limiter.memory_exceeded = false;
         slot.store.set_epoch_deadline(self.runtime.deadline_ticks());
         let started = Instant::now();
-        match f(&slot.bindings, &mut slot.store) {
+        let result = f(&slot.bindings, &mut slot.store);
+        if let Some(m) = self.runtime.metrics.get() {
+            let (plane, stage) = (self.plane.as_str(), W::STAGE.key());
+            m.plugin_calls
+                .with_label_values(&[plane, stage, &self.digest])
+                .inc();
+            m.plugin_latency
+                .with_label_values(&[plane, stage])
+                .observe(started.elapsed().as_secs_f64());
+        }
+        match result {
             Ok(value) => {
                 if pooled {
                     self.put_back(slot);
@@ -318,6 +353,7 @@ impl<W: StageWorld> StageModule<W> {
                     format!("{e:#} (after {} µs)", started.elapsed().as_micros()),
                 );
                 error.log();
+                self.count_failure(kind);
                 Err(error)
             }
         }

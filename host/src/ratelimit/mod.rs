@@ -163,6 +163,20 @@ impl QuotaLimiter {
         this
     }
 
+    /// `None` without Redis; otherwise whether it answers a PING within the timeout.
+    pub async fn redis_up(&self) -> Option<bool> {
+        if !self.configured {
+            return None;
+        }
+        let Some(window) = self.redis.load_full() else {
+            return Some(false);
+        };
+        Some(matches!(
+            tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), window.ping()).await,
+            Ok(Ok(()))
+        ))
+    }
+
     /// Whether quotas are currently shared through Redis.
     pub fn is_shared(&self) -> bool {
         self.shared_mode.load(Ordering::Relaxed)

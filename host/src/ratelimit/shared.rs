@@ -76,6 +76,15 @@ impl RedisWindow {
         })
     }
 
+    /// Checks that Redis answers.
+    pub async fn ping(&self) -> Result<(), redis::RedisError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(|_| ())
+    }
+
     /// Takes `rule.cost` slots of the rule's window in Redis.
     pub async fn check(&self, rule: &Rule) -> Result<Decision, redis::RedisError> {
         let rate = rule.rate_per_second.max(1);
