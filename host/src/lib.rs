@@ -8,6 +8,7 @@ pub mod auth;
 pub mod breaker;
 pub mod config;
 pub mod control;
+pub mod dev;
 pub mod error;
 pub mod metrics;
 pub mod middleware;

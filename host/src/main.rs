@@ -37,6 +37,19 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Start a local gateway with a demo project, keys, tokens and demo backends, and print
+    /// example requests.
+    Dev {
+        /// TOML configuration file (optional; the demo replaces the control store and secrets).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Data-plane port.
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// Management-plane port.
+        #[arg(long, default_value_t = 8001)]
+        management_port: u16,
+    },
     /// Apply the control-store migrations (schema aura_control) to a PostgreSQL database.
     Migrate {
         /// postgres://user@host/db
@@ -87,6 +100,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve { config } => runtime.block_on(serve(config)),
         Command::CheckConfig { config } => check_config(config),
+        Command::Dev {
+            config,
+            port,
+            management_port,
+        } => runtime.block_on(dev(config, port, management_port)),
         Command::Migrate { database_url } => runtime.block_on(migrate(database_url)),
         Command::Keys { command, config } => runtime.block_on(keys(command, config)),
     };
@@ -111,6 +129,18 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
     let state = AppState::build(config.clone(), base).await?;
     let (data, management) = server::bind(&config).await?;
     server::serve(state, data, management, server::shutdown_signal()).await
+}
+
+async fn dev(path: Option<PathBuf>, port: u16, management_port: u16) -> anyhow::Result<()> {
+    let mut config = load(path.as_ref())?;
+    config.host = "127.0.0.1".into();
+    config.port = port;
+    config.management_port = management_port;
+    if path.is_none() {
+        config.log.level = "warn".into();
+    }
+    telemetry::init(&config.log);
+    aura_gateway::dev::run(config).await
 }
 
 async fn migrate(database_url: String) -> anyhow::Result<()> {

@@ -374,3 +374,89 @@ async fn migrate_creates_the_control_schema() {
         .expect("migrate");
     assert!(again.status.success(), "migrations are idempotent");
 }
+
+#[tokio::test]
+async fn dev_prints_requests_that_work_exactly_as_printed() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        &format!(
+            "[nats]\nurl = {:?}\n[log]\nlevel = \"warn\"\n",
+            shared().url()
+        ),
+    );
+    let (port, management_port) = (crate::support::free_port(), crate::support::free_port());
+    let mut child = Command::new(binary())
+        .args([
+            "dev",
+            "--port",
+            &port.to_string(),
+            "--management-port",
+            &management_port.to_string(),
+            "--config",
+        ])
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("dev");
+    let stdout = child.stdout.take().expect("stdout");
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("line");
+            let done = line.starts_with("Ctrl-C");
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+        lines
+    })
+    .await
+    .expect("join");
+    let commands: Vec<&str> = lines
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| l.starts_with("curl "))
+        .collect();
+    assert!(commands.len() >= 8, "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("anon key:") && l.contains("aura_pk_"))
+    );
+    assert!(lines.iter().any(|l| l.contains("console token:")));
+    for command in commands {
+        let streaming = command.starts_with("curl -N");
+        let shell = if streaming {
+            format!("{command} --max-time 2 2>/dev/null; true")
+        } else {
+            format!("{command} -s -o /dev/null -w '%{{http_code}}' --max-time 5")
+        };
+        let out = Command::new("bash")
+            .args(["-c", &shell])
+            .output()
+            .expect("curl");
+        let out = String::from_utf8_lossy(&out.stdout).to_string();
+        if streaming {
+            assert!(out.contains("event: tick"), "{command}: {out}");
+        } else {
+            assert_eq!(out, "200", "{command}");
+        }
+    }
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+}
