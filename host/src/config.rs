@@ -34,6 +34,8 @@ pub struct Config {
     pub log: LogConfig,
     /// The `/metrics` endpoint.
     pub metrics: MetricsConfig,
+    /// OpenTelemetry trace export.
+    pub tracing: TracingConfig,
     /// The WebAssembly policy runtime.
     pub plugins: PluginRuntimeConfig,
     /// The control store (projects, organizations, members, API keys).
@@ -63,6 +65,7 @@ impl Default for Config {
             nats: NatsConfig::default(),
             log: LogConfig::default(),
             metrics: MetricsConfig::default(),
+            tracing: TracingConfig::default(),
             plugins: PluginRuntimeConfig::default(),
             control: ControlConfig::default(),
             auth: AuthConfig::default(),
@@ -184,6 +187,26 @@ impl Default for LogConfig {
         Self {
             format: LogFormat::Text,
             level: "info".to_owned(),
+        }
+    }
+}
+
+/// Trace export.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// OTLP/HTTP endpoint of a collector (`http://collector:4318`); spans go to
+    /// `{endpoint}/v1/traces`. None: no export.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: "aura-gateway".to_owned(),
         }
     }
 }
@@ -695,6 +718,11 @@ impl Config {
         }
         if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.log.level) {
             return Err(problem("log.level", format!("not a valid filter: {e}")));
+        }
+        if let Some(endpoint) = &self.tracing.otlp_endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            return Err(problem("tracing.otlp_endpoint", "must be an http(s) URL"));
         }
         if let Some(token) = &self.metrics.token
             && token.len() < 16

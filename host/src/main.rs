@@ -98,13 +98,21 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Serve { config } => runtime.block_on(serve(config)),
+        Command::Serve { config } => load(config.as_ref()).and_then(|loaded| {
+            // Outside the async runtime: the trace exporter's HTTP client must be created and
+            // dropped there.
+            let _telemetry = telemetry::init(&loaded.log, &loaded.tracing)?;
+            runtime.block_on(serve(config, loaded))
+        }),
         Command::CheckConfig { config } => check_config(config),
         Command::Dev {
             config,
             port,
             management_port,
-        } => runtime.block_on(dev(config, port, management_port)),
+        } => dev_config(config, port, management_port).and_then(|loaded| {
+            let _telemetry = telemetry::init(&loaded.log, &loaded.tracing)?;
+            runtime.block_on(aura_gateway::dev::run(loaded))
+        }),
         Command::Migrate { database_url } => runtime.block_on(migrate(database_url)),
         Command::Keys { command, config } => runtime.block_on(keys(command, config)),
     };
@@ -122,16 +130,14 @@ fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
     Ok(Config::load(path.map(PathBuf::as_path))?)
 }
 
-async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
-    let config = load(path.as_ref())?;
-    telemetry::init(&config.log);
+async fn serve(path: Option<PathBuf>, config: Config) -> anyhow::Result<()> {
     let base = path.as_deref().and_then(|p| p.parent());
     let state = AppState::build(config.clone(), base).await?;
     let (data, management) = server::bind(&config).await?;
     server::serve(state, data, management, server::shutdown_signal()).await
 }
 
-async fn dev(path: Option<PathBuf>, port: u16, management_port: u16) -> anyhow::Result<()> {
+fn dev_config(path: Option<PathBuf>, port: u16, management_port: u16) -> anyhow::Result<Config> {
     let mut config = load(path.as_ref())?;
     config.host = "127.0.0.1".into();
     config.port = port;
@@ -139,8 +145,7 @@ async fn dev(path: Option<PathBuf>, port: u16, management_port: u16) -> anyhow::
     if path.is_none() {
         config.log.level = "warn".into();
     }
-    telemetry::init(&config.log);
-    aura_gateway::dev::run(config).await
+    Ok(config)
 }
 
 async fn migrate(database_url: String) -> anyhow::Result<()> {

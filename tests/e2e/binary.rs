@@ -460,3 +460,52 @@ async fn dev_prints_requests_that_work_exactly_as_printed() {
         .expect("wait");
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn spans_are_exported_over_otlp_with_the_request_id() {
+    let bodies: std::sync::Arc<std::sync::Mutex<Vec<u8>>> = Default::default();
+    let sink = bodies.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            sink.lock().expect("lock").extend_from_slice(&body);
+            async { "" }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let collector = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        &format!(
+            "[tracing]\notlp_endpoint = \"http://{collector}\"\nservice_name = \"aura-gateway-e2e\"\n"
+        ),
+    );
+    let mut gw = Process::serve(&path, dir.path());
+    let r = reqwest::get(gw.data_url("/health")).await.expect("health");
+    let id = r.headers()["x-request-id"].to_str().expect("id").to_owned();
+    let pid = gw.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let status = tokio::task::spawn_blocking(move || gw.child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success());
+    let exported = String::from_utf8_lossy(&bodies.lock().expect("lock")).to_string();
+    assert!(
+        exported.contains(&id),
+        "the request span carries the request id"
+    );
+    assert!(exported.contains("aura-gateway-e2e"), "service.name");
+    assert!(exported.contains("request"), "the request span");
+}
