@@ -523,6 +523,18 @@ pub struct PluginRuntimeConfig {
     pub memory_limit_bytes: usize,
     /// Idle instances kept per loaded module (pooled mode).
     pub max_idle_instances: usize,
+    /// Reload the plugin sections when the config file or a module file changes (SIGHUP always
+    /// reloads).
+    pub watch: bool,
+    /// How often the config and module files are checked for changes, in milliseconds.
+    pub watch_interval_ms: u64,
+    /// A swapped-in module failing (trap, deadline, memory) on more than this share of its
+    /// calls within `rollback_window_secs` is replaced by the previous modules.
+    pub rollback_failure_ratio: f64,
+    /// The window of `rollback_failure_ratio`, in seconds.
+    pub rollback_window_secs: u64,
+    /// Calls a window needs before the ratio is judged.
+    pub rollback_min_calls: u64,
 }
 
 impl Default for PluginRuntimeConfig {
@@ -532,6 +544,11 @@ impl Default for PluginRuntimeConfig {
             call_deadline_ms: 20,
             memory_limit_bytes: 16 * 1024 * 1024,
             max_idle_instances: 16,
+            watch: true,
+            watch_interval_ms: 1_000,
+            rollback_failure_ratio: 0.5,
+            rollback_window_secs: 10,
+            rollback_min_calls: 20,
         }
     }
 }
@@ -740,6 +757,18 @@ impl Config {
             return Err(problem(
                 "plugins.memory_limit_bytes",
                 "must be between 1 MiB (1048576) and 1 GiB (1073741824)",
+            ));
+        }
+        if !(p.rollback_failure_ratio > 0.0 && p.rollback_failure_ratio <= 1.0) {
+            return Err(problem(
+                "plugins.rollback_failure_ratio",
+                "must be in (0, 1]",
+            ));
+        }
+        if p.rollback_window_secs == 0 || p.rollback_min_calls == 0 || p.watch_interval_ms == 0 {
+            return Err(problem(
+                "plugins",
+                "rollback_window_secs, rollback_min_calls and watch_interval_ms must be at least 1",
             ));
         }
         if p.max_idle_instances == 0 {

@@ -17,6 +17,7 @@ pub mod planes;
 pub mod policy;
 pub mod proxy;
 pub mod ratelimit;
+pub mod reload;
 pub mod route_group;
 pub mod server;
 pub mod state;

@@ -50,6 +50,11 @@ enum Command {
         #[arg(long, default_value_t = 8001)]
         management_port: u16,
     },
+    /// Tools for plugin authors.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
     /// Apply the control-store migrations (schema aura_control) to a PostgreSQL database.
     Migrate {
         /// postgres://user@host/db
@@ -62,6 +67,25 @@ enum Command {
         command: KeysCommand,
         /// TOML configuration file naming the control store.
         #[arg(long, short, global = true)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Load a component as a stage's module — exports, configuration, conformance vectors —
+    /// and print per-call time and memory. Exit 0 when it passes.
+    Check {
+        /// The component (.wasm).
+        file: PathBuf,
+        /// api_key, cors, quota or db_routing.
+        #[arg(long, value_parser = ["api_key", "cors", "quota", "db_routing"])]
+        stage: String,
+        /// data or management.
+        #[arg(long, default_value = "data", value_parser = ["data", "management"])]
+        plane: String,
+        /// The stage's configuration, as a TOML or JSON file.
+        #[arg(long)]
         config: Option<PathBuf>,
     },
 }
@@ -113,6 +137,15 @@ fn main() -> ExitCode {
             let _telemetry = telemetry::init(&loaded.log, &loaded.tracing)?;
             runtime.block_on(aura_gateway::dev::run(loaded))
         }),
+        Command::Plugin {
+            command:
+                PluginCommand::Check {
+                    file,
+                    stage,
+                    plane,
+                    config,
+                },
+        } => plugin_check(&file, &stage, &plane, config.as_deref()),
         Command::Migrate { database_url } => runtime.block_on(migrate(database_url)),
         Command::Keys { command, config } => runtime.block_on(keys(command, config)),
     };
@@ -133,6 +166,12 @@ fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
 async fn serve(path: Option<PathBuf>, config: Config) -> anyhow::Result<()> {
     let base = path.as_deref().and_then(|p| p.parent());
     let state = AppState::build(config.clone(), base).await?;
+    if let Some(path) = &path {
+        let _ = state
+            .config_path
+            .set(std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()));
+    }
+    aura_gateway::reload::spawn_triggers(&state);
     let (data, management) = server::bind(&config).await?;
     server::serve(state, data, management, server::shutdown_signal()).await
 }
@@ -188,11 +227,64 @@ async fn keys(command: KeysCommand, path: Option<PathBuf>) -> anyhow::Result<()>
     Ok(())
 }
 
+fn plugin_check(
+    file: &std::path::Path,
+    stage: &str,
+    plane: &str,
+    stage_config: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let config_value: serde_json::Value = match stage_config {
+        None => serde_json::json!({}),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            if path.extension().is_some_and(|e| e == "json") {
+                serde_json::from_str(&text)?
+            } else {
+                serde_json::to_value(toml::from_str::<toml::Value>(&text)?)?
+            }
+        }
+    };
+    let mut config = Config::default();
+    let module = std::fs::canonicalize(file)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?
+        .display()
+        .to_string();
+    let d = &mut config.data_plane.plugins;
+    let m = &mut config.management_plane.plugins;
+    let target = match (plane, stage) {
+        ("data", "api_key") => &mut d.api_key,
+        ("data", "cors") => &mut d.cors,
+        ("data", "quota") => &mut d.quota,
+        ("data", "db_routing") => &mut d.db_routing,
+        ("management", "cors") => &mut m.cors,
+        ("management", "quota") => &mut m.quota,
+        ("management", "db_routing") => &mut m.db_routing,
+        _ => anyhow::bail!("the {plane} plane has no {stage} stage"),
+    };
+    target.module = module;
+    target.config = config_value;
+    let runtime = PolicyEngine::new(&config.plugins)?;
+    let policies = Policies::load(&runtime, &config, None)?;
+    let reports = aura_gateway::policy::conformance::check(&policies)?;
+    for report in reports
+        .iter()
+        .filter(|r| r.stage.key() == stage && r.plane.as_str() == plane)
+    {
+        println!("{report}");
+    }
+    println!("plugin check passed");
+    Ok(())
+}
+
 fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {
     let config = load(path.as_ref())?;
     let runtime = PolicyEngine::new(&config.plugins)?;
     let base = path.as_deref().and_then(|p| p.parent());
-    Policies::load(&runtime, &config, base)?;
+    let policies = Policies::load(&runtime, &config, base)?;
+    for report in aura_gateway::policy::conformance::check(&policies)? {
+        println!("{report}");
+    }
     println!("configuration OK");
     Ok(())
 }

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub plugin_failures: IntCounterVec,
     /// Policy plugin call latency by plane and stage.
     pub plugin_latency: HistogramVec,
+    /// Policy reloads by result (`applied`, `refused`) and automatic rollbacks (`rolled_back`).
+    pub policy_reloads: IntCounterVec,
     /// Breaker state per service and failing PostgREST target: 0 closed, 1 half-open, 2 open.
     pub breaker_state: IntGaugeVec,
     /// 1 while the NATS connection is up.
@@ -77,6 +79,14 @@ impl Metrics {
             &["plane", "stage"],
         )
         .expect("valid metric");
+        let policy_reloads = IntCounterVec::new(
+            Opts::new(
+                "policy_reloads_total",
+                "Policy module reloads by result: applied, refused, rolled_back",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
         let breaker_state = IntGaugeVec::new(
             Opts::new(
                 "breaker_state",
@@ -109,6 +119,7 @@ impl Metrics {
             Box::new(plugin_failures.clone()),
             Box::new(plugin_latency.clone()),
             Box::new(breaker_state.clone()),
+            Box::new(policy_reloads.clone()),
             Box::new(nats_connected.clone()),
         ] {
             registry.register(c).expect("registered once");
@@ -121,6 +132,7 @@ impl Metrics {
             plugin_failures,
             plugin_latency,
             breaker_state,
+            policy_reloads,
             nats_connected,
             ratelimit_decisions,
             ratelimit_shared,

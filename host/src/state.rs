@@ -15,7 +15,7 @@ use crate::config::{BreakerConfig, Config};
 use crate::control::{self, ControlStore};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::policy::{PluginError, Policies, PolicyEngine};
+use crate::policy::{PluginError, Policies, PolicyEngine, PolicySnapshot};
 use crate::proxy::http::HttpTransport;
 use crate::proxy::nats::NatsTransport;
 use crate::proxy::service::Service;
@@ -36,6 +36,9 @@ pub struct StateInner {
     /// The plugin runtime.
     pub runtime: Arc<PolicyEngine>,
     policies: ArcSwap<Policies>,
+    previous_policies: arc_swap::ArcSwapOption<Policies>,
+    /// The config file, for reloads of the plugin sections.
+    pub config_path: std::sync::OnceLock<std::path::PathBuf>,
     /// Prometheus metrics.
     pub metrics: Metrics,
     /// Credentials: the control store, key cache, JWT verifiers.
@@ -122,12 +125,15 @@ impl AppState {
         let runtime = PolicyEngine::new(&config.plugins)?;
         runtime.set_metrics(metrics.clone());
         let policies = Policies::load(&runtime, &config, base)?;
+        crate::policy::conformance::check(&policies)?;
         let nats = NatsTransport::connect(&config.nats).await?;
         Ok(Self(Arc::new(StateInner {
             config,
             nats,
             runtime,
             policies: ArcSwap::from_pointee(policies),
+            previous_policies: arc_swap::ArcSwapOption::empty(),
+            config_path: std::sync::OnceLock::new(),
             metrics,
             ip_limits,
             quotas,
@@ -137,9 +143,36 @@ impl AppState {
         })))
     }
 
-    /// The policy modules in force now. A request keeps the ones it started with.
+    /// The policy modules in force now.
     pub fn policies(&self) -> Arc<Policies> {
         self.policies.load_full()
+    }
+
+    /// The policy modules a request started with (see [`PolicySnapshot`]), or the current ones.
+    pub fn policies_of(&self, extensions: &http::Extensions) -> Arc<Policies> {
+        extensions
+            .get::<PolicySnapshot>()
+            .map(|s| s.0.clone())
+            .unwrap_or_else(|| self.policies())
+    }
+
+    /// Puts `policies` in force atomically; the ones replaced are kept for a rollback.
+    pub fn swap_policies(&self, policies: Policies) {
+        policies.reset_health();
+        let old = self.policies.swap(Arc::new(policies));
+        self.previous_policies.store(Some(old));
+    }
+
+    /// Puts the previous policies back in force (automatic rollback). Returns false when there
+    /// is nothing to roll back to.
+    pub fn roll_back_policies(&self) -> bool {
+        match self.previous_policies.swap(None) {
+            Some(previous) => {
+                self.policies.store(previous);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The per-IP limiter of `plane`.
@@ -150,8 +183,19 @@ impl AppState {
         }
     }
 
-    /// The fail-closed answer to a plugin failure (counted and logged by the runtime).
+    /// The fail-closed answer to a plugin failure (counted and logged by the runtime). A
+    /// swapped-in module failing too often is replaced by the previous modules here.
     pub fn plugin_failed(&self, error: &PluginError) -> GatewayError {
+        if self.runtime.take_rollback_request() && self.roll_back_policies() {
+            tracing::error!(
+                error = %error,
+                "a swapped-in policy module fails too often; the previous modules are back in force"
+            );
+            self.metrics
+                .policy_reloads
+                .with_label_values(&["rolled_back"])
+                .inc();
+        }
         GatewayError::policy_failed(error.stage().map(|s| s.key()).unwrap_or("unknown"))
     }
 

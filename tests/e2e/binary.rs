@@ -509,3 +509,51 @@ async fn spans_are_exported_over_otlp_with_the_request_id() {
     assert!(exported.contains("aura-gateway-e2e"), "service.name");
     assert!(exported.contains("request"), "the request span");
 }
+
+#[test]
+fn plugin_check_passes_a_good_module_and_names_what_is_wrong_with_a_bad_one() {
+    let ok = Command::new(binary())
+        .args(["plugin", "check", TESTING_PLUGIN_PATH, "--stage", "cors"])
+        .output()
+        .expect("plugin check");
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(stdout.contains("data_plane.plugins.cors"), "{stdout}");
+    assert!(
+        stdout.contains("median") && stdout.contains("memory"),
+        "per-call time and memory: {stdout}"
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let refusing = dir.path().join("refuse.toml");
+    std::fs::write(&refusing, "refuse = true\n").expect("write");
+    let out = Command::new(binary())
+        .args([
+            "plugin",
+            "check",
+            TESTING_PLUGIN_PATH,
+            "--stage",
+            "cors",
+            "--config",
+        ])
+        .arg(&refusing)
+        .output()
+        .expect("plugin check");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("refused as asked"));
+
+    let quota = dir.path().join("quota.wasm");
+    std::fs::write(&quota, aura_gateway::policy::builtin::QUOTA).expect("write");
+    let out = Command::new(binary())
+        .args(["plugin", "check"])
+        .arg(&quota)
+        .args(["--stage", "cors"])
+        .output()
+        .expect("plugin check");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not export the cors stage world"));
+}

@@ -8,6 +8,7 @@ mod binary;
 mod chain;
 mod control_store;
 mod hostile;
+mod hot_swap;
 mod identity;
 mod jwks;
 mod nats;

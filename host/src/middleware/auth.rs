@@ -19,7 +19,7 @@ pub async fn authenticate(State(ctx): State<PlaneCtx>, request: Request, next: N
     let state = &ctx.state;
     let result = match ctx.plane {
         Plane::Data => {
-            let policies = state.policies();
+            let policies = state.policies_of(&parts.extensions);
             match policies.data.api_key.as_ref() {
                 Some(stage) => {
                     data_plane::authenticate(&state.auth, stage, &mut parts, |e| {

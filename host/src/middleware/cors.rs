@@ -83,7 +83,12 @@ fn edge(mut response: Response) -> Response {
 }
 
 /// The layer.
-pub async fn cors(State(ctx): State<PlaneCtx>, request: Request, next: Next) -> Response {
+pub async fn cors(State(ctx): State<PlaneCtx>, mut request: Request, next: Next) -> Response {
+    // The modules this request starts with; every later stage of it uses the same ones.
+    let policies = ctx.state.policies();
+    request
+        .extensions_mut()
+        .insert(crate::policy::PolicySnapshot(policies.clone()));
     let Some(origin) = request
         .headers()
         .get(header::ORIGIN)
@@ -105,7 +110,6 @@ pub async fn cors(State(ctx): State<PlaneCtx>, request: Request, next: Next) -> 
         let request_method = header_str(header::ACCESS_CONTROL_REQUEST_METHOD);
         let request_headers = header_str(header::ACCESS_CONTROL_REQUEST_HEADERS);
         let preflight = request.method() == Method::OPTIONS && request_method.is_some();
-        let policies = ctx.state.policies();
         let decision = policies.plane(ctx.plane).cors.decide(
             ctx.plane,
             CorsInput {

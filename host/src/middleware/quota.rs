@@ -21,7 +21,7 @@ pub async fn per_actor(State(ctx): State<PlaneCtx>, request: Request, next: Next
             .into_response();
     };
     let decision = {
-        let policies = state.policies();
+        let policies = state.policies_of(request.extensions());
         policies.plane(ctx.plane).quota.decide(
             request.method().as_str(),
             request.uri().path(),

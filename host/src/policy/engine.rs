@@ -37,6 +37,7 @@ pub struct PolicyEngine {
     engine: Engine,
     settings: PluginRuntimeConfig,
     metrics: std::sync::OnceLock<crate::metrics::Metrics>,
+    rollback_requested: AtomicBool,
     ticker_stop: Arc<AtomicBool>,
     ticker: Mutex<Option<JoinHandle<()>>>,
 }
@@ -87,6 +88,7 @@ impl PolicyEngine {
             engine,
             settings: settings.clone(),
             metrics: std::sync::OnceLock::new(),
+            rollback_requested: AtomicBool::new(false),
             ticker_stop,
             ticker: Mutex::new(Some(ticker)),
         }))
@@ -95,6 +97,11 @@ impl PolicyEngine {
     /// Where calls, failures and latencies are counted from now on.
     pub fn set_metrics(&self, metrics: crate::metrics::Metrics) {
         let _ = self.metrics.set(metrics);
+    }
+
+    /// Whether a module crossed its failure threshold since the last call (and clears it).
+    pub fn take_rollback_request(&self) -> bool {
+        self.rollback_requested.swap(false, Ordering::AcqRel)
     }
 
     /// The runtime settings.
@@ -171,6 +178,15 @@ pub(crate) struct StageModule<W: StageWorld> {
     pre: W::Pre,
     setup: W::Setup,
     idle: Mutex<Vec<Slot<W>>>,
+    health: Mutex<Health>,
+}
+
+/// Calls and failures of a module in the current window.
+#[derive(Debug)]
+struct Health {
+    since: Instant,
+    calls: u64,
+    failures: u64,
 }
 
 impl<W: StageWorld> std::fmt::Debug for StageModule<W> {
@@ -239,6 +255,11 @@ impl<W: StageWorld> StageModule<W> {
             pre,
             setup,
             idle: Mutex::new(Vec::new()),
+            health: Mutex::new(Health {
+                since: Instant::now(),
+                calls: 0,
+                failures: 0,
+            }),
         };
         if module.runtime.settings.instance_reuse == InstanceReuse::Pooled {
             module.put_back(Slot { store, bindings });
@@ -254,6 +275,19 @@ impl<W: StageWorld> StageModule<W> {
     /// SHA-256 of the module bytes, hex.
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// The largest linear memory any idle instance of this module has had, in bytes.
+    pub fn peak_memory(&self) -> usize {
+        self.idle
+            .lock()
+            .map(|idle| {
+                idle.iter()
+                    .map(|s| s.store.data().limiter.peak_memory)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .unwrap_or(0)
     }
 
     /// What `configure` returned.
@@ -277,6 +311,43 @@ impl<W: StageWorld> StageModule<W> {
             && idle.len() < self.runtime.settings.max_idle_instances
         {
             idle.push(slot);
+        }
+    }
+
+    /// Starts a new health window (when the module is put in force: the conformance calls made
+    /// before do not count).
+    pub(crate) fn reset_health(&self) {
+        if let Ok(mut health) = self.health.lock() {
+            *health = Health {
+                since: Instant::now(),
+                calls: 0,
+                failures: 0,
+            };
+        }
+    }
+
+    /// Counts a call outcome; a failure share over the threshold asks for a rollback.
+    fn record_outcome(&self, failed: bool) {
+        let settings = &self.runtime.settings;
+        let Ok(mut health) = self.health.lock() else {
+            return;
+        };
+        if health.since.elapsed() > Duration::from_secs(settings.rollback_window_secs) {
+            *health = Health {
+                since: Instant::now(),
+                calls: 0,
+                failures: 0,
+            };
+        }
+        health.calls += 1;
+        health.failures += u64::from(failed);
+        if failed
+            && health.calls >= settings.rollback_min_calls
+            && health.failures as f64 / health.calls as f64 > settings.rollback_failure_ratio
+        {
+            self.runtime
+                .rollback_requested
+                .store(true, Ordering::Release);
         }
     }
 
@@ -339,6 +410,7 @@ impl<W: StageWorld> StageModule<W> {
                 .with_label_values(&[plane, stage])
                 .observe(started.elapsed().as_secs_f64());
         }
+        self.record_outcome(result.is_err());
         match result {
             Ok(value) => {
                 if pooled {

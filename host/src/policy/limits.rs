@@ -9,6 +9,8 @@ pub struct PluginLimiter {
     memory_cap: usize,
     /// Set when the guest asked for more memory than the cap during the current call.
     pub memory_exceeded: bool,
+    /// The largest linear memory the instance has had, in bytes.
+    pub peak_memory: usize,
 }
 
 /// Largest table a plugin may grow to (function references).
@@ -20,6 +22,7 @@ impl PluginLimiter {
         Self {
             memory_cap,
             memory_exceeded: false,
+            peak_memory: 0,
         }
     }
 }
@@ -40,6 +43,7 @@ impl ResourceLimiter for PluginLimiter {
                 self.memory_cap
             );
         }
+        self.peak_memory = self.peak_memory.max(desired);
         Ok(true)
     }
 

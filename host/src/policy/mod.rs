@@ -6,6 +6,7 @@
 
 mod bindings;
 pub mod builtin;
+pub mod conformance;
 pub mod engine;
 mod limits;
 pub mod stages;
@@ -234,6 +235,11 @@ pub struct PlanePolicies {
     pub db_routing: DbRoutingStage,
 }
 
+/// The policies a request started with (request extension, set by the outermost layer): every
+/// stage of that request runs on these modules, even if others are swapped in meanwhile.
+#[derive(Debug, Clone)]
+pub struct PolicySnapshot(pub Arc<Policies>);
+
 /// The loaded policies of both planes.
 #[derive(Debug)]
 pub struct Policies {
@@ -296,6 +302,18 @@ impl Policies {
             data: Arc::new(data),
             management: Arc::new(management),
         })
+    }
+
+    /// Starts new failure windows for every module (when put in force).
+    pub fn reset_health(&self) {
+        for p in [&self.data, &self.management] {
+            if let Some(a) = &p.api_key {
+                a.reset_health();
+            }
+            p.cors.reset_health();
+            p.quota.reset_health();
+            p.db_routing.reset_health();
+        }
     }
 
     /// The policies of `plane`.

@@ -123,6 +123,16 @@ macro_rules! wrapper {
             pub fn digest(&self) -> &str {
                 self.module.digest()
             }
+
+            /// Starts a new failure window for the automatic rollback.
+            pub fn reset_health(&self) {
+                self.module.reset_health()
+            }
+
+            /// The largest linear memory an instance of the module has had, in bytes.
+            pub fn peak_memory(&self) -> usize {
+                self.module.peak_memory()
+            }
         }
     };
 }

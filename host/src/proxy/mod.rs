@@ -125,7 +125,7 @@ async fn route_db(state: &AppState, request: Request) -> Result<Response, Gatewa
         postgrest_url: p.postgrest_url.clone(),
     });
     let route = {
-        let policies = state.policies();
+        let policies = state.policies_of(request.extensions());
         policies
             .plane(actor.plane)
             .db_routing

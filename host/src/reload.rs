@@ -1,0 +1,129 @@
+//! Hot swap of policy modules without a restart. On SIGHUP, or when the config file or a module
+//! file changes, the plugin sections of the config file are read again; every module is
+//! compiled, its exports checked, its configuration accepted and its stage's conformance vectors
+//! run — only then are the new modules put in force, atomically. A request in flight finishes on
+//! the modules it started with. A module that fails any check is refused with the reason and the
+//! modules in force keep serving. Other sections of the config file need a restart.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::config::{self, Config};
+use crate::policy::Policies;
+use crate::policy::conformance::{self, StageReport};
+use crate::state::AppState;
+
+/// Reads the config file again and swaps in its policy modules, or says why not.
+pub fn reload(state: &AppState) -> Result<Vec<StageReport>, String> {
+    let path = state
+        .config_path
+        .get()
+        .ok_or_else(|| "the gateway was started without a config file".to_owned())?;
+    let config = Config::load(Some(path)).map_err(|e| e.to_string())?;
+    let policies =
+        Policies::load(&state.runtime, &config, path.parent()).map_err(|e| e.to_string())?;
+    let reports = conformance::check(&policies).map_err(|e| e.to_string())?;
+    if !same_apart_from_plugins(&state.config, &config) {
+        tracing::warn!("only the plugin sections are reloaded; restart to apply the other changes");
+    }
+    state.swap_policies(policies);
+    Ok(reports)
+}
+
+fn same_apart_from_plugins(a: &Config, b: &Config) -> bool {
+    let strip = |c: &Config| {
+        let mut c = c.clone();
+        c.data_plane = Default::default();
+        c.management_plane = Default::default();
+        serde_json::to_value(c).unwrap_or_default()
+    };
+    strip(a) == strip(b)
+}
+
+/// Runs [`reload`] off the async threads, logging and counting the result.
+pub async fn reload_and_log(state: &AppState, trigger: &str) -> Result<(), String> {
+    let worker = state.clone();
+    let result = tokio::task::spawn_blocking(move || reload(&worker))
+        .await
+        .map_err(|e| format!("reload task: {e}"))?;
+    match &result {
+        Ok(reports) => {
+            state
+                .metrics
+                .policy_reloads
+                .with_label_values(&["applied"])
+                .inc();
+            for r in reports {
+                tracing::info!(trigger, report = %r, "policy module in force");
+            }
+        }
+        Err(reason) => {
+            state
+                .metrics
+                .policy_reloads
+                .with_label_values(&["refused"])
+                .inc();
+            tracing::error!(trigger, reason = %reason, "policy reload refused; the modules in force keep serving");
+        }
+    }
+    result.map(|_| ())
+}
+
+fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+/// The files whose change triggers a reload: the config file and every module file it names.
+fn watched(path: &Path) -> Vec<PathBuf> {
+    let mut files = vec![path.to_path_buf()];
+    if let Ok(config) = Config::load(Some(path)) {
+        files.extend(
+            config
+                .stages()
+                .into_iter()
+                .filter_map(|(_, s)| s.module_path().map(|m| config::resolve(path.parent(), m))),
+        );
+    }
+    files
+}
+
+/// Reloads on SIGHUP and, with `plugins.watch`, when a watched file changes.
+pub fn spawn_triggers(state: &AppState) {
+    #[cfg(unix)]
+    {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let Ok(mut hup) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                return;
+            };
+            while hup.recv().await.is_some() {
+                let _ = reload_and_log(&state, "SIGHUP").await;
+            }
+        });
+    }
+    let Some(path) = state.config_path.get().cloned() else {
+        return;
+    };
+    if !state.config.plugins.watch {
+        return;
+    }
+    let state = state.clone();
+    let every = Duration::from_millis(state.config.plugins.watch_interval_ms);
+    tokio::spawn(async move {
+        let mut files = watched(&path);
+        let mut stamps: Vec<_> = files.iter().map(|f| stamp(f)).collect();
+        loop {
+            tokio::time::sleep(every).await;
+            let now: Vec<_> = files.iter().map(|f| stamp(f)).collect();
+            if now == stamps {
+                continue;
+            }
+            let _ = reload_and_log(&state, "file change").await;
+            files = watched(&path);
+            stamps = files.iter().map(|f| stamp(f)).collect();
+        }
+    });
+}

@@ -1,0 +1,220 @@
+//! Hot swap of policy modules: SIGHUP under load, refusal of a bad module, automatic rollback.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use aura_gateway::policy::builtin::{QUOTA, TESTING_PLUGIN_PATH};
+use aura_gateway::reload::reload_and_log;
+use reqwest::StatusCode;
+
+use crate::support::gateway::{InProcess, Process, TEST_KEY, e2e_control_file, test_config};
+use crate::support::nats_server::shared;
+use crate::support::responder::{Responder, reply};
+use crate::support::unique_prefix;
+
+fn quota_config(nats: &str, prefix: &str, burst: u32) -> String {
+    format!(
+        "[nats]\nurl = {nats:?}\nsubject_prefix = {prefix:?}\n[control]\nfile = \"control.toml\"\n\
+         [log]\nlevel = \"warn\"\n[plugins]\nwatch = false\n\
+         [rate_limit.data_plane_per_ip]\nrate_per_second = 1000000\nburst = 1000000\n\
+         [data_plane.plugins.quota.config]\nrate_per_second = 100000\nburst = {burst}\n"
+    )
+}
+
+#[tokio::test]
+async fn sighup_swaps_the_quota_module_under_load_without_losing_a_request() {
+    let nats = shared();
+    let prefix = unique_prefix();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("control.toml"), e2e_control_file()).expect("control");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, quota_config(&nats.url(), &prefix, 100_000)).expect("config");
+    let gw = Process::serve(&path, dir.path());
+    let _f = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.functions.http"),
+        Duration::ZERO,
+        |_| reply(200, &[], b"ok"),
+    )
+    .await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let url = gw.data_url("/v1/functions/load");
+    let mut workers = Vec::new();
+    for _ in 0..8 {
+        let (stop, url) = (stop.clone(), url.clone());
+        workers.push(tokio::spawn(async move {
+            let client = crate::support::gateway::client();
+            let mut seen = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let r = client.get(&url).send().await.expect("request");
+                let limit = r
+                    .headers()
+                    .get("ratelimit-limit")
+                    .map(|v| v.to_str().unwrap_or("").to_owned());
+                seen.push((r.status(), limit));
+            }
+            seen
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    std::fs::write(&path, quota_config(&nats.url(), &prefix, 99_999)).expect("new config");
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &gw.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(hup.success());
+    let probe = crate::support::gateway::client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = probe.get(&url).send().await.expect("request");
+        if r.headers()
+            .get("ratelimit-limit")
+            .is_some_and(|v| v == "99999")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new rules never applied:\n{}",
+            gw.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for w in workers {
+        all.extend(w.await.expect("worker"));
+    }
+    let failed: Vec<_> = all.iter().filter(|(s, _)| *s != StatusCode::OK).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failed.len(),
+        all.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let old = all
+        .iter()
+        .filter(|(_, l)| l.as_deref() == Some("100000"))
+        .count();
+    let new = all
+        .iter()
+        .filter(|(_, l)| l.as_deref() == Some("99999"))
+        .count();
+    assert!(old > 0 && new > 0, "old rules {old}, new rules {new}");
+    println!(
+        "hot swap under load: {} requests, none failed ({old} before, {new} after)",
+        all.len()
+    );
+    let _ = TEST_KEY;
+}
+
+async fn preflight_origin(gw: &InProcess, origin: &str) -> (StatusCode, Option<String>) {
+    let r = reqwest::Client::new()
+        .request(reqwest::Method::OPTIONS, gw.data_url("/v1/db/x"))
+        .header("origin", origin)
+        .header("access-control-request-method", "GET")
+        .send()
+        .await
+        .expect("preflight");
+    let allow = r
+        .headers()
+        .get("access-control-allow-origin")
+        .map(|v| v.to_str().unwrap_or("").to_owned());
+    (r.status(), allow)
+}
+
+fn write(path: &Path, cors_module: Option<&str>) {
+    let mut text = String::from(
+        "[plugins]\nwatch = false\nrollback_min_calls = 10\nrollback_failure_ratio = 0.3\n",
+    );
+    if let Some(module) = cors_module {
+        text += &format!("[data_plane.plugins.cors]\nmodule = {module:?}\n");
+    }
+    std::fs::write(path, text).expect("config");
+}
+
+async fn gateway_with_file(dir: &Path) -> (InProcess, std::path::PathBuf) {
+    let path = dir.join("gateway.toml");
+    write(&path, None);
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.plugins.rollback_min_calls = 10;
+    config.plugins.rollback_failure_ratio = 0.3;
+    let gw = InProcess::start(config).await;
+    gw.state.config_path.set(path.clone()).expect("set once");
+    (gw, path)
+}
+
+#[tokio::test]
+async fn a_module_failing_its_checks_is_refused_and_the_old_one_keeps_serving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gw, path) = gateway_with_file(dir.path()).await;
+    let wrong = dir.path().join("quota-as-cors.wasm");
+    std::fs::write(&wrong, QUOTA).expect("write");
+    write(&path, Some(&wrong.display().to_string()));
+    let err = reload_and_log(&gw.state, "test")
+        .await
+        .expect_err("refused");
+    assert!(
+        err.contains("does not export the cors stage world"),
+        "{err}"
+    );
+    assert_eq!(
+        preflight_origin(&gw, "https://a.example")
+            .await
+            .1
+            .as_deref(),
+        Some("*")
+    );
+
+    write(&path, Some(TESTING_PLUGIN_PATH));
+    reload_and_log(&gw.state, "test").await.expect("applied");
+    assert_eq!(
+        preflight_origin(&gw, "https://a.example")
+            .await
+            .1
+            .as_deref(),
+        Some("https://a.example"),
+        "the new module answers"
+    );
+}
+
+#[tokio::test]
+async fn a_swapped_in_module_that_fails_too_often_is_rolled_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gw, path) = gateway_with_file(dir.path()).await;
+    write(&path, Some(TESTING_PLUGIN_PATH));
+    reload_and_log(&gw.state, "test").await.expect("applied");
+    let mut rolled_back = false;
+    for i in 0..40 {
+        let origin = if i % 2 == 0 {
+            "https://trap.test"
+        } else {
+            "https://ok.test"
+        };
+        let (status, allow) = preflight_origin(&gw, origin).await;
+        if status == StatusCode::NO_CONTENT && allow.as_deref() == Some("*") {
+            rolled_back = true;
+            break;
+        }
+    }
+    assert!(
+        rolled_back,
+        "the builtin module is back after a 50% failure share"
+    );
+    let (status, allow) = preflight_origin(&gw, "https://trap.test").await;
+    assert_eq!(
+        (status, allow.as_deref()),
+        (StatusCode::NO_CONTENT, Some("*"))
+    );
+    assert!(
+        gw.state
+            .metrics
+            .render()
+            .contains(r#"aura_policy_reloads_total{result="rolled_back"} 1"#)
+    );
+}
