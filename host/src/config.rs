@@ -535,6 +535,13 @@ pub struct PluginRuntimeConfig {
     pub rollback_window_secs: u64,
     /// Calls a window needs before the ratio is judged.
     pub rollback_min_calls: u64,
+    /// Largest module a project may upload, in bytes.
+    pub tenant_max_module_bytes: usize,
+    /// Longest compile time of an uploaded module, in milliseconds.
+    pub tenant_max_compile_ms: u64,
+    /// How often every instance reloads the projects' modules from the control store, in
+    /// seconds.
+    pub tenant_refresh_secs: u64,
 }
 
 impl Default for PluginRuntimeConfig {
@@ -549,6 +556,9 @@ impl Default for PluginRuntimeConfig {
             rollback_failure_ratio: 0.5,
             rollback_window_secs: 10,
             rollback_min_calls: 20,
+            tenant_max_module_bytes: 4 * 1024 * 1024,
+            tenant_max_compile_ms: 10_000,
+            tenant_refresh_secs: 5,
         }
     }
 }
@@ -606,6 +616,9 @@ pub struct ManagementPlaneStages {
 #[serde(deny_unknown_fields, default)]
 pub struct DataPlaneConfig {
     pub plugins: DataPlaneStages,
+    /// When set (`.api.example.com`), a request whose `Host` is `<ref><suffix>` belongs to
+    /// project `<ref>` before any key is seen: its preflights follow the project's CORS module.
+    pub project_host_suffix: Option<String>,
 }
 
 /// Management-plane settings.

@@ -15,6 +15,7 @@ use crate::config::{BreakerConfig, Config};
 use crate::control::{self, ControlStore};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
+use crate::policy::tenants::{TenantPolicies, UploadLimits};
 use crate::policy::{PluginError, Policies, PolicyEngine, PolicySnapshot};
 use crate::proxy::http::HttpTransport;
 use crate::proxy::nats::NatsTransport;
@@ -51,6 +52,8 @@ pub struct StateInner {
     pub ip_limits: [Arc<IpLimiter>; 2],
     /// Per-actor quotas.
     pub quotas: Arc<QuotaLimiter>,
+    /// Modules installed by projects.
+    pub tenants: TenantPolicies,
 }
 
 /// One breaker per service and a table of breakers per dedicated PostgREST target.
@@ -127,7 +130,7 @@ impl AppState {
         let policies = Policies::load(&runtime, &config, base)?;
         crate::policy::conformance::check(&policies)?;
         let nats = NatsTransport::connect(&config.nats).await?;
-        Ok(Self(Arc::new(StateInner {
+        let state = Self(Arc::new(StateInner {
             config,
             nats,
             runtime,
@@ -137,10 +140,41 @@ impl AppState {
             metrics,
             ip_limits,
             quotas,
+            tenants: TenantPolicies::default(),
             http: HttpTransport::new(&config_upstreams),
             breakers: Breakers::new(&config_breaker),
             auth,
-        })))
+        }));
+        state.spawn_tenant_refresh();
+        Ok(state)
+    }
+
+    /// Limits of modules uploaded by projects.
+    pub fn upload_limits(&self) -> UploadLimits {
+        UploadLimits {
+            max_bytes: self.config.plugins.tenant_max_module_bytes,
+            max_compile: Duration::from_millis(self.config.plugins.tenant_max_compile_ms),
+        }
+    }
+
+    /// Keeps the projects' modules in line with the control store, every
+    /// `plugins.tenant_refresh_secs`.
+    fn spawn_tenant_refresh(&self) {
+        let weak = Arc::downgrade(&self.0);
+        let every = Duration::from_secs(self.config.plugins.tenant_refresh_secs.max(1));
+        tokio::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { break };
+                let state = AppState(inner);
+                let limits = state.upload_limits();
+                state
+                    .tenants
+                    .refresh(&state.auth.store, &state.runtime, limits)
+                    .await;
+                drop(state);
+                tokio::time::sleep(every).await;
+            }
+        });
     }
 
     /// The policy modules in force now.

@@ -135,6 +135,56 @@ async fn contract(store: &dyn ControlStore, fx: &Fixture) {
         store.revoke_api_key(Uuid::new_v4()).await,
         Err(StoreError::NotFound(_))
     ));
+    // Project policy modules, content-addressed.
+    let module = b"\0asm-not-really-a-module".to_vec();
+    let digest = aura_gateway::policy::tenants::digest_of(&module);
+    store
+        .put_module(&digest, &module)
+        .await
+        .expect("put module");
+    store
+        .put_module(&digest, &module)
+        .await
+        .expect("idempotent");
+    assert_eq!(store.module(&digest).await.expect("get"), Some(module));
+    assert_eq!(store.module(&"0".repeat(64)).await.expect("get"), None);
+    let policy = aura_gateway::control::ProjectPolicyRecord {
+        project_ref: "alpha".into(),
+        stage: "cors".into(),
+        digest: digest.clone(),
+        config: r#"{"origins":["https://a.example"]}"#.into(),
+    };
+    store.set_project_policy(&policy).await.expect("set");
+    assert_eq!(
+        store.project_policy("alpha", "cors").await.expect("get"),
+        Some(policy.clone())
+    );
+    let changed = aura_gateway::control::ProjectPolicyRecord {
+        config: "{}".into(),
+        ..policy
+    };
+    store.set_project_policy(&changed).await.expect("replace");
+    assert_eq!(store.project_policies().await.expect("list"), vec![changed]);
+    assert!(
+        store
+            .project_policy("beta", "cors")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert!(
+        store
+            .delete_project_policy("alpha", "cors")
+            .await
+            .expect("delete")
+    );
+    assert!(
+        !store
+            .delete_project_policy("alpha", "cors")
+            .await
+            .expect("delete again")
+    );
+    assert!(store.project_policies().await.expect("list").is_empty());
     store.ping().await.expect("ping");
 }
 

@@ -16,4 +16,5 @@ mod nats;
 mod operability;
 mod plugins;
 mod ratelimit;
+mod tenants;
 mod timeouts;

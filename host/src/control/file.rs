@@ -43,8 +43,8 @@ use uuid::Uuid;
 
 use super::records::is_sha256_hex;
 use super::{
-    ApiKeyRecord, ControlStore, KeyRole, MemberRecord, OrgRole, OrganizationRecord, ProjectRecord,
-    StoreError,
+    ApiKeyRecord, ControlStore, KeyRole, MemberRecord, OrgRole, OrganizationRecord,
+    ProjectPolicyRecord, ProjectRecord, StoreError,
 };
 
 /// The file's content.
@@ -59,6 +59,10 @@ pub struct ControlFile {
     pub organization_members: Vec<MemberRecord>,
     #[serde(default)]
     pub api_keys: Vec<ApiKeyRecord>,
+    /// Modules installed by projects; the modules themselves are files
+    /// `modules/<digest>.wasm` next to the control file.
+    #[serde(default)]
+    pub project_policies: Vec<ProjectPolicyRecord>,
 }
 
 /// The records, indexed.
@@ -68,6 +72,7 @@ struct Snapshot {
     projects: HashMap<String, ProjectRecord>,
     organizations: HashSet<Uuid>,
     members: HashMap<(Uuid, Uuid), OrgRole>,
+    policies: HashMap<(String, String), ProjectPolicyRecord>,
 }
 
 impl ControlFile {
@@ -138,6 +143,27 @@ impl ControlFile {
                 ));
             }
         }
+        let mut policies = HashSet::new();
+        for p in &self.project_policies {
+            if !projects.contains(p.project_ref.as_str()) {
+                return Err(format!(
+                    "project_policies: project {:?} does not exist",
+                    p.project_ref
+                ));
+            }
+            if !is_sha256_hex(&p.digest) {
+                return Err(format!(
+                    "project_policies.{}: digest must be 64 lower-case hex digits",
+                    p.project_ref
+                ));
+            }
+            if !policies.insert((p.project_ref.as_str(), p.stage.as_str())) {
+                return Err(format!(
+                    "project_policies: {} has two modules for {}",
+                    p.project_ref, p.stage
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -158,6 +184,11 @@ impl ControlFile {
                 .api_keys
                 .into_iter()
                 .map(|k| (k.key_sha256.clone(), k))
+                .collect(),
+            policies: self
+                .project_policies
+                .into_iter()
+                .map(|p| ((p.project_ref.clone(), p.stage.clone()), p))
                 .collect(),
         }
     }
@@ -251,6 +282,17 @@ impl FileStore {
                 }
             }
         });
+    }
+
+    fn modules_dir(&self) -> Result<PathBuf, StoreError> {
+        let path = self.path.as_ref().ok_or_else(|| {
+            StoreError::Invalid("no control file is configured (control.file)".into())
+        })?;
+        Ok(path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
+            .join("modules"))
     }
 
     /// Edits the file with `edit` (comments and layout kept), then reloads it.
@@ -373,6 +415,111 @@ impl ControlStore for FileStore {
         })
         .await?;
         Ok(changed)
+    }
+
+    async fn put_module(&self, digest: &str, module: &[u8]) -> Result<(), StoreError> {
+        let dir = self.modules_dir()?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StoreError::Invalid(format!("{}: {e}", dir.display())))?;
+        let path = dir.join(format!("{digest}.wasm"));
+        if path.is_file() {
+            return Ok(());
+        }
+        let tmp = dir.join(format!("{digest}.tmp"));
+        std::fs::write(&tmp, module)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| StoreError::Invalid(format!("{}: {e}", path.display())))
+    }
+
+    async fn module(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        if !is_sha256_hex(digest) {
+            return Ok(None);
+        }
+        let path = self.modules_dir()?.join(format!("{digest}.wasm"));
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::Invalid(format!("{}: {e}", path.display()))),
+        }
+    }
+
+    async fn set_project_policy(&self, policy: &ProjectPolicyRecord) -> Result<(), StoreError> {
+        let p = policy.clone();
+        self.edit(move |doc| {
+            let list = doc
+                .entry("project_policies")
+                .or_insert(toml_edit::Item::ArrayOfTables(
+                    toml_edit::ArrayOfTables::new(),
+                ))
+                .as_array_of_tables_mut()
+                .ok_or_else(|| {
+                    StoreError::Invalid("project_policies must be an array of tables".into())
+                })?;
+            let existing = list.iter_mut().find(|t| {
+                t.get("project_ref").and_then(|v| v.as_str()) == Some(p.project_ref.as_str())
+                    && t.get("stage").and_then(|v| v.as_str()) == Some(p.stage.as_str())
+            });
+            match existing {
+                Some(table) => {
+                    table["digest"] = toml_edit::value(p.digest.clone());
+                    table["config"] = toml_edit::value(p.config.clone());
+                }
+                None => {
+                    let mut table = toml_edit::Table::new();
+                    table["project_ref"] = toml_edit::value(p.project_ref.clone());
+                    table["stage"] = toml_edit::value(p.stage.clone());
+                    table["digest"] = toml_edit::value(p.digest.clone());
+                    table["config"] = toml_edit::value(p.config.clone());
+                    list.push(table);
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn project_policy(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<Option<ProjectPolicyRecord>, StoreError> {
+        Ok(self
+            .snapshot
+            .load()
+            .policies
+            .get(&(project_ref.to_owned(), stage.to_owned()))
+            .cloned())
+    }
+
+    async fn delete_project_policy(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<bool, StoreError> {
+        if self.project_policy(project_ref, stage).await?.is_none() {
+            return Ok(false);
+        }
+        self.edit(|doc| {
+            if let Some(list) = doc
+                .get_mut("project_policies")
+                .and_then(|l| l.as_array_of_tables_mut())
+            {
+                let index = list.iter().position(|t| {
+                    t.get("project_ref").and_then(|v| v.as_str()) == Some(project_ref)
+                        && t.get("stage").and_then(|v| v.as_str()) == Some(stage)
+                });
+                if let Some(i) = index {
+                    list.remove(i);
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(true)
+    }
+
+    async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
+        Ok(self.snapshot.load().policies.values().cloned().collect())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use records::{
-    ApiKeyRecord, DbEngine, KeyRole, MemberRecord, OrgRole, OrganizationRecord, ProjectRecord,
-    Topology,
+    ApiKeyRecord, DbEngine, KeyRole, MemberRecord, OrgRole, OrganizationRecord,
+    ProjectPolicyRecord, ProjectRecord, Topology,
 };
 
 use crate::config::{self, ControlConfig, StoreKind};
@@ -57,6 +57,26 @@ pub trait ControlStore: Send + Sync + std::fmt::Debug {
     ) -> Result<ApiKeyRecord, StoreError>;
     /// Revokes a key now. Returns false when it was already revoked.
     async fn revoke_api_key(&self, id: Uuid) -> Result<bool, StoreError>;
+    /// Stores a policy module under its digest (idempotent).
+    async fn put_module(&self, digest: &str, module: &[u8]) -> Result<(), StoreError>;
+    /// A stored policy module.
+    async fn module(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Installs (or replaces) a project's module for a stage.
+    async fn set_project_policy(&self, policy: &ProjectPolicyRecord) -> Result<(), StoreError>;
+    /// A project's module for a stage.
+    async fn project_policy(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<Option<ProjectPolicyRecord>, StoreError>;
+    /// Removes a project's module for a stage. Returns false when there was none.
+    async fn delete_project_policy(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<bool, StoreError>;
+    /// Every project policy.
+    async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError>;
     /// Checks that the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
     /// `file` or `postgres`.

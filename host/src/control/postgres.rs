@@ -9,7 +9,8 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use uuid::Uuid;
 
 use super::{
-    ApiKeyRecord, ControlStore, DbEngine, KeyRole, OrgRole, ProjectRecord, StoreError, Topology,
+    ApiKeyRecord, ControlStore, DbEngine, KeyRole, OrgRole, ProjectPolicyRecord, ProjectRecord,
+    StoreError, Topology,
 };
 use crate::config::ControlConfig;
 
@@ -188,6 +189,104 @@ impl ControlStore for PostgresStore {
         .await
         .map_err(unavailable)?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn put_module(&self, digest: &str, module: &[u8]) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO aura_control.policy_modules (digest, module, size) VALUES ($1, $2, $3) \
+             ON CONFLICT (digest) DO NOTHING",
+        )
+        .bind(digest)
+        .bind(module)
+        .bind(module.len() as i32)
+        .execute(&self.pool)
+        .await
+        .map(|_| ())
+        .map_err(unavailable)
+    }
+
+    async fn module(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let row: Option<(Vec<u8>,)> =
+            sqlx::query_as("SELECT module FROM aura_control.policy_modules WHERE digest = $1")
+                .bind(digest)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        Ok(row.map(|(m,)| m))
+    }
+
+    async fn set_project_policy(&self, policy: &ProjectPolicyRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO aura_control.project_policies (project_ref, stage, digest, config) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (project_ref, stage) \
+             DO UPDATE SET digest = EXCLUDED.digest, config = EXCLUDED.config, updated_at = now()",
+        )
+        .bind(&policy.project_ref)
+        .bind(&policy.stage)
+        .bind(&policy.digest)
+        .bind(&policy.config)
+        .execute(&self.pool)
+        .await
+        .map(|_| ())
+        .map_err(unavailable)
+    }
+
+    async fn project_policy(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<Option<ProjectPolicyRecord>, StoreError> {
+        let row: Option<(String, String, String, String)> = sqlx::query_as(
+            "SELECT project_ref, stage, digest, config FROM aura_control.project_policies \
+             WHERE project_ref = $1 AND stage = $2",
+        )
+        .bind(project_ref)
+        .bind(stage)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(
+            row.map(|(project_ref, stage, digest, config)| ProjectPolicyRecord {
+                project_ref,
+                stage,
+                digest,
+                config,
+            }),
+        )
+    }
+
+    async fn delete_project_policy(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM aura_control.project_policies WHERE project_ref = $1 AND stage = $2",
+        )
+        .bind(project_ref)
+        .bind(stage)
+        .execute(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
+        let rows: Vec<(String, String, String, String)> = sqlx::query_as(
+            "SELECT project_ref, stage, digest, config FROM aura_control.project_policies",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(rows
+            .into_iter()
+            .map(|(project_ref, stage, digest, config)| ProjectPolicyRecord {
+                project_ref,
+                stage,
+                digest,
+                config,
+            })
+            .collect())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -178,3 +178,16 @@ pub fn is_sha256_hex(s: &str) -> bool {
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
+
+/// A policy module a project installed for one stage (`aura_control.project_policies`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectPolicyRecord {
+    pub project_ref: String,
+    /// The stage key (`cors`, `quota`).
+    pub stage: String,
+    /// SHA-256 of the module, hex; the module is in the module store.
+    pub digest: String,
+    /// The stage configuration, JSON text.
+    pub config: String,
+}

@@ -99,7 +99,7 @@ pub async fn cors(State(ctx): State<PlaneCtx>, mut request: Request, next: Next)
         strip_cors(response.headers_mut());
         return response;
     };
-    let (preflight, decision) = {
+    let (request_method, request_headers) = {
         let header_str = |name: HeaderName| {
             request
                 .headers()
@@ -107,46 +107,81 @@ pub async fn cors(State(ctx): State<PlaneCtx>, mut request: Request, next: Next)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
         };
-        let request_method = header_str(header::ACCESS_CONTROL_REQUEST_METHOD);
-        let request_headers = header_str(header::ACCESS_CONTROL_REQUEST_HEADERS);
-        let preflight = request.method() == Method::OPTIONS && request_method.is_some();
-        let decision = policies.plane(ctx.plane).cors.decide(
+        (
+            header_str(header::ACCESS_CONTROL_REQUEST_METHOD),
+            header_str(header::ACCESS_CONTROL_REQUEST_HEADERS),
+        )
+    };
+    let preflight = request.method() == Method::OPTIONS && request_method.is_some();
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let host_project = project_from_host(&ctx, request.headers());
+    // Decides with the project's own module when it installed one, else the plane's.
+    let decide = |project: Option<&str>| {
+        let tenant = match (ctx.plane, project) {
+            (Plane::Data, Some(project)) => ctx.state.tenants.cors(project),
+            _ => None,
+        };
+        let stage = match tenant.as_deref().map(|t| &t.module) {
+            Some(crate::policy::tenants::TenantModule::Cors(stage)) => stage,
+            _ => &policies.plane(ctx.plane).cors,
+        };
+        stage.decide(
             ctx.plane,
             CorsInput {
-                method: request.method().as_str(),
-                path: request.uri().path(),
+                method: method.as_str(),
+                path: &path,
                 origin: &origin,
                 request_method: request_method.as_deref(),
                 request_headers: request_headers.as_deref(),
             },
-        );
-        (preflight, decision)
-    };
-    let decision = match decision {
-        Ok(d) => d,
-        Err(e) => return edge(ctx.state.plugin_failed(&e).into_response()),
+        )
     };
     if preflight {
-        let response = match &decision {
-            CorsDecision::Allow(allow) => {
+        let response = match decide(host_project.as_deref()) {
+            Err(e) => ctx.state.plugin_failed(&e).into_response(),
+            Ok(CorsDecision::Allow(allow)) => {
                 let mut response = StatusCode::NO_CONTENT.into_response();
-                if apply_allow(ctx.plane, allow, true, response.headers_mut()) {
+                if apply_allow(ctx.plane, &allow, true, response.headers_mut()) {
                     add_vary_origin(response.headers_mut());
                     response
                 } else {
                     denied()
                 }
             }
-            CorsDecision::Deny => denied(),
+            Ok(CorsDecision::Deny) => denied(),
         };
         return edge(response);
     }
     let mut response = next.run(request).await;
-    strip_cors(response.headers_mut());
-    if let CorsDecision::Allow(allow) = &decision {
-        apply_allow(ctx.plane, allow, false, response.headers_mut());
+    // Past authentication the project is known: its own module decides.
+    let project = response
+        .extensions()
+        .get::<crate::actor::Actor>()
+        .and_then(|a| a.project.clone())
+        .or(host_project);
+    match decide(project.as_deref()) {
+        Err(e) => return edge(ctx.state.plugin_failed(&e).into_response()),
+        Ok(decision) => {
+            strip_cors(response.headers_mut());
+            if let CorsDecision::Allow(allow) = &decision {
+                apply_allow(ctx.plane, allow, false, response.headers_mut());
+            }
+        }
     }
     response
+}
+
+/// The project named by the `Host` header (`<ref><data_plane.project_host_suffix>`).
+fn project_from_host(ctx: &PlaneCtx, headers: &HeaderMap) -> Option<String> {
+    let suffix = ctx.state.config.data_plane.project_host_suffix.as_deref()?;
+    if ctx.plane != Plane::Data {
+        return None;
+    }
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    let host = host.split(':').next()?;
+    let project = host.strip_suffix(suffix)?;
+    (!project.is_empty() && !project.contains('.')).then(|| project.to_owned())
 }
 
 fn denied() -> Response {

@@ -20,9 +20,17 @@ pub async fn per_actor(State(ctx): State<PlaneCtx>, request: Request, next: Next
         return GatewayError::internal("no actor on the request (chain misconfigured)")
             .into_response();
     };
+    let tenant = match (ctx.plane, actor.project.as_deref()) {
+        (crate::plane::Plane::Data, Some(project)) => state.tenants.quota(project),
+        _ => None,
+    };
     let decision = {
         let policies = state.policies_of(request.extensions());
-        policies.plane(ctx.plane).quota.decide(
+        let stage = match tenant.as_deref().map(|t| &t.module) {
+            Some(crate::policy::tenants::TenantModule::Quota(stage)) => stage,
+            _ => &policies.plane(ctx.plane).quota,
+        };
+        stage.decide(
             request.method().as_str(),
             request.uri().path(),
             RouteGroup::of(request.uri().path()).as_str(),

@@ -42,6 +42,12 @@ fn extra_routes() -> Router<AppState> {
             "/v1/projects/{project_ref}/logs",
             to!(get, Service::Control),
         )
+        .route(
+            "/v1/projects/{project_ref}/policies/{stage}",
+            axum::routing::put(super::policies::put)
+                .get(super::policies::get)
+                .delete(super::policies::delete),
+        )
 }
 
 /// `GET /ready`: which dependencies are up. 503 while a required one (NATS, the control store)

@@ -4,6 +4,7 @@
 pub mod chain;
 pub mod data;
 pub mod management;
+pub mod policies;
 pub mod routes;
 
 pub use data::build_data_plane_router;

@@ -8,7 +8,7 @@ use super::stages::{
     CorsDecision, CorsInput, DbEngine, DbRoute, KeyDecision, KeyRequest, KeyRole, KeySource,
     ProjectDb, QuotaDecision, Topology,
 };
-use super::{PlanePolicies, PluginError, Policies, Stage};
+use super::{CorsStage, PlanePolicies, PluginError, Policies, QuotaStage, Stage};
 use crate::actor::{Actor, Role};
 use crate::plane::Plane;
 
@@ -178,8 +178,12 @@ fn check_api_key(p: &PlanePolicies) -> Result<Option<StageReport>, ConformanceEr
 }
 
 fn check_cors(p: &PlanePolicies) -> Result<StageReport, ConformanceError> {
-    let stage = &p.cors;
-    let mut run = Run::new(p.plane, Stage::Cors);
+    check_cors_stage(p.plane, &p.cors)
+}
+
+/// The vectors of the `cors` stage, for one module.
+pub fn check_cors_stage(plane: Plane, stage: &CorsStage) -> Result<StageReport, ConformanceError> {
+    let mut run = Run::new(plane, Stage::Cors);
     let origins = [
         "https://app.example.com",
         "http://localhost:3000",
@@ -192,7 +196,7 @@ fn check_cors(p: &PlanePolicies) -> Result<StageReport, ConformanceError> {
                 let name = format!("{origin} preflight={preflight}");
                 let decision = run.call(&name, || {
                     stage.decide(
-                        p.plane,
+                        plane,
                         CorsInput {
                             method: if preflight { "OPTIONS" } else { "GET" },
                             path: "/v1/db/todos",
@@ -208,7 +212,7 @@ fn check_cors(p: &PlanePolicies) -> Result<StageReport, ConformanceError> {
                             run.fail(&name, "allow-origin must be \"*\" or the request's origin")
                         );
                     }
-                    if p.plane == Plane::Management && a.allow_origin == "*" {
+                    if plane == Plane::Management && a.allow_origin == "*" {
                         return Err(run.fail(&name, "the management plane may never allow \"*\""));
                     }
                 }
@@ -219,8 +223,15 @@ fn check_cors(p: &PlanePolicies) -> Result<StageReport, ConformanceError> {
 }
 
 fn check_quota(p: &PlanePolicies) -> Result<StageReport, ConformanceError> {
-    let stage = &p.quota;
-    let mut run = Run::new(p.plane, Stage::Quota);
+    check_quota_stage(p.plane, &p.quota)
+}
+
+/// The vectors of the `quota` stage, for one module.
+pub fn check_quota_stage(
+    plane: Plane,
+    stage: &QuotaStage,
+) -> Result<StageReport, ConformanceError> {
+    let mut run = Run::new(plane, Stage::Quota);
     let mut actors = Vec::new();
     for role in [
         Role::Anon,
@@ -228,7 +239,7 @@ fn check_quota(p: &PlanePolicies) -> Result<StageReport, ConformanceError> {
         Role::ServiceRole,
         Role::Console,
     ] {
-        let mut a = Actor::unauthenticated(p.plane);
+        let mut a = Actor::unauthenticated(plane);
         a.role = role;
         a.project = Some("vector".into());
         a.key_id = Some("00000000-0000-4000-8000-000000000001".into());
@@ -236,7 +247,7 @@ fn check_quota(p: &PlanePolicies) -> Result<StageReport, ConformanceError> {
         a.plan = Some("free".into());
         actors.push(a);
     }
-    actors.push(Actor::unauthenticated(p.plane));
+    actors.push(Actor::unauthenticated(plane));
     for _round in 0..4 {
         for actor in &actors {
             for group in ["db", "functions", "storage", "gateway"] {

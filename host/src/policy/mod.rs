@@ -10,6 +10,7 @@ pub mod conformance;
 pub mod engine;
 mod limits;
 pub mod stages;
+pub mod tenants;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -16,6 +16,8 @@ use exports::aura::gateway::cors::{CorsAllow, CorsDecision, CorsRequest, Guest};
 
 struct Component;
 
+static TRAP_ALWAYS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn recurse(depth: u64, pad: [u64; 32]) -> u64 {
     let mut next = black_box(pad);
     next[(depth % 32) as usize] = depth;
@@ -29,10 +31,15 @@ impl Guest for Component {
         if value.get("refuse") == Some(&serde_json::Value::Bool(true)) {
             return Err("refused as asked by the configuration".to_owned());
         }
+        let trap = value.get("trap_always") == Some(&serde_json::Value::Bool(true));
+        TRAP_ALWAYS.store(trap, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
     fn decide(request: CorsRequest) -> CorsDecision {
+        if TRAP_ALWAYS.load(std::sync::atomic::Ordering::Relaxed) {
+            std::process::abort();
+        }
         match behaviour(&request.origin) {
             Behaviour::Trap => std::process::abort(),
             Behaviour::Loop => {

@@ -9,7 +9,8 @@
 //! - any other origin is allowed by echoing it, with `x-testing-plugin` exposed, so a test can
 //!   tell this module's answers from the default plugin's.
 //!
-//! `configure` refuses a configuration containing `"refuse": true`.
+//! `configure` refuses a configuration containing `"refuse": true`; with `"trap_always": true`
+//! every call traps.
 
 #[cfg(target_arch = "wasm32")]
 mod component;

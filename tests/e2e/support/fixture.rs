@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use aura_gateway::auth::keys::hash_key;
 use aura_gateway::control::file::FileStore;
 use aura_gateway::control::{
-    ApiKeyRecord, ControlStore, KeyRole, OrgRole, ProjectRecord, StoreError,
+    ApiKeyRecord, ControlStore, KeyRole, OrgRole, ProjectPolicyRecord, ProjectRecord, StoreError,
 };
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use uuid::Uuid;
@@ -286,6 +286,28 @@ impl ControlStore for CountingStore {
     }
     async fn revoke_api_key(&self, id: Uuid) -> Result<bool, StoreError> {
         self.inner.revoke_api_key(id).await
+    }
+    async fn put_module(&self, d: &str, m: &[u8]) -> Result<(), StoreError> {
+        self.inner.put_module(d, m).await
+    }
+    async fn module(&self, d: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.module(d).await
+    }
+    async fn set_project_policy(&self, p: &ProjectPolicyRecord) -> Result<(), StoreError> {
+        self.inner.set_project_policy(p).await
+    }
+    async fn project_policy(
+        &self,
+        r: &str,
+        s: &str,
+    ) -> Result<Option<ProjectPolicyRecord>, StoreError> {
+        self.inner.project_policy(r, s).await
+    }
+    async fn delete_project_policy(&self, r: &str, s: &str) -> Result<bool, StoreError> {
+        self.inner.delete_project_policy(r, s).await
+    }
+    async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
+        self.inner.project_policies().await
     }
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await

@@ -1,0 +1,176 @@
+//! `PUT`, `GET`, `DELETE /v1/projects/{ref}/policies/{stage}` on the management plane: an owner
+//! or admin of the project's organization installs a module and configuration for a stage that
+//! allows it (`cors`, `quota`). The module is checked at upload — size, compile time, exports,
+//! configuration, conformance vectors — stored by digest in the control store, and put in force
+//! for that project at once here and within `plugins.tenant_refresh_secs` on other instances.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use http::StatusCode;
+use serde::Deserialize;
+
+use crate::auth::store_failed;
+use crate::control::ProjectPolicyRecord;
+use crate::error::GatewayError;
+use crate::policy::tenants::{self, tenant_stage};
+use crate::state::AppState;
+
+/// The body of a `PUT`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutPolicy {
+    /// The component, standard base64. Either this or `digest`.
+    pub module: Option<String>,
+    /// A module already in the store.
+    pub digest: Option<String>,
+    /// The stage configuration.
+    #[serde(default)]
+    pub config: Option<serde_json::Value>,
+}
+
+fn refused(reason: impl Into<String>) -> GatewayError {
+    GatewayError::bad_request("policy_refused", reason)
+}
+
+async fn ensure_project(state: &AppState, project: &str) -> Result<(), GatewayError> {
+    match state.auth.store.project(project).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(GatewayError::not_found("project not found")),
+        Err(e) => Err(store_failed(&e)),
+    }
+}
+
+/// `PUT`: installs a module for the project's stage.
+pub async fn put(
+    State(state): State<AppState>,
+    Path((project, stage_key)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    put_inner(state, project, stage_key, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn put_inner(
+    state: AppState,
+    project: String,
+    stage_key: String,
+    body: axum::body::Bytes,
+) -> Result<Response, GatewayError> {
+    let stage = tenant_stage(&stage_key).ok_or_else(|| {
+        refused(format!(
+            "projects cannot install a module for {stage_key:?}; stages: cors, quota"
+        ))
+    })?;
+    ensure_project(&state, &project).await?;
+    let request: PutPolicy = serde_json::from_slice(&body).map_err(|e| {
+        GatewayError::bad_request(
+            "invalid_body",
+            format!("expected {{module|digest, config}}: {e}"),
+        )
+    })?;
+    let bytes = match (&request.module, &request.digest) {
+        (Some(b64), None) => base64::engine::general_purpose::STANDARD
+            .decode(b64.as_bytes())
+            .map_err(|e| GatewayError::bad_request("invalid_body", format!("module: {e}")))?,
+        (None, Some(digest)) => state
+            .auth
+            .store
+            .module(digest)
+            .await
+            .map_err(|e| store_failed(&e))?
+            .ok_or_else(|| GatewayError::not_found("no module with this digest"))?,
+        _ => {
+            return Err(GatewayError::bad_request(
+                "invalid_body",
+                "give exactly one of module, digest",
+            ));
+        }
+    };
+    let limits = state.upload_limits();
+    if bytes.len() > limits.max_bytes {
+        return Err(GatewayError::payload_too_large(format!(
+            "the module is {} bytes; at most {} are accepted",
+            bytes.len(),
+            limits.max_bytes
+        )));
+    }
+    let config = request
+        .config
+        .unwrap_or_else(|| serde_json::json!({}))
+        .to_string();
+    let runtime = state.runtime.clone();
+    let (project_c, config_c) = (project.clone(), config.clone());
+    let prepared = tokio::task::spawn_blocking(move || {
+        tenants::prepare(&runtime, &project_c, stage, &bytes, &config_c, limits).map(|p| (p, bytes))
+    })
+    .await
+    .map_err(|e| GatewayError::internal(format!("module check: {e}")))?;
+    let ((installed, report), bytes) = prepared.map_err(refused)?;
+    let digest = installed.digest.clone();
+    let store = &state.auth.store;
+    store
+        .put_module(&digest, &bytes)
+        .await
+        .map_err(|e| store_failed(&e))?;
+    store
+        .set_project_policy(&ProjectPolicyRecord {
+            project_ref: project.clone(),
+            stage: stage_key.clone(),
+            digest: digest.clone(),
+            config,
+        })
+        .await
+        .map_err(|e| store_failed(&e))?;
+    state.tenants.insert(&project, stage, installed);
+    tracing::info!(project = %project, stage = %stage_key, %digest, report = %report, "tenant module installed");
+    Ok(Json(serde_json::json!({
+        "project": project,
+        "stage": stage_key,
+        "digest": digest,
+        "check": report.to_string(),
+    }))
+    .into_response())
+}
+
+/// `GET`: the project's module for the stage.
+pub async fn get(
+    State(state): State<AppState>,
+    Path((project, stage_key)): Path<(String, String)>,
+) -> Response {
+    match state.auth.store.project_policy(&project, &stage_key).await {
+        Err(e) => store_failed(&e).into_response(),
+        Ok(None) => GatewayError::not_found("no module installed for this stage").into_response(),
+        Ok(Some(p)) => Json(serde_json::json!({
+            "project": p.project_ref,
+            "stage": p.stage,
+            "digest": p.digest,
+            "config": serde_json::from_str::<serde_json::Value>(&p.config).unwrap_or_default(),
+        }))
+        .into_response(),
+    }
+}
+
+/// `DELETE`: the project goes back to the plane's module.
+pub async fn delete(
+    State(state): State<AppState>,
+    Path((project, stage_key)): Path<(String, String)>,
+) -> Response {
+    match state
+        .auth
+        .store
+        .delete_project_policy(&project, &stage_key)
+        .await
+    {
+        Err(e) => store_failed(&e).into_response(),
+        Ok(false) => GatewayError::not_found("no module installed for this stage").into_response(),
+        Ok(true) => {
+            if let Some(stage) = tenant_stage(&stage_key) {
+                state.tenants.remove(&project, stage);
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+    }
+}
