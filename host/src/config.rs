@@ -542,6 +542,8 @@ pub struct PluginRuntimeConfig {
     /// How often every instance reloads the projects' modules from the control store, in
     /// seconds.
     pub tenant_refresh_secs: u64,
+    /// Bearer token of `POST /v1/policies/reload` on the management plane; none: no such route.
+    pub admin_token: Option<String>,
 }
 
 impl Default for PluginRuntimeConfig {
@@ -559,6 +561,7 @@ impl Default for PluginRuntimeConfig {
             tenant_max_module_bytes: 4 * 1024 * 1024,
             tenant_max_compile_ms: 10_000,
             tenant_refresh_secs: 5,
+            admin_token: None,
         }
     }
 }
@@ -567,7 +570,8 @@ impl Default for PluginRuntimeConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StageConfig {
-    /// `builtin` for the default plugin embedded in the binary, or a path to a `.wasm` component.
+    /// `builtin` for the default plugin embedded in the binary, a path to a `.wasm` component,
+    /// or `sha256:<digest>` for a module of the control store's module store.
     pub module: String,
     /// The stage's own configuration, passed to the plugin's `configure` as JSON.
     pub config: serde_json::Value,
@@ -585,10 +589,18 @@ impl Default for StageConfig {
 /// The value of `module` naming the embedded default plugin.
 pub const BUILTIN: &str = "builtin";
 
+/// The prefix of `module` naming a module of the control store by digest.
+pub const STORE_PREFIX: &str = "sha256:";
+
 impl StageConfig {
-    /// The module file, or `None` for the built-in plugin.
+    /// The module file, or `None` for the built-in plugin or a module of the store.
     pub fn module_path(&self) -> Option<&Path> {
-        (self.module != BUILTIN).then(|| Path::new(&self.module))
+        (self.module != BUILTIN && self.module_digest().is_none()).then(|| Path::new(&self.module))
+    }
+
+    /// The digest of a module in the control store's module store (`module = "sha256:<hex>"`).
+    pub fn module_digest(&self) -> Option<&str> {
+        self.module.strip_prefix(STORE_PREFIX)
     }
 }
 
@@ -784,6 +796,12 @@ impl Config {
                 "rollback_window_secs, rollback_min_calls and watch_interval_ms must be at least 1",
             ));
         }
+        if p.admin_token.as_ref().is_some_and(|t| t.len() < 16) {
+            return Err(problem(
+                "plugins.admin_token",
+                "must be at least 16 characters",
+            ));
+        }
         if p.max_idle_instances == 0 {
             return Err(problem("plugins.max_idle_instances", "must be at least 1"));
         }
@@ -940,6 +958,14 @@ impl Config {
         for (key, stage) in self.stages() {
             if !stage.config.is_object() {
                 return Err(problem(&format!("{key}.config"), "must be a table"));
+            }
+            if let Some(digest) = stage.module_digest()
+                && !crate::control::records::is_sha256_hex(digest)
+            {
+                return Err(problem(
+                    &format!("{key}.module"),
+                    "sha256: must be followed by 64 lower-case hex digits",
+                ));
             }
             if let Some(path) = stage.module_path() {
                 let resolved = resolve(base, path);

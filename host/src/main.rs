@@ -128,7 +128,7 @@ fn main() -> ExitCode {
             let _telemetry = telemetry::init(&loaded.log, &loaded.tracing)?;
             runtime.block_on(serve(config, loaded))
         }),
-        Command::CheckConfig { config } => check_config(config),
+        Command::CheckConfig { config } => runtime.block_on(check_config(config)),
         Command::Dev {
             config,
             port,
@@ -277,11 +277,24 @@ fn plugin_check(
     Ok(())
 }
 
-fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {
+async fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {
     let config = load(path.as_ref())?;
     let runtime = PolicyEngine::new(&config.plugins)?;
     let base = path.as_deref().and_then(|p| p.parent());
-    let policies = Policies::load(&runtime, &config, base)?;
+    // Modules named by digest come from the control store.
+    let stored = if config
+        .stages()
+        .iter()
+        .any(|(_, s)| s.module_digest().is_some())
+    {
+        let store = control::open(&config.control, base).await?;
+        aura_gateway::policy::fetch_stored_modules(&config, store.as_ref())
+            .await
+            .map_err(anyhow::Error::msg)?
+    } else {
+        Default::default()
+    };
+    let policies = Policies::load_with(&runtime, &config, base, &stored)?;
     for report in aura_gateway::policy::conformance::check(&policies)? {
         println!("{report}");
     }

@@ -5,23 +5,24 @@
 //! the modules it started with. A module that fails any check is refused with the reason and the
 //! modules in force keep serving. Other sections of the config file need a restart.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use crate::config::{self, Config};
-use crate::policy::Policies;
 use crate::policy::conformance::{self, StageReport};
+use crate::policy::{Policies, fetch_stored_modules};
 use crate::state::AppState;
 
-/// Reads the config file again and swaps in its policy modules, or says why not.
-pub fn reload(state: &AppState) -> Result<Vec<StageReport>, String> {
-    let path = state
-        .config_path
-        .get()
-        .ok_or_else(|| "the gateway was started without a config file".to_owned())?;
-    let config = Config::load(Some(path)).map_err(|e| e.to_string())?;
-    let policies =
-        Policies::load(&state.runtime, &config, path.parent()).map_err(|e| e.to_string())?;
+/// Loads and checks the policy modules of `config` and swaps them in, or says why not.
+fn reload(
+    state: &AppState,
+    path: &Path,
+    config: Config,
+    stored: &HashMap<String, Vec<u8>>,
+) -> Result<Vec<StageReport>, String> {
+    let policies = Policies::load_with(&state.runtime, &config, path.parent(), stored)
+        .map_err(|e| e.to_string())?;
     let reports = conformance::check(&policies).map_err(|e| e.to_string())?;
     if !same_apart_from_plugins(&state.config, &config) {
         tracing::warn!("only the plugin sections are reloaded; restart to apply the other changes");
@@ -40,12 +41,23 @@ fn same_apart_from_plugins(a: &Config, b: &Config) -> bool {
     strip(a) == strip(b)
 }
 
-/// Runs [`reload`] off the async threads, logging and counting the result.
+/// Reads the config file again and swaps in its policy modules (compiled off the async
+/// threads), logging and counting the result.
 pub async fn reload_and_log(state: &AppState, trigger: &str) -> Result<(), String> {
-    let worker = state.clone();
-    let result = tokio::task::spawn_blocking(move || reload(&worker))
-        .await
-        .map_err(|e| format!("reload task: {e}"))?;
+    let result = async {
+        let path = state
+            .config_path
+            .get()
+            .cloned()
+            .ok_or_else(|| "the gateway was started without a config file".to_owned())?;
+        let config = Config::load(Some(&path)).map_err(|e| e.to_string())?;
+        let stored = fetch_stored_modules(&config, state.auth.store.as_ref()).await?;
+        let worker = state.clone();
+        tokio::task::spawn_blocking(move || reload(&worker, &path, config, &stored))
+            .await
+            .map_err(|e| format!("reload task: {e}"))?
+    }
+    .await;
     match &result {
         Ok(reports) => {
             state

@@ -114,7 +114,7 @@ impl AppState {
         base: Option<&Path>,
         store: Arc<dyn ControlStore>,
     ) -> anyhow::Result<Self> {
-        let auth = Authenticator::new(&config.auth, store);
+        let auth = Authenticator::new(&config.auth, store.clone());
         let config_upstreams = config.upstreams.clone();
         let config_breaker = config.breaker.clone();
         let metrics = Metrics::new();
@@ -127,7 +127,10 @@ impl AppState {
         let quotas = QuotaLimiter::new(rl, metrics.clone());
         let runtime = PolicyEngine::new(&config.plugins)?;
         runtime.set_metrics(metrics.clone());
-        let policies = Policies::load(&runtime, &config, base)?;
+        let stored = crate::policy::fetch_stored_modules(&config, store.as_ref())
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let policies = Policies::load_with(&runtime, &config, base, &stored)?;
         crate::policy::conformance::check(&policies)?;
         let nats = NatsTransport::connect(&config.nats).await?;
         let state = Self(Arc::new(StateInner {

@@ -218,3 +218,64 @@ async fn a_swapped_in_module_that_fails_too_often_is_rolled_back() {
             .contains(r#"aura_policy_reloads_total{result="rolled_back"} 1"#)
     );
 }
+
+#[tokio::test]
+async fn a_module_named_by_digest_is_swapped_in_through_the_management_api() {
+    use aura_gateway::control::ControlStore;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = crate::support::fixture::Fixture::new();
+    let store = Arc::new(fx.file_store(dir.path()));
+    let module = std::fs::read(TESTING_PLUGIN_PATH).expect("module");
+    let digest = aura_gateway::policy::tenants::digest_of(&module);
+    store.put_module(&digest, &module).await.expect("stored");
+
+    let token = "admin-token-0123456789abcdef";
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.plugins.admin_token = Some(token.into());
+    let gw = InProcess::start_with_store(config, store).await;
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[plugins]\nwatch = false\nadmin_token = {token:?}\n\
+             [data_plane.plugins.cors]\nmodule = \"sha256:{digest}\"\n"
+        ),
+    )
+    .expect("config");
+    gw.state.config_path.set(path).expect("once");
+    assert_eq!(
+        preflight_origin(&gw, "https://a.example")
+            .await
+            .1
+            .as_deref(),
+        Some("*")
+    );
+
+    let client = reqwest::Client::new();
+    let r = client
+        .post(gw.mgmt_url("/v1/policies/reload"))
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = client
+        .post(gw.mgmt_url("/v1/policies/reload"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "{}",
+        r.text().await.unwrap_or_default()
+    );
+    assert_eq!(
+        preflight_origin(&gw, "https://a.example")
+            .await
+            .1
+            .as_deref(),
+        Some("https://a.example"),
+        "the stored module is in force"
+    );
+}

@@ -40,7 +40,8 @@ const SERVICE_PREFIXES: &[&str] = &[
 
 /// The scope of a path.
 pub fn scope_of(path: &str) -> Scope {
-    if path == "/health" || path == "/ready" {
+    // `/v1/policies/reload` has its own guard (the admin token).
+    if path == "/health" || path == "/ready" || path == "/v1/policies/reload" {
         return Scope::Public;
     }
     if let Some(rest) = path.strip_prefix("/v1/organizations/") {

@@ -12,7 +12,8 @@ use crate::error::GatewayError;
 /// The metrics path.
 pub const METRICS_PATH: &str = "/metrics";
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Compares two secrets in constant time.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -42,6 +42,7 @@ fn extra_routes() -> Router<AppState> {
             "/v1/projects/{project_ref}/logs",
             to!(get, Service::Control),
         )
+        .route("/v1/policies/reload", post(super::policies::reload))
         .route(
             "/v1/projects/{project_ref}/policies/{stage}",
             axum::routing::put(super::policies::put)

@@ -174,3 +174,27 @@ pub async fn delete(
         }
     }
 }
+
+/// `POST /v1/policies/reload`: reloads the plugin sections of the config file, like SIGHUP.
+/// Guarded by `plugins.admin_token`; without one the route does not exist.
+pub async fn reload(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
+    let Some(token) = state.config.plugins.admin_token.as_deref() else {
+        return GatewayError::not_found("no route for this path").into_response();
+    };
+    let presented = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if !crate::middleware::metrics_auth::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+        return GatewayError::unauthorized(
+            "invalid_admin_token",
+            "a valid admin bearer token is required",
+        )
+        .into_response();
+    }
+    match crate::reload::reload_and_log(&state, "management API").await {
+        Ok(()) => Json(serde_json::json!({ "status": "applied" })).into_response(),
+        Err(reason) => refused(reason).into_response(),
+    }
+}

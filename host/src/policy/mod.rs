@@ -167,7 +167,11 @@ struct ComponentCache {
     compiled: HashMap<String, Component>,
 }
 
-/// Reads (or takes the built-in bytes of) a stage module, compiles it once.
+/// Reads (or takes the built-in or stored bytes of) a stage module, compiles it once.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site, every argument distinct"
+)]
 fn component_for(
     runtime: &PolicyEngine,
     cache: &mut ComponentCache,
@@ -176,9 +180,21 @@ fn component_for(
     plane: Plane,
     stage_config: &StageConfig,
     base: Option<&Path>,
+    stored: &HashMap<String, Vec<u8>>,
 ) -> Result<(String, String, Component), PluginError> {
-    let (name, bytes): (String, std::borrow::Cow<'static, [u8]>) = match stage_config.module_path()
-    {
+    let (name, bytes): (String, std::borrow::Cow<'_, [u8]>) = match stage_config.module_path() {
+        None if stage_config.module_digest().is_some() => {
+            let digest = stage_config.module_digest().unwrap_or_default();
+            let bytes = stored.get(digest).ok_or_else(|| PluginError::Io {
+                key: key.to_owned(),
+                path: stage_config.module.clone(),
+                reason: "not in the control store's module store".to_owned(),
+            })?;
+            (
+                stage_config.module.clone(),
+                std::borrow::Cow::Borrowed(bytes.as_slice()),
+            )
+        }
         None => (
             config::BUILTIN.to_owned(),
             std::borrow::Cow::Borrowed(match stage {
@@ -236,6 +252,28 @@ pub struct PlanePolicies {
     pub db_routing: DbRoutingStage,
 }
 
+/// Fetches the modules a configuration names by digest (`sha256:…`) from the control store.
+pub async fn fetch_stored_modules(
+    config: &Config,
+    store: &dyn crate::control::ControlStore,
+) -> Result<HashMap<String, Vec<u8>>, String> {
+    let mut modules = HashMap::new();
+    for (key, stage) in config.stages() {
+        let Some(digest) = stage.module_digest() else {
+            continue;
+        };
+        let bytes = store
+            .module(digest)
+            .await
+            .map_err(|e| format!("{key}.module: {e}"))?
+            .ok_or_else(|| {
+                format!("{key}.module: {digest} is not in the control store's module store")
+            })?;
+        modules.insert(digest.to_owned(), bytes);
+    }
+    Ok(modules)
+}
+
 /// The policies a request started with (request extension, set by the outermost layer): every
 /// stage of that request runs on these modules, even if others are swapped in meanwhile.
 #[derive(Debug, Clone)]
@@ -255,11 +293,22 @@ impl Policies {
         config: &Config,
         base: Option<&Path>,
     ) -> Result<Self, PluginError> {
+        Self::load_with(runtime, config, base, &HashMap::new())
+    }
+
+    /// Like [`Policies::load`], with the modules named by digest (`sha256:…`) already fetched
+    /// from the control store.
+    pub fn load_with(
+        runtime: &Arc<PolicyEngine>,
+        config: &Config,
+        base: Option<&Path>,
+        stored: &HashMap<String, Vec<u8>>,
+    ) -> Result<Self, PluginError> {
         let mut cache = ComponentCache::default();
         let mut load = |plane: Plane, stage: Stage, sc: &StageConfig| {
             let key = format!("{plane}_plane.plugins.{stage}");
             let (name, digest, component) =
-                component_for(runtime, &mut cache, &key, stage, plane, sc, base)?;
+                component_for(runtime, &mut cache, &key, stage, plane, sc, base, stored)?;
             Ok::<_, PluginError>((name, digest, component, sc.config.to_string()))
         };
         let d = &config.data_plane.plugins;
