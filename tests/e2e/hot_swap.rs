@@ -279,3 +279,41 @@ async fn a_module_named_by_digest_is_swapped_in_through_the_management_api() {
         "the stored module is in force"
     );
 }
+
+#[tokio::test]
+async fn a_changed_config_file_is_picked_up_by_itself() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, "[plugins]\nwatch = true\nwatch_interval_ms = 100\n").expect("config");
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.plugins.watch_interval_ms = 100;
+    let gw = InProcess::start(config).await;
+    gw.state.config_path.set(path.clone()).expect("once");
+    aura_gateway::reload::spawn_triggers(&gw.state);
+    assert_eq!(
+        preflight_origin(&gw, "https://a.example")
+            .await
+            .1
+            .as_deref(),
+        Some("*")
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(
+        &path,
+        format!("[plugins]\nwatch = true\nwatch_interval_ms = 100\n[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n"),
+    )
+    .expect("new config");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if preflight_origin(&gw, "https://a.example")
+            .await
+            .1
+            .as_deref()
+            == Some("https://a.example")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the change was never picked up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
