@@ -7,6 +7,7 @@ mod backends;
 mod binary;
 mod chain;
 mod control_store;
+mod edge;
 mod examples;
 mod hostile;
 mod hot_swap;
