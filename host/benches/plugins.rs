@@ -49,6 +49,9 @@ fn typical_headers() -> HeaderMap {
 fn policies(reuse: InstanceReuse) -> Policies {
     let mut config = Config::default();
     config.plugins.instance_reuse = reuse;
+    // The deadline is wall-clock time: on a busy machine a preempted iteration must not be
+    // stopped as an overrun (this measures the cost of a call, not the deadline).
+    config.plugins.call_deadline_ms = 1_000;
     let runtime = PolicyEngine::new(&config.plugins).expect("engine");
     Policies::load(&runtime, &config, None).expect("default plugins")
 }

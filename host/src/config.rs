@@ -84,10 +84,14 @@ impl Default for Config {
 pub struct ServerConfig {
     /// Largest request body accepted on the NATS routes, in bytes (413 above).
     pub max_body_bytes: usize,
-    /// Time allowed to receive a request's headers (slowloris guard), in milliseconds.
+    /// Time allowed to receive a request's headers, a new connection's first byte, and the next
+    /// request on a keep-alive connection (slowloris and idle guard), in milliseconds.
     pub header_read_timeout_ms: u64,
     /// Open connections accepted per listener; further connections wait in the backlog.
     pub max_connections: usize,
+    /// Requests processed at once per listener (up to their response head); past it a request
+    /// is answered `503 overloaded` with `Retry-After` at once instead of queueing.
+    pub max_in_flight: usize,
     /// On SIGINT/SIGTERM, how long in-flight requests may take to finish, in seconds.
     pub shutdown_grace_secs: u64,
 }
@@ -98,6 +102,7 @@ impl Default for ServerConfig {
             max_body_bytes: 10 * 1024 * 1024,
             header_read_timeout_ms: 10_000,
             max_connections: 20_000,
+            max_in_flight: 10_000,
             shutdown_grace_secs: 30,
         }
     }
@@ -356,6 +361,11 @@ pub struct AuthConfig {
     pub key_cache_capacity: u64,
     /// Lifetime of cached project records (data plane), in seconds.
     pub project_cache_ttl_secs: u64,
+    /// While the control store is unavailable, how long the data plane keeps accepting a key
+    /// (and its project) it last found there, in seconds (0: never; at most 86400). Only
+    /// while the store cannot answer: a revoked key still stops within `key_cache_ttl_secs`
+    /// whenever the store is up.
+    pub stale_if_error_secs: u64,
     /// Clock skew tolerated on `exp` and `nbf`, in seconds (0–60).
     pub leeway_secs: u64,
     /// User JWTs on the data plane (`aud` = `authenticated`).
@@ -370,6 +380,7 @@ impl Default for AuthConfig {
             key_cache_ttl_secs: 30,
             key_cache_capacity: 100_000,
             project_cache_ttl_secs: 30,
+            stale_if_error_secs: 3_600,
             leeway_secs: 5,
             user_jwt: JwtConfig::default(),
             console_jwt: JwtConfig::default(),
@@ -724,6 +735,9 @@ impl Config {
         if s.max_connections == 0 {
             return Err(problem("server.max_connections", "must be at least 1"));
         }
+        if s.max_in_flight == 0 {
+            return Err(problem("server.max_in_flight", "must be at least 1"));
+        }
         if self.timeouts.default_ms == 0 {
             return Err(problem("timeouts.default_ms", "must be at least 1"));
         }
@@ -853,6 +867,12 @@ impl Config {
         }
         if a.project_cache_ttl_secs == 0 {
             return Err(problem("auth.project_cache_ttl_secs", "must be at least 1"));
+        }
+        if a.stale_if_error_secs > 86_400 {
+            return Err(problem(
+                "auth.stale_if_error_secs",
+                "must be at most 86400 (a day)",
+            ));
         }
         if a.leeway_secs > 60 {
             return Err(problem("auth.leeway_secs", "must be at most 60"));

@@ -152,6 +152,18 @@ impl GatewayError {
         .retryable()
     }
 
+    /// 503: the gateway sheds the request (more requests in flight than it takes at once).
+    pub fn overloaded() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "the gateway is at capacity; retry shortly",
+            Side::Gateway,
+        )
+        .retryable()
+        .retry_after(std::time::Duration::from_secs(1))
+    }
+
     /// 504: the route's budget ran out.
     pub fn timeout(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::GATEWAY_TIMEOUT, code, message, Side::Upstream)

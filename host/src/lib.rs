@@ -10,6 +10,8 @@ pub mod config;
 pub mod control;
 pub mod dev;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod metrics;
 pub mod middleware;
 pub mod plane;

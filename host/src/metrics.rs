@@ -29,6 +29,8 @@ pub struct Metrics {
     pub ratelimit_decisions: IntCounterVec,
     /// 1 while per-actor quotas are shared through Redis, 0 while local.
     pub ratelimit_shared: IntGauge,
+    /// Requests shed by plane (`server.max_in_flight` reached).
+    pub requests_shed: IntCounterVec,
 }
 
 impl Metrics {
@@ -110,8 +112,17 @@ impl Metrics {
             "1 while per-actor quotas are shared through Redis, 0 while local",
         )
         .expect("valid metric");
+        let requests_shed = IntCounterVec::new(
+            Opts::new(
+                "requests_shed_total",
+                "Requests answered 503 overloaded at once, by plane (server.max_in_flight)",
+            ),
+            &["plane"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(ratelimit_decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(requests_shed.clone()),
             Box::new(ratelimit_shared.clone()),
             Box::new(requests.clone()),
             Box::new(latency.clone()),
@@ -136,6 +147,7 @@ impl Metrics {
             nats_connected,
             ratelimit_decisions,
             ratelimit_shared,
+            requests_shed,
         }
     }
 

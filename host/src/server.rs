@@ -10,6 +10,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use axum::response::IntoResponse;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -52,14 +53,8 @@ pub async fn serve(
     let data_app = build_data_plane_router(state.clone());
     let mgmt_app = build_management_plane_router(state.clone());
     let (a, b) = tokio::join!(
-        serve_plane(Plane::Data, data, data_app, &state.config, stop_rx.clone()),
-        serve_plane(
-            Plane::Management,
-            management,
-            mgmt_app,
-            &state.config,
-            stop_rx
-        ),
+        serve_plane(Plane::Data, data, data_app, &state, stop_rx.clone()),
+        serve_plane(Plane::Management, management, mgmt_app, &state, stop_rx),
     );
     a.and(b)
 }
@@ -68,19 +63,26 @@ async fn serve_plane(
     plane: Plane,
     listener: TcpListener,
     router: Router,
-    config: &Config,
+    state: &AppState,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    let config: &Config = &state.config;
     let addr = listener.local_addr()?;
     tracing::info!(plane = plane.as_str(), %addr, "listening");
     let mut builder = Builder::new(TokioExecutor::new());
+    let header_timeout = Duration::from_millis(config.server.header_read_timeout_ms);
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(config.server.header_read_timeout_ms));
+        .header_read_timeout(header_timeout);
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
     let permits = Arc::new(Semaphore::new(config.server.max_connections));
+    let in_flight = Arc::new(Semaphore::new(config.server.max_in_flight));
+    let shed = state
+        .metrics
+        .requests_shed
+        .with_label_values(&[plane.as_str()]);
     let graceful = GracefulShutdown::new();
     loop {
         // Past the cap, stop accepting: new connections wait in the kernel backlog.
@@ -101,10 +103,20 @@ async fn serve_plane(
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
+        let in_flight = in_flight.clone();
+        let shed = shed.clone();
         let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
             request.extensions_mut().insert(ConnectInfo(peer));
             let router = router.clone();
+            // Load shedding: past `server.max_in_flight` requests in progress, answer at once
+            // rather than queue (a queue would only add latency to every request behind it).
+            let permit = in_flight.clone().try_acquire_owned();
+            let shed = shed.clone();
             async move {
+                let Ok(_permit) = permit else {
+                    shed.inc();
+                    return Ok(crate::error::GatewayError::overloaded().into_response());
+                };
                 Ok::<_, Infallible>(
                     router
                         .oneshot(request.map(Body::new))
@@ -113,12 +125,25 @@ async fn serve_plane(
                 )
             }
         });
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            // The protocol detection reads the first bytes before hyper's header-read timeout
+            // runs: a connection that sends nothing at all would hold its slot under
+            // `server.max_connections` forever. It gets the same time to start as to finish.
+            let mut first = [0u8; 1];
+            if !matches!(
+                tokio::time::timeout(header_timeout, stream.peek(&mut first)).await,
+                Ok(Ok(1..))
+            ) {
+                tracing::debug!(%peer, "connection sent nothing within the header timeout; closed");
+                drop(permit);
+                return;
+            }
+            let connection = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            if let Err(e) = watcher.watch(connection).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             drop(permit);

@@ -574,3 +574,243 @@ async fn nats_killed_under_load_opens_the_breaker_and_traffic_recovers_when_it_r
         );
     }
 }
+
+/// NATS dies while requests are in flight and comes back: every request is answered within its
+/// budget, and no request is delivered to a backend after its client got an answer.
+#[tokio::test]
+async fn nats_killed_with_requests_in_flight_answers_within_budget_and_never_delivers_late() {
+    use std::sync::Mutex;
+    let nats = NatsServer::start("");
+    let port = nats.port;
+    let prefix = unique_prefix();
+    let mut config = test_config(&nats.url(), &prefix);
+    config.breaker.failure_threshold = 5;
+    config.breaker.open_ms = 500;
+    config.timeouts.functions_ms = 1_000;
+    let budget = Duration::from_millis(1_000);
+    let gw = InProcess::start(config).await;
+    // Deliveries by request id, with the time they reached a backend.
+    let deliveries: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let responder = |url: String, deliveries: Arc<Mutex<Vec<(String, Instant)>>>| {
+        let prefix = prefix.clone();
+        async move {
+            Responder::start(
+                &url,
+                &format!("{prefix}.functions.http"),
+                Duration::from_millis(20),
+                move |e| {
+                    let id = e["id"].as_str().unwrap_or_default().to_owned();
+                    deliveries.lock().expect("lock").push((id, Instant::now()));
+                    reply(200, &[], b"ok")
+                },
+            )
+            .await
+        }
+    };
+    let first = responder(nats.url(), deliveries.clone()).await;
+    let c = client();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Eight clients keep requests in flight the whole time.
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (c, url, stop) = (c.clone(), gw.data_url("/v1/functions/f"), stop.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let r = c.post(&url).send().await.expect("answered");
+                    let answered = Instant::now();
+                    let id = r.headers()["x-request-id"].to_str().expect("id").to_owned();
+                    answers.push((id, r.status(), answered - started, answered));
+                    if r.status() != StatusCode::OK {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                answers
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(nats);
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let _nats = NatsServer::start_on(port, "");
+    let _second = responder(format!("nats://127.0.0.1:{port}"), deliveries.clone()).await;
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(30);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let served_since = deliveries
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(_, at)| *at > back)
+            .count();
+        if served_since >= 50 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no recovery within 30 s");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for w in workers {
+        answers.extend(w.await.expect("worker"));
+    }
+    let delivered = deliveries.lock().expect("lock").clone();
+    let failed = answers.iter().filter(|a| a.1 != StatusCode::OK).count();
+    let slowest = answers.iter().map(|a| a.2).max().unwrap_or_default();
+    println!(
+        "nats killed under load: {} answers ({failed} failed fast or timed out), slowest {slowest:?}, \
+         {} deliveries",
+        answers.len(),
+        delivered.len()
+    );
+    assert!(failed > 0, "the outage was seen");
+    assert!(
+        answers.iter().filter(|a| a.1 == StatusCode::OK).count() > 50,
+        "traffic recovered"
+    );
+    for (id, status, took, _) in &answers {
+        assert!(
+            matches!(
+                *status,
+                StatusCode::OK | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+            ),
+            "{id}: {status}"
+        );
+        assert!(
+            *took < budget + Duration::from_millis(300),
+            "{id} answered after {took:?}, past its {budget:?} budget"
+        );
+    }
+    let answered_at: std::collections::HashMap<&str, (StatusCode, Instant)> = answers
+        .iter()
+        .map(|(id, status, _, at)| (id.as_str(), (*status, *at)))
+        .collect();
+    let mut per_id: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (id, at) in &delivered {
+        *per_id.entry(id.as_str()).or_default() += 1;
+        if let Some((status, answered)) = answered_at.get(id.as_str()) {
+            assert!(
+                *at <= *answered,
+                "{id} reached a backend {:?} after its client got {status}",
+                *at - *answered
+            );
+        }
+    }
+    assert!(
+        per_id.values().all(|n| *n == 1),
+        "a request was delivered twice"
+    );
+}
+
+/// Records the header names of each request it receives and reads its body to the end.
+async fn recording_upstream() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let url = serve(Router::new().fallback(move |request: Request| {
+        let record = record.clone();
+        async move {
+            let names = request
+                .headers()
+                .keys()
+                .map(|n| n.as_str().to_owned())
+                .collect();
+            record.lock().expect("lock").push(names);
+            let read = axum::body::to_bytes(request.into_body(), usize::MAX)
+                .await
+                .map(|b| b.len())
+                .unwrap_or(0);
+            (StatusCode::OK, read.to_string()).into_response()
+        }
+    }))
+    .await;
+    (url, seen)
+}
+
+#[tokio::test]
+async fn a_chunked_upload_past_the_storage_limit_is_a_413_and_no_breaker_failure() {
+    let (upstream, _seen) = recording_upstream().await;
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.upstreams.storage_url = Some(upstream);
+    config.upstreams.storage_max_body_bytes = 64 * 1024;
+    config.breaker.failure_threshold = 1;
+    let gw = InProcess::start(config).await;
+    // No Content-Length: the limit can only be found while streaming.
+    let chunks = futures::stream::iter(
+        (0..32).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![7u8; 8 * 1024]))),
+    );
+    let r = client()
+        .put(gw.data_url("/v1/storage/object/b/big.bin"))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: serde_json::Value = r.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
+    // Within the limit, streamed the same way: served, and the breaker never counted a failure.
+    let chunks = futures::stream::iter(
+        (0..4).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![7u8; 8 * 1024]))),
+    );
+    let r = client()
+        .put(gw.data_url("/v1/storage/object/b/small.bin"))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.text().await.expect("text"), (32 * 1024).to_string());
+}
+
+#[tokio::test]
+async fn hop_by_hop_and_client_identity_headers_never_reach_an_http_backend() {
+    let (upstream, seen) = recording_upstream().await;
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.upstreams.storage_url = Some(upstream);
+    let gw = InProcess::start(config).await;
+    let r = client()
+        .get(gw.data_url("/v1/storage/object/b/a.txt"))
+        .header("connection", "keep-alive, x-hop")
+        .header("x-hop", "1")
+        .header("keep-alive", "timeout=5")
+        .header("te", "trailers")
+        .header("trailer", "x-t")
+        .header("proxy-authorization", "Basic Zm9vOmJhcg==")
+        .header("proxy-connection", "keep-alive")
+        .header("x-aura-role", "service_role")
+        .header("x-aura-project", "other")
+        .header("x-aura-user-id", "00000000-0000-4000-8000-000000000000")
+        .header("x-api-key", TEST_KEY)
+        .header("x-kept", "1")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(r.status(), StatusCode::OK);
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1);
+    let names = &seen[0];
+    assert!(
+        names.iter().any(|n| n == "x-kept"),
+        "ordinary headers pass: {names:?}"
+    );
+    for stripped in [
+        "x-hop",
+        "keep-alive",
+        "te",
+        "trailer",
+        "proxy-authorization",
+        "proxy-connection",
+        "x-api-key",
+        "apikey",
+        "x-aura-user-id",
+    ] {
+        assert!(
+            !names.iter().any(|n| n == stripped),
+            "{stripped} reached the backend: {names:?}"
+        );
+    }
+    // The gateway's own identity headers replace the client's.
+    assert!(names.iter().filter(|n| *n == "x-aura-role").count() == 1);
+    assert!(names.iter().filter(|n| *n == "x-aura-project").count() == 1);
+}

@@ -557,3 +557,71 @@ fn plugin_check_passes_a_good_module_and_names_what_is_wrong_with_a_bad_one() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not export the cors stage world"));
 }
+
+#[tokio::test]
+async fn no_key_or_token_text_reaches_the_log_even_at_debug_level() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/control/local.toml"),
+        dir.path().join("control.toml"),
+    )
+    .expect("copy the example control file");
+    let path = write_config(
+        dir.path(),
+        &format!(
+            "[nats]\nurl = {:?}\n[control]\nfile = \"control.toml\"\n\
+             [auth.user_jwt]\nhs256_secret = \"binary-user-jwt-secret-0123456789abcdef\"\n\
+             [log]\nlevel = \"debug\"\nformat = \"json\"\n",
+            shared().url()
+        ),
+    );
+    let gw = Process::serve(&path, dir.path());
+    let client = reqwest::Client::new();
+    let demo = "aura_pk_localdemo_0123456789abcdefghijklmnopqrstuv";
+    let mut secrets = Vec::new();
+    for i in 0..200 {
+        let guess = format!("aura_sk_guess{i:04}_{}", uuid::Uuid::new_v4().simple());
+        let r = client
+            .get(gw.data_url("/v1/functions/f"))
+            .header(if i % 2 == 0 { "apikey" } else { "x-api-key" }, &guess)
+            .send()
+            .await
+            .expect("r");
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        let token = format!(
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ{i:04}{}.c2lnbmF0dXJl",
+            uuid::Uuid::new_v4().simple()
+        );
+        let r = client
+            .get(gw.data_url("/v1/functions/f"))
+            .header("apikey", demo)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .expect("r");
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        secrets.push(guess);
+        secrets.push(token);
+    }
+    // A real key, used: still never logged.
+    let r = client
+        .get(gw.data_url("/health"))
+        .header("apikey", demo)
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::OK);
+    secrets.push(demo.to_owned());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = gw.log_text();
+    assert!(
+        log.lines().count() > 400,
+        "the debug log was written ({} lines)",
+        log.lines().count()
+    );
+    for secret in &secrets {
+        assert!(!log.contains(secret.as_str()), "{secret} is in the log");
+        let body = &secret[8..];
+        assert!(!log.contains(body), "part of {secret} is in the log");
+    }
+}

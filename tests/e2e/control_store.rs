@@ -253,3 +253,141 @@ fn the_file_store_checks_references_like_the_database() {
         .expect_err("unknown field");
     assert!(err.contains("extra"), "{err}");
 }
+
+/// Postgres goes away under a running gateway and comes back.
+#[tokio::test]
+async fn a_postgres_outage_fails_the_console_closed_keeps_known_keys_serving_and_heals() {
+    use std::time::{Duration, Instant};
+
+    use crate::support::fixture::console_token;
+    use crate::support::gateway::InProcess;
+    use crate::support::outage::Relay;
+    use crate::support::responder::{Responder, reply};
+
+    let db = TestDatabase::create().await;
+    db.store().await; // migrated
+    let fx = Fixture::new();
+    fx.seed(&db).await;
+    let target: std::net::SocketAddr = {
+        let rest = db.url.split_once('@').map_or(db.url.as_str(), |(_, r)| r);
+        let host_port = rest.split('/').next().expect("host:port");
+        tokio::net::lookup_host(host_port)
+            .await
+            .expect("resolve")
+            .next()
+            .expect("an address")
+    };
+    let relay = Relay::start(target).await;
+    let (before, after) = db.url.split_once('@').expect("user@host");
+    let tail = after.split_once('/').map(|(_, db)| db).expect("/db");
+    let relayed = format!("{before}@{}/{tail}", relay.addr);
+
+    let nats = crate::support::nats_server::shared();
+    let prefix = crate::support::unique_prefix();
+    let mut config = crate::support::gateway::test_config(&nats.url(), &prefix);
+    config.control.store = aura_gateway::config::StoreKind::Postgres;
+    config.control.database_url = Some(relayed.clone());
+    config.control.acquire_timeout_ms = 500;
+    config.auth.key_cache_ttl_secs = 1;
+    config.auth.project_cache_ttl_secs = 1;
+    let store = aura_gateway::control::postgres::PostgresStore::connect(&relayed, &config.control)
+        .await
+        .expect("store");
+    let gw = InProcess::start_with_store(config, std::sync::Arc::new(store)).await;
+    let mut responders = Vec::new();
+    for service in ["auth", "control", "db", "provisioner"] {
+        responders.push(
+            Responder::start(
+                &nats.url(),
+                &format!("{prefix}.{service}.http"),
+                Duration::ZERO,
+                |_| reply(200, &[("content-type", "application/json")], b"{}"),
+            )
+            .await,
+        );
+    }
+    let http = reqwest::Client::new();
+    let data = |key: String| {
+        http.get(gw.data_url("/v1/db/todos"))
+            .header("apikey", key)
+            .send()
+    };
+    let console = || {
+        http.get(gw.mgmt_url("/v1/projects/alpha"))
+            .header(
+                "authorization",
+                format!("Bearer {}", console_token(fx.developer)),
+            )
+            .send()
+    };
+    let r = data(fx.anon_key.clone()).await.expect("r");
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    assert_eq!(console().await.expect("r").status(), 200);
+
+    relay.cut();
+    // Past the key and project cache lifetimes: only the last known records remain.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+
+    let started = Instant::now();
+    let r = console().await.expect("r");
+    let took = started.elapsed();
+    assert_eq!(r.status(), 503, "the console fails closed");
+    assert!(r.headers().contains_key("retry-after"));
+    let body: serde_json::Value = r.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "control_store_unavailable", "{body}");
+    eprintln!("postgres outage: console failed closed in {took:?}");
+    assert!(took < Duration::from_secs(2), "failed closed in {took:?}");
+
+    let started = Instant::now();
+    for _ in 0..20 {
+        let r = data(fx.anon_key.clone()).await.expect("r");
+        assert_eq!(r.status(), 200, "a key seen before keeps serving");
+    }
+    let took = started.elapsed();
+    eprintln!("postgres outage: 20 requests on a known key served in {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "20 requests on a known key took {took:?}: each waited for the store"
+    );
+    // A key the gateway never saw cannot be checked: refused, never let through.
+    let r = data(fx.service_key.clone()).await.expect("r");
+    assert_eq!(r.status(), 503);
+    let ready = http.get(gw.mgmt_url("/ready")).send().await.expect("ready");
+    assert_eq!(ready.status(), 503, "/ready reports the store down");
+
+    relay.restore().await;
+    let back = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = console().await.expect("r");
+        if r.status() == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the console did not recover: {}",
+            r.status()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The data plane tries the store again at most a second after it last found it down.
+    let deadline = Instant::now() + aura_gateway::auth::keys::STORE_RETRY * 3;
+    loop {
+        let r = data(fx.service_key.clone()).await.expect("r");
+        if r.status() == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the data plane did not recover: {}",
+            r.status()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(data(fx.anon_key.clone()).await.expect("r").status(), 200);
+    eprintln!(
+        "postgres outage: recovered {:?} after the store came back",
+        back.elapsed()
+    );
+    drop(responders);
+}

@@ -100,3 +100,354 @@ async fn clients_that_go_away_give_their_breaker_probes_back() {
         .expect("r");
     assert_eq!(r.status(), StatusCode::OK, "the probe slots all came back");
 }
+
+/// Sends `raw` on a new connection and returns everything the gateway wrote back until it
+/// closed the connection or went quiet for a second.
+fn exchange(addr: std::net::SocketAddr, raw: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
+    s.write_all(raw).expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A gateway and a functions responder recording every envelope it receives.
+async fn recording_gateway() -> (
+    InProcess,
+    Responder,
+    std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+) {
+    let nats = shared();
+    let prefix = unique_prefix();
+    let gw = InProcess::start(test_config(&nats.url(), &prefix)).await;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let responder = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.functions.http"),
+        Duration::ZERO,
+        move |envelope| {
+            record.lock().expect("lock").push(envelope);
+            reply(200, &[], b"ok")
+        },
+    )
+    .await;
+    (gw, responder, seen)
+}
+
+fn status_of(response: &str) -> Option<u16> {
+    response
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+}
+
+fn header_names(envelope: &serde_json::Value) -> Vec<String> {
+    envelope["headers"]
+        .as_array()
+        .map(|hs| {
+            hs.iter()
+                .filter_map(|h| h[0].as_str().map(str::to_ascii_lowercase))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn length_and_chunked_together_never_smuggle_a_request() {
+    let (gw, responder, seen) = recording_gateway().await;
+    let addr = gw.data;
+    // CL.TE: a front end trusting Content-Length would forward `0\r\n\r\nG…` as one body and
+    // leave a second request behind; one trusting Transfer-Encoding ends the body at `0`.
+    let raw = format!(
+        "POST /v1/functions/f HTTP/1.1\r\nHost: x\r\napikey: {TEST_KEY}\r\n\
+         Content-Length: 49\r\nTransfer-Encoding: chunked\r\n\r\n\
+         0\r\n\r\nGET /v1/functions/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+    );
+    let answer = tokio::task::spawn_blocking(move || exchange(addr, raw.as_bytes()))
+        .await
+        .expect("exchange");
+    let status = status_of(&answer);
+    assert!(
+        matches!(status, Some(400) | Some(200)),
+        "answered {answer:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let seen = seen.lock().expect("lock").clone();
+    assert!(
+        seen.iter()
+            .all(|e| e["path"].as_str() != Some("/v1/functions/smuggled")
+                && !e["url"].as_str().unwrap_or("").contains("smuggled")),
+        "a smuggled request reached the backend: {seen:?}"
+    );
+    // Normalised (answered by the chunked framing) means exactly one delivery; refused, none.
+    let expected = usize::from(status == Some(200));
+    assert_eq!(seen.len(), expected, "deliveries for an answer {status:?}");
+    for envelope in &seen {
+        let names = header_names(envelope);
+        assert!(
+            !names
+                .iter()
+                .any(|n| n == "transfer-encoding" || n == "content-length"),
+            "framing headers passed upstream: {names:?}"
+        );
+        assert!(
+            envelope["body"].is_null() || envelope["body"].as_str() == Some(""),
+            "the body was read by Content-Length, not by the chunked framing: {envelope}"
+        );
+    }
+    assert!(
+        answer.matches("HTTP/1.1 ").count() <= 1,
+        "the gateway answered a second, smuggled request: {answer:?}"
+    );
+    drop(responder);
+}
+
+#[tokio::test]
+async fn conflicting_lengths_and_bad_header_names_are_refused_before_any_backend() {
+    let (gw, responder, seen) = recording_gateway().await;
+    let addr = gw.data;
+    let cases = [
+        format!(
+            "POST /v1/functions/f HTTP/1.1\r\nHost: x\r\napikey: {TEST_KEY}\r\n\
+             Content-Length: 2\r\nContent-Length: 4\r\n\r\nabcd"
+        ),
+        format!(
+            "POST /v1/functions/f HTTP/1.1\r\nHost: x\r\napikey: {TEST_KEY}\r\n\
+             Content-Length: 2, 4\r\n\r\nabcd"
+        ),
+        format!(
+            "POST /v1/functions/f HTTP/1.1\r\nHost: x\r\napikey: {TEST_KEY}\r\n\
+             Content-Length: -1\r\n\r\nabcd"
+        ),
+        format!(
+            "GET /v1/functions/f HTTP/1.1\r\nHost: x\r\napikey: {TEST_KEY}\r\nBad Name: v\r\n\r\n"
+        ),
+        format!(
+            "GET /v1/functions/f HTTP/1.1\r\nHost: x\r\napikey: {TEST_KEY}\r\nX-Ctl\x01: v\r\n\r\n"
+        ),
+        format!("GET /v1/functions/f HTTP/1.1\r\nHost: x\r\napikey: {TEST_KEY}\r\n: empty\r\n\r\n"),
+        format!(
+            "POST /v1/functions/f HTTP/1.1\r\nHost: x\r\napikey: {TEST_KEY}\r\n\
+             Transfer-Encoding: gzip\r\n\r\nabcd"
+        ),
+    ];
+    for raw in cases {
+        let shown = raw.clone();
+        let answer = tokio::task::spawn_blocking(move || exchange(addr, raw.as_bytes()))
+            .await
+            .expect("exchange");
+        assert_eq!(
+            status_of(&answer),
+            Some(400),
+            "{shown:?} was answered {answer:?}, not 400"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        seen.lock().expect("lock").is_empty(),
+        "a malformed request reached the backend"
+    );
+    // The listener is unharmed.
+    let r = client()
+        .post(gw.data_url("/v1/functions/f"))
+        .send()
+        .await
+        .expect("served");
+    assert_eq!(r.status(), StatusCode::OK);
+    drop(responder);
+}
+
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+#[tokio::test]
+async fn load_past_capacity_is_shed_fast_and_the_rest_keeps_its_latency() {
+    let nats = shared();
+    let prefix = unique_prefix();
+    let mut config = test_config(&nats.url(), &prefix);
+    config.server.max_in_flight = 16;
+    let gw = InProcess::start(config).await;
+    let backend = Duration::from_millis(300);
+    let responder = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.functions.http"),
+        backend,
+        |_| reply(200, &[], b"ok"),
+    )
+    .await;
+    let before = rss_mib();
+    let http = client();
+    // 25 times the capacity, all at once, three waves.
+    let mut served = 0usize;
+    let mut shed = 0usize;
+    let mut slowest_shed = Duration::ZERO;
+    let mut slowest_served = Duration::ZERO;
+    for _ in 0..3 {
+        let calls = (0..400).map(|_| {
+            let http = http.clone();
+            let url = gw.data_url("/v1/functions/f");
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let r = http.post(url).send().await.expect("answered");
+                let status = r.status();
+                let retry_after = r.headers().get("retry-after").cloned();
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                (status, retry_after, body, started.elapsed())
+            })
+        });
+        for call in futures::future::join_all(calls).await {
+            let (status, retry_after, body, took) = call.expect("task");
+            match status {
+                StatusCode::OK => {
+                    served += 1;
+                    slowest_served = slowest_served.max(took);
+                }
+                StatusCode::SERVICE_UNAVAILABLE => {
+                    assert_eq!(body["error"]["code"], "overloaded", "{body}");
+                    assert!(retry_after.is_some(), "a shed request says when to retry");
+                    shed += 1;
+                    slowest_shed = slowest_shed.max(took);
+                }
+                other => panic!("unexpected {other}: {body}"),
+            }
+        }
+    }
+    let grown = rss_mib() - before;
+    eprintln!(
+        "overload: 1200 requests at 25x capacity: {served} served (slowest {slowest_served:?}), \
+         {shed} shed (slowest {slowest_shed:?}), RSS +{grown:.1} MiB"
+    );
+    assert!(served >= 16, "the capacity was used: {served} served");
+    assert!(shed >= 600, "the excess was shed: {shed} of 1200");
+    assert!(
+        slowest_shed < backend,
+        "shedding took {slowest_shed:?}, longer than the backend itself"
+    );
+    assert!(
+        slowest_served < backend * 4,
+        "accepted requests waited {slowest_served:?} for a {backend:?} backend"
+    );
+    assert!(grown < 64.0, "memory grew by {grown:.1} MiB under overload");
+    // Load drops: every request is served again.
+    for _ in 0..20 {
+        let r = http
+            .post(gw.data_url("/v1/functions/f"))
+            .send()
+            .await
+            .expect("r");
+        assert_eq!(r.status(), StatusCode::OK, "recovered after the overload");
+    }
+    let shed_metric = gw.state.metrics.render();
+    assert!(
+        shed_metric.contains("aura_requests_shed_total"),
+        "shed requests are counted"
+    );
+    drop(responder);
+}
+
+/// Whether a read shows the peer closed the connection (not a read timeout).
+fn closed_by_peer(read: std::io::Result<usize>) -> bool {
+    match read {
+        Ok(0) => true,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        Ok(_) => false,
+    }
+}
+
+#[tokio::test]
+async fn silent_connections_cannot_hold_the_connection_cap() {
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.server.max_connections = 4;
+    config.server.header_read_timeout_ms = 500;
+    let gw = InProcess::start(config).await;
+    let addr = gw.data;
+    // Four connections that never send a byte take every slot.
+    let silent: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(addr).expect("connect"))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        client().get(gw.data_url("/health")).send(),
+    )
+    .await
+    .expect("a fifth client is served once the silent ones are cut")
+    .expect("answered");
+    assert_eq!(r.status(), StatusCode::OK);
+    let waited = started.elapsed();
+    eprintln!("connection cap: a fifth client served after {waited:?}");
+    assert!(waited < Duration::from_secs(2), "waited {waited:?}");
+    for mut s in silent {
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let mut buf = [0u8; 64];
+        assert!(
+            closed_by_peer(s.read(&mut buf)),
+            "a silent connection was kept"
+        );
+    }
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connections_are_closed_after_the_idle_limit() {
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.server.header_read_timeout_ms = 500;
+    let gw = InProcess::start(config).await;
+    let addr = gw.data;
+    let (answer, idle_for) = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("write");
+        // The answer, until the connection goes quiet.
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+        // Then nothing is sent: how long until the gateway closes the connection?
+        let quiet = std::time::Instant::now();
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        assert!(
+            closed_by_peer(s.read(&mut buf)),
+            "an idle keep-alive connection was kept"
+        );
+        (
+            String::from_utf8_lossy(&answer).into_owned(),
+            quiet.elapsed(),
+        )
+    })
+    .await
+    .expect("client");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        idle_for < Duration::from_secs(2),
+        "closed only after {idle_for:?} idle"
+    );
+}

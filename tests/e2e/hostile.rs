@@ -54,9 +54,9 @@ async fn ten_thousand_bad_keys_and_tokens_are_all_refused() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let send = |request: Request<Body>| router.clone().oneshot(request);
 
-    // 6,000 key attempts over 3,000 distinct keys: guessed, malformed, near misses.
+    // 10,000 key attempts over 5,000 distinct keys: guessed, malformed, near misses.
     let mut keys = Vec::new();
-    for i in 0..3_000 {
+    for i in 0..5_000 {
         let key = match i % 6 {
             0 => format!("aura_pk_{}", rng.string(43, URL_SAFE)),
             1 => format!("aura_sk_{}", rng.string(43, URL_SAFE)),
@@ -104,22 +104,22 @@ async fn ten_thousand_bad_keys_and_tokens_are_all_refused() {
         );
         attempts += 1;
     }
-    assert!(attempts > 5_000, "{attempts}");
+    assert!(attempts > 9_000, "{attempts}");
     assert!(
         counting.max_lookups_of_one_key() <= 1,
         "a distinct key reached the store {} times",
         counting.max_lookups_of_one_key()
     );
 
-    // 4,000 token mutants with a valid key.
+    // 10,000 token mutants with a valid key.
     let sub = uuid::Uuid::new_v4().to_string();
     let valid = hs256(
         USER_SECRET,
         json!({"sub": sub, "aud": "authenticated", "ref": "alpha", "exp": epoch() + 600}),
     );
     let mut tokens = Vec::new();
-    for i in 0..4_000 {
-        let token = match i % 8 {
+    for i in 0..10_000 {
+        let token = match i % 10 {
             0 => {
                 // Flip one character of a valid token (header, payload or signature).
                 let mut t = valid.clone().into_bytes();
@@ -154,7 +154,28 @@ async fn ten_thousand_bad_keys_and_tokens_are_all_refused() {
                 rng.string(60, URL_SAFE),
                 rng.string(43, URL_SAFE)
             ),
-            _ => format!("eyJhbGciOiJub25lIn0.{}.", rng.string(80, URL_SAFE)),
+            7 => format!("eyJhbGciOiJub25lIn0.{}.", rng.string(80, URL_SAFE)),
+            // Algorithm swap: properly signed with the secret, under an algorithm not accepted.
+            8 => {
+                let alg = *[
+                    jsonwebtoken::Algorithm::HS384,
+                    jsonwebtoken::Algorithm::HS512,
+                ]
+                .get(rng.next() as usize % 2)
+                .expect("alg");
+                jsonwebtoken::encode(
+                    &jsonwebtoken::Header::new(alg),
+                    &json!({"sub": sub, "aud": "authenticated", "ref": "alpha", "exp": epoch() + 600}),
+                    &jsonwebtoken::EncodingKey::from_secret(USER_SECRET.as_bytes()).expect("key"),
+                )
+                .expect("token")
+            }
+            // Oversized but otherwise valid.
+            _ => hs256(
+                USER_SECRET,
+                json!({"sub": sub, "aud": "authenticated", "ref": "alpha", "exp": epoch() + 600,
+                       "pad": rng.string(9_000, URL_SAFE)}),
+            ),
         };
         if token == valid {
             continue;
@@ -162,6 +183,7 @@ async fn ten_thousand_bad_keys_and_tokens_are_all_refused() {
         tokens.push(token);
     }
     tokens.push("x".repeat(20_000));
+    assert!(tokens.len() > 9_900, "{}", tokens.len());
     for token in &tokens {
         let request = Request::get("/v1/auth/user")
             .header("apikey", fx.anon_key.as_str())

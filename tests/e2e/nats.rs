@@ -209,12 +209,18 @@ async fn a_slow_responder_gets_exactly_one_delivery_and_the_caller_a_504() {
         |_| reply(200, &[], b"late"),
     )
     .await;
+    let started = std::time::Instant::now();
     let response = crate::support::gateway::client()
         .get(gw.data_url("/v1/auth/token"))
         .send()
         .await
         .expect("request");
+    let took = started.elapsed();
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        took >= Duration::from_millis(480) && took < Duration::from_millis(1_000),
+        "the 504 came at {took:?}, not at the 500 ms budget"
+    );
     let body: serde_json::Value = response.json().await.expect("json");
     assert!(
         body["error"]["code"]

@@ -250,6 +250,62 @@ async fn a_frozen_redis_falls_back_to_local_limits_and_sharing_resumes() {
     assert!(resumed.elapsed() < Duration::from_secs(10));
 }
 
+#[tokio::test]
+async fn a_killed_redis_under_load_limits_locally_without_errors_and_sharing_resumes() {
+    let redis = RedisServer::start();
+    let gw = InProcess::start(shared_config(&redis, 100)).await;
+    let c = client();
+    wait_shared(&gw, &c).await;
+    let port = redis.kill();
+    // Eight clients at once, 400 requests: the local bucket (burst 100, 1/s) admits about 100.
+    let statuses: Vec<StatusCode> = futures::future::join_all((0..8).map(|_| {
+        let c = c.clone();
+        let url = gw.data_url("/v1/storage/x");
+        async move {
+            let mut seen = Vec::new();
+            for _ in 0..50 {
+                seen.push(c.get(&url).send().await.expect("answered").status());
+            }
+            seen
+        }
+    }))
+    .await
+    .into_iter()
+    .flatten()
+    .collect();
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    let passed = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
+        .count();
+    println!("redis killed: of 400 requests {passed} passed the quota, {limited} limited locally");
+    assert_eq!(
+        limited + passed,
+        400,
+        "only 429 or the route's own 503: {statuses:?}"
+    );
+    assert!(
+        limited >= 250,
+        "limiting went on locally: {limited} limited"
+    );
+    assert!(
+        passed >= 50,
+        "the local bucket admitted its burst: {passed}"
+    );
+    assert!(!gw.state.quotas.is_shared());
+    let _redis = RedisServer::start_on(port);
+    let back = Instant::now();
+    wait_shared(&gw, &c).await;
+    println!(
+        "shared again {:.2} s after Redis restarted",
+        back.elapsed().as_secs_f64()
+    );
+    assert!(back.elapsed() < Duration::from_secs(10));
+}
+
 /// A reference token bucket: `burst` tokens, `rate` per second, continuous refill.
 struct Model {
     tokens: f64,

@@ -173,3 +173,95 @@ async fn a_tenant_installs_its_own_cors_and_quota_modules_and_other_projects_are
         .expect("r");
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_failing_tenant_module_never_rolls_back_the_operators_modules() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.plugins.rollback_min_calls = 5;
+    let gw = InProcess::start_with_store(config, Arc::new(fx.file_store(dir.path()))).await;
+    // A reload happened: there is a previous set of modules to roll back to.
+    let reloaded = aura_gateway::policy::Policies::load(&gw.state.runtime, &gw.state.config, None)
+        .expect("policies");
+    gw.state.swap_policies(reloaded);
+    let in_force = gw.state.policies();
+
+    let client = reqwest::Client::new();
+    let r = client
+        .put(gw.mgmt_url("/v1/projects/alpha/policies/cors"))
+        .bearer_auth(console_token(fx.admin))
+        .json(&json!({ "module": testing_module(), "config": {} }))
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::OK);
+    // Every call of alpha's module fails: alpha's requests fail closed…
+    for _ in 0..40 {
+        let r = client
+            .get(gw.data_url("/health"))
+            .header("apikey", &fx.anon_key)
+            .header("origin", "https://trap.test")
+            .send()
+            .await
+            .expect("r");
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    // …and nothing else changes: the operator's modules stay in force.
+    assert!(
+        Arc::ptr_eq(&in_force, &gw.state.policies()),
+        "a tenant module's failures rolled back the plane's modules"
+    );
+    assert!(
+        !gw.state
+            .metrics
+            .render()
+            .contains(r#"aura_policy_reloads_total{result="rolled_back"}"#)
+    );
+    let r = client
+        .get(gw.data_url("/health"))
+        .header("apikey", &fx.other_project_key)
+        .header("origin", "https://trap.test")
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::OK, "another project is unaffected");
+}
+
+#[tokio::test]
+async fn a_fifty_megabyte_module_is_refused_before_it_is_read_and_the_gateway_keeps_serving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let gw = InProcess::start_with_store(
+        test_config(&shared().url(), &unique_prefix()),
+        Arc::new(fx.file_store(dir.path())),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let module = "A".repeat(50 * 1024 * 1024 / 3 * 4);
+    let started = std::time::Instant::now();
+    let r = client
+        .put(gw.mgmt_url("/v1/projects/alpha/policies/quota"))
+        .bearer_auth(console_token(fx.admin))
+        .json(&json!({ "module": module }))
+        .send()
+        .await;
+    // Refused with 413, or the connection closed while the client was still sending.
+    if let Ok(r) = r {
+        assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let r = client
+        .get(gw.data_url("/health"))
+        .send()
+        .await
+        .expect("still serving");
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = client
+        .get(gw.mgmt_url("/v1/projects/alpha/policies/quota"))
+        .bearer_auth(console_token(fx.admin))
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND, "nothing was installed");
+}

@@ -50,40 +50,174 @@ pub fn key_label(key: &str) -> String {
     format!("{prefix}#{}", &hash_key(key)[..8])
 }
 
+/// The records last found in the control store, answered only while it is unavailable
+/// (`auth.stale_if_error_secs`): an outage of the store does not take down traffic with keys
+/// it already knew. Filled only when a record is fetched, never on a cache hit.
+///
+/// After the store was found unavailable, lookups skip it for [`STORE_RETRY`] and answer at
+/// once (from the last known records, or `503`) instead of each waiting out the store's
+/// connection timeout.
+#[derive(Debug, Clone)]
+pub struct LastKnown<V: Clone + Send + Sync + 'static> {
+    records: Option<moka::sync::Cache<String, V>>,
+    health: StoreHealth,
+}
+
+/// How long lookups skip a store found unavailable before one tries it again.
+pub const STORE_RETRY: Duration = Duration::from_secs(1);
+
+/// Whether the control store was found unavailable in the last [`STORE_RETRY`]; shared by the
+/// key and project lookups.
+#[derive(Debug, Clone)]
+pub struct StoreHealth {
+    origin: std::time::Instant,
+    down_until_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for StoreHealth {
+    fn default() -> Self {
+        Self {
+            origin: std::time::Instant::now(),
+            down_until_ms: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        }
+    }
+}
+
+impl StoreHealth {
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    /// Whether lookups should skip the store now.
+    pub fn is_down(&self) -> bool {
+        self.now_ms()
+            < self
+                .down_until_ms
+                .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes the outcome of a store call.
+    pub fn note<T>(&self, result: &Result<T, StoreError>) {
+        if let Err(StoreError::Unavailable(_)) = result {
+            self.down_until_ms.store(
+                self.now_ms() + STORE_RETRY.as_millis() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> LastKnown<V> {
+    /// Keeps records for `ttl` (zero: keeps none), at most `capacity` of them.
+    pub fn new(ttl: Duration, capacity: u64, health: StoreHealth) -> Self {
+        Self {
+            records: (!ttl.is_zero()).then(|| {
+                moka::sync::Cache::builder()
+                    .time_to_live(ttl)
+                    .max_capacity(capacity)
+                    .build()
+            }),
+            health,
+        }
+    }
+
+    /// Runs a store lookup unless the store was just found unavailable.
+    pub async fn fetch<T>(
+        &self,
+        lookup: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if self.health.is_down() {
+            return Err(StoreError::Unavailable(
+                "found unavailable moments ago; retrying shortly".to_owned(),
+            ));
+        }
+        let result = lookup.await;
+        self.health.note(&result);
+        result
+    }
+
+    /// Remembers a record fetched from the store.
+    pub fn remember(&self, key: &str, value: &V) {
+        if let Some(records) = &self.records {
+            records.insert(key.to_owned(), value.clone());
+        }
+    }
+
+    /// Forgets a record the store no longer has.
+    pub fn forget(&self, key: &str) {
+        if let Some(records) = &self.records {
+            records.invalidate(key);
+        }
+    }
+
+    /// The answer to a failed lookup: the last known record when the store is unavailable,
+    /// the error otherwise.
+    pub fn on_error(&self, key: &str, error: StoreError) -> Result<V, StoreError> {
+        match (&error, &self.records) {
+            (StoreError::Unavailable(_), Some(records)) => match records.get(key) {
+                Some(value) => {
+                    tracing::debug!(
+                        "control store unavailable: answering from the last known record"
+                    );
+                    Ok(value)
+                }
+                None => Err(error),
+            },
+            _ => Err(error),
+        }
+    }
+}
+
 /// Resolves keys by hash through a cache. Concurrent lookups of one key share one store query;
 /// unknown keys are cached too, so a key hits the store at most once per cache lifetime.
 #[derive(Debug, Clone)]
 pub struct KeyResolver {
     store: Arc<dyn ControlStore>,
     cache: Cache<String, Option<Arc<ApiKeyRecord>>>,
+    last_known: LastKnown<Arc<ApiKeyRecord>>,
 }
 
 impl KeyResolver {
-    /// A resolver caching for `ttl`, at most `capacity` entries.
-    pub fn new(store: Arc<dyn ControlStore>, ttl: Duration, capacity: u64) -> Self {
+    /// A resolver caching for `ttl`, at most `capacity` entries, answering keys it found in
+    /// the last `stale` while the store is unavailable.
+    pub fn new(
+        store: Arc<dyn ControlStore>,
+        ttl: Duration,
+        capacity: u64,
+        stale: Duration,
+        health: StoreHealth,
+    ) -> Self {
         Self {
             store,
             cache: Cache::builder()
                 .time_to_live(ttl)
                 .max_capacity(capacity)
                 .build(),
+            last_known: LastKnown::new(stale, capacity, health),
         }
     }
 
-    /// The record of `key`, or `None` when no key has that hash. Store failures are not cached.
+    /// The record of `key`, or `None` when no key has that hash. Store failures are not cached;
+    /// while the store is unavailable a key found before is answered from memory.
     pub async fn resolve(&self, key: &str) -> Result<Option<Arc<ApiKeyRecord>>, StoreError> {
         let hash = hash_key(key);
         let store = self.store.clone();
         let lookup = hash.clone();
+        let last_known = self.last_known.clone();
         self.cache
-            .try_get_with(hash, async move {
-                store
-                    .api_key_by_hash(&lookup)
+            .try_get_with(hash.clone(), async move {
+                let found = last_known
+                    .fetch(store.api_key_by_hash(&lookup))
                     .await
-                    .map(|found| found.map(Arc::new))
+                    .map(|found| found.map(Arc::new))?;
+                match &found {
+                    Some(record) => last_known.remember(&lookup, record),
+                    None => last_known.forget(&lookup),
+                }
+                Ok::<_, StoreError>(found)
             })
             .await
-            .map_err(|e| (*e).clone())
+            .or_else(|e| self.last_known.on_error(&hash, (*e).clone()).map(Some))
     }
 }
 
@@ -118,5 +252,52 @@ mod tests {
         let label = key_label(&key);
         assert!(label.starts_with("aura_sk#"));
         assert!(!label.contains(&key[8..]));
+    }
+
+    #[tokio::test]
+    async fn last_known_records_answer_only_while_the_store_is_unavailable() {
+        let health = StoreHealth::default();
+        let known = LastKnown::new(Duration::from_secs(60), 10, health.clone());
+        known.remember("k", &1u32);
+        let down = || StoreError::Unavailable("down".into());
+        assert_eq!(known.on_error("k", down()).ok(), Some(1));
+        assert!(
+            known.on_error("other", down()).is_err(),
+            "never a record not seen"
+        );
+        assert!(
+            known
+                .on_error("k", StoreError::Invalid("bad".into()))
+                .is_err(),
+            "only an unavailable store is answered from memory"
+        );
+        known.forget("k");
+        assert!(
+            known.on_error("k", down()).is_err(),
+            "a key the store dropped is gone"
+        );
+
+        // After a failure the store is skipped for a moment instead of being waited on.
+        assert!(!health.is_down());
+        let failed: Result<u32, _> = known.fetch(async { Err(down()) }).await;
+        assert!(failed.is_err());
+        assert!(health.is_down());
+        let mut called = false;
+        let skipped: Result<u32, _> = known
+            .fetch(async {
+                called = true;
+                Ok(7)
+            })
+            .await;
+        assert!(
+            skipped.is_err() && !called,
+            "the store was called while marked down"
+        );
+        let disabled = LastKnown::new(Duration::ZERO, 10, StoreHealth::default());
+        disabled.remember("k", &1u32);
+        assert!(
+            disabled.on_error("k", down()).is_err(),
+            "stale_if_error_secs = 0"
+        );
     }
 }

@@ -30,6 +30,7 @@ pub struct Authenticator {
     pub store: Arc<dyn ControlStore>,
     keys: KeyResolver,
     projects: Cache<String, Option<Arc<ProjectRecord>>>,
+    last_known_projects: keys::LastKnown<Arc<ProjectRecord>>,
     user_jwt: Option<JwtVerifier>,
     console_jwt: Option<JwtVerifier>,
 }
@@ -65,12 +66,17 @@ impl Authenticator {
     /// Builds the authenticator over `store`.
     pub fn new(config: &AuthConfig, store: Arc<dyn ControlStore>) -> Self {
         let leeway = Duration::from_secs(config.leeway_secs);
+        let stale = Duration::from_secs(config.stale_if_error_secs);
+        let health = keys::StoreHealth::default();
         Self {
             keys: KeyResolver::new(
                 store.clone(),
                 Duration::from_secs(config.key_cache_ttl_secs),
                 config.key_cache_capacity,
+                stale,
+                health.clone(),
             ),
+            last_known_projects: keys::LastKnown::new(stale, config.key_cache_capacity, health),
             projects: Cache::builder()
                 .time_to_live(Duration::from_secs(config.project_cache_ttl_secs))
                 .max_capacity(config.key_cache_capacity)
@@ -93,11 +99,25 @@ impl Authenticator {
     ) -> Result<Option<Arc<ProjectRecord>>, GatewayError> {
         let store = self.store.clone();
         let lookup = project_ref.to_owned();
+        let last_known = self.last_known_projects.clone();
         self.projects
             .try_get_with(project_ref.to_owned(), async move {
-                store.project(&lookup).await.map(|p| p.map(Arc::new))
+                let found = last_known
+                    .fetch(store.project(&lookup))
+                    .await
+                    .map(|p| p.map(Arc::new))?;
+                match &found {
+                    Some(project) => last_known.remember(&lookup, project),
+                    None => last_known.forget(&lookup),
+                }
+                Ok::<_, StoreError>(found)
             })
             .await
+            .or_else(|e| {
+                self.last_known_projects
+                    .on_error(project_ref, (*e).clone())
+                    .map(Some)
+            })
             .map_err(|e| store_failed(&e))
     }
 }

@@ -313,4 +313,70 @@ mod tests {
         slow.record_success();
         assert_eq!(b.state(), BreakerState::Open);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_thousand_probes_cancelled_by_clients_going_away_all_come_back() {
+        let b = breaker(1, 2);
+        b.try_acquire_probe().expect("closed").record_failure();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let mut taken = 0;
+        for _ in 0..1_000 {
+            // A request takes a probe and its client goes away mid-call: the task is aborted.
+            let b2 = b.clone();
+            let call = tokio::spawn(async move {
+                let _probe = b2.try_acquire_probe().ok()?;
+                std::future::pending::<()>().await;
+                Some(())
+            });
+            tokio::task::yield_now().await;
+            if b.has_probe_in_flight() {
+                taken += 1;
+            }
+            call.abort();
+            let _ = call.await;
+        }
+        assert_eq!(taken, 1_000, "every cancelled call had taken a probe");
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(!b.has_probe_in_flight(), "no permit leaked");
+        let p1 = b.try_acquire_probe().expect("slot 1 free");
+        let p2 = b.try_acquire_probe().expect("slot 2 free");
+        assert!(b.try_acquire_probe().is_err());
+        p1.record_success();
+        drop(p2);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_at_the_half_open_moment_lets_through_only_the_configured_probes() {
+        for probes in [1u32, 3] {
+            let b = breaker(1, probes);
+            b.try_acquire_probe().expect("closed").record_failure();
+            tokio::time::advance(Duration::from_secs(5)).await;
+            // 1,000 requests race for the moment the breaker half-opens, on a multi-thread
+            // scheduler's worth of tasks polled together.
+            let admitted = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+            let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(1_000));
+            let calls: Vec<_> = (0..1_000)
+                .map(|_| {
+                    let (b, admitted, barrier) = (b.clone(), admitted.clone(), barrier.clone());
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        if let Ok(probe) = b.try_acquire_probe() {
+                            admitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            drop(probe);
+                        }
+                    })
+                })
+                .collect();
+            for call in calls {
+                call.await.expect("task");
+            }
+            assert_eq!(
+                admitted.load(std::sync::atomic::Ordering::SeqCst),
+                probes,
+                "probes admitted out of a burst of 1000"
+            );
+        }
+    }
 }

@@ -178,6 +178,7 @@ pub(crate) struct StageModule<W: StageWorld> {
     pre: W::Pre,
     setup: W::Setup,
     idle: Mutex<Vec<Slot<W>>>,
+    call_metrics: std::sync::OnceLock<(prometheus::IntCounter, prometheus::Histogram)>,
     health: Mutex<Health>,
 }
 
@@ -255,6 +256,7 @@ impl<W: StageWorld> StageModule<W> {
             pre,
             setup,
             idle: Mutex::new(Vec::new()),
+            call_metrics: std::sync::OnceLock::new(),
             health: Mutex::new(Health {
                 since: Instant::now(),
                 calls: 0,
@@ -341,7 +343,10 @@ impl<W: StageWorld> StageModule<W> {
         }
         health.calls += 1;
         health.failures += u64::from(failed);
+        // A project's own module never rolls back the operator's modules: its failures fail
+        // that project's requests only.
         if failed
+            && !self.name.starts_with(super::tenants::TENANT_MODULE_PREFIX)
             && health.calls >= settings.rollback_min_calls
             && health.failures as f64 / health.calls as f64 > settings.rollback_failure_ratio
         {
@@ -349,6 +354,23 @@ impl<W: StageWorld> StageModule<W> {
                 .rollback_requested
                 .store(true, Ordering::Release);
         }
+    }
+
+    /// This module's call counter and latency histogram, looked up once (a labelled lookup
+    /// hashes every label on each use).
+    fn call_metrics(&self) -> Option<&(prometheus::IntCounter, prometheus::Histogram)> {
+        if let Some(handles) = self.call_metrics.get() {
+            return Some(handles);
+        }
+        let m = self.runtime.metrics.get()?;
+        let (plane, stage) = (self.plane.as_str(), W::STAGE.key());
+        Some(self.call_metrics.get_or_init(|| {
+            (
+                m.plugin_calls
+                    .with_label_values(&[plane, stage, &self.digest]),
+                m.plugin_latency.with_label_values(&[plane, stage]),
+            )
+        }))
     }
 
     fn count_failure(&self, kind: FailureKind) {
@@ -401,14 +423,9 @@ impl<W: StageWorld> StageModule<W> {
         slot.store.set_epoch_deadline(self.runtime.deadline_ticks());
         let started = Instant::now();
         let result = f(&slot.bindings, &mut slot.store);
-        if let Some(m) = self.runtime.metrics.get() {
-            let (plane, stage) = (self.plane.as_str(), W::STAGE.key());
-            m.plugin_calls
-                .with_label_values(&[plane, stage, &self.digest])
-                .inc();
-            m.plugin_latency
-                .with_label_values(&[plane, stage])
-                .observe(started.elapsed().as_secs_f64());
+        if let Some((calls, latency)) = self.call_metrics() {
+            calls.inc();
+            latency.observe(started.elapsed().as_secs_f64());
         }
         self.record_outcome(result.is_err());
         match result {

@@ -9,6 +9,8 @@ pub mod builtin;
 pub mod conformance;
 pub mod engine;
 mod limits;
+#[cfg(feature = "native-policies")]
+pub mod native;
 pub mod stages;
 pub mod tenants;
 

@@ -95,13 +95,15 @@ pub(crate) type Loaded = (String, String, Component, String);
 
 /// Implements the common parts of a stage wrapper.
 macro_rules! wrapper {
-    ($name:ident, $world:ty) => {
+    ($name:ident, $world:ty, $native:ident) => {
         impl $name {
             pub(crate) fn load(
                 runtime: &Arc<PolicyEngine>,
                 plane: Plane,
                 (name, digest, component, config): Loaded,
             ) -> Result<Self, PluginError> {
+                #[cfg(feature = "native-policies")]
+                let native = super::native::$native::load(&name, plane, &config);
                 Ok(Self {
                     module: StageModule::load(
                         runtime.clone(),
@@ -111,6 +113,8 @@ macro_rules! wrapper {
                         &component,
                         config,
                     )?,
+                    #[cfg(feature = "native-policies")]
+                    native,
                 })
             }
 
@@ -141,8 +145,10 @@ macro_rules! wrapper {
 #[derive(Debug)]
 pub struct ApiKeyStage {
     module: StageModule<bindings::api_key::ApiKeyStage>,
+    #[cfg(feature = "native-policies")]
+    native: Option<super::native::ApiKey>,
 }
-wrapper!(ApiKeyStage, bindings::api_key::ApiKeyStage);
+wrapper!(ApiKeyStage, bindings::api_key::ApiKeyStage, ApiKey);
 
 impl ApiKeyStage {
     /// The lower-case header names the plugin asked to see.
@@ -178,6 +184,10 @@ impl ApiKeyStage {
 
     /// Extracts the credential of one request.
     pub fn extract(&self, request: &KeyRequest) -> Result<KeyDecision, PluginError> {
+        #[cfg(feature = "native-policies")]
+        if let Some(native) = &self.native {
+            return Ok(native.extract(request));
+        }
         self.module
             .call(|b, store| b.aura_gateway_api_key().call_extract(store, request))
     }
@@ -187,8 +197,10 @@ impl ApiKeyStage {
 #[derive(Debug)]
 pub struct CorsStage {
     module: StageModule<bindings::cors::CorsStage>,
+    #[cfg(feature = "native-policies")]
+    native: Option<super::native::Cors>,
 }
-wrapper!(CorsStage, bindings::cors::CorsStage);
+wrapper!(CorsStage, bindings::cors::CorsStage, Cors);
 
 impl CorsStage {
     /// Decides the CORS answer for one request with an `Origin`.
@@ -198,6 +210,10 @@ impl CorsStage {
         request: CorsInput<'_>,
     ) -> Result<CorsDecision, PluginError> {
         use bindings::cors::aura::gateway::types::Plane as WitPlane;
+        #[cfg(feature = "native-policies")]
+        if let Some(native) = &self.native {
+            return Ok(native.decide(request.origin, request.request_method.is_some()));
+        }
         let request = CorsRequest {
             plane: match plane {
                 Plane::Data => WitPlane::Data,
@@ -228,8 +244,10 @@ pub struct CorsInput<'a> {
 #[derive(Debug)]
 pub struct QuotaStage {
     module: StageModule<bindings::quota::QuotaStage>,
+    #[cfg(feature = "native-policies")]
+    native: Option<super::native::Quota>,
 }
-wrapper!(QuotaStage, bindings::quota::QuotaStage);
+wrapper!(QuotaStage, bindings::quota::QuotaStage, Quota);
 
 impl QuotaStage {
     /// The quota rule of one request.
@@ -243,6 +261,10 @@ impl QuotaStage {
         use bindings::quota::aura::gateway::types::{
             Actor as WitActor, ActorRole, Plane as WitPlane,
         };
+        #[cfg(feature = "native-policies")]
+        if let Some(native) = &self.native {
+            return Ok(native.decide(route_group, actor));
+        }
         let request = QuotaRequest {
             plane: match actor.plane {
                 Plane::Data => WitPlane::Data,
@@ -274,8 +296,14 @@ impl QuotaStage {
 #[derive(Debug)]
 pub struct DbRoutingStage {
     module: StageModule<bindings::db_routing::DbRoutingStage>,
+    #[cfg(feature = "native-policies")]
+    native: Option<super::native::DbRouting>,
 }
-wrapper!(DbRoutingStage, bindings::db_routing::DbRoutingStage);
+wrapper!(
+    DbRoutingStage,
+    bindings::db_routing::DbRoutingStage,
+    DbRouting
+);
 
 impl DbRoutingStage {
     /// Where one `/v1/db/*` request goes.
@@ -287,6 +315,10 @@ impl DbRoutingStage {
         project: Option<ProjectDb>,
     ) -> Result<DbRoute, PluginError> {
         use bindings::db_routing::aura::gateway::types::Plane as WitPlane;
+        #[cfg(feature = "native-policies")]
+        if let Some(native) = &self.native {
+            return Ok(native.decide(method, path, project.as_ref()));
+        }
         let request = DbRequest {
             plane: match plane {
                 Plane::Data => WitPlane::Data,

@@ -53,6 +53,9 @@ pub fn digest_of(bytes: &[u8]) -> String {
 }
 
 /// Compiles and checks a module for `stage` of `project`; the module is not put in force.
+/// The name of a project's module: this prefix and the project ref.
+pub const TENANT_MODULE_PREFIX: &str = "tenant:";
+
 pub fn prepare(
     runtime: &Arc<PolicyEngine>,
     project: &str,
@@ -80,7 +83,7 @@ pub fn prepare(
     }
     let digest = digest_of(bytes);
     let loaded = (
-        format!("tenant:{project}"),
+        format!("{TENANT_MODULE_PREFIX}{project}"),
         digest.clone(),
         component,
         config.to_owned(),

@@ -157,6 +157,14 @@ impl HttpTransport {
                     ),
                 ));
             }
+            // The client's body went past its limit while streaming: the client's fault, not
+            // the backend's; the probe goes back unconsumed.
+            Ok(Err(e)) if super::is_body_limit(&e) => {
+                drop(probe);
+                return Err(GatewayError::payload_too_large(
+                    "the request body is over the limit",
+                ));
+            }
             Ok(Err(e)) => {
                 probe.record_failure();
                 let code = if e.is_connect() {

@@ -6,8 +6,6 @@ pub mod idle;
 pub mod nats;
 pub mod service;
 
-use std::error::Error as _;
-
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
@@ -166,14 +164,22 @@ fn actor_of(request: &Request) -> Result<Actor, GatewayError> {
 }
 
 /// Reads a request body, mapping an exceeded limit to 413.
+/// Whether `error` (or any error under it) is the request body limit being reached.
+pub(crate) fn is_body_limit(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(err) = source {
+        if err.is::<LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
 pub async fn read_body(body: Body) -> Result<bytes::Bytes, GatewayError> {
     axum::body::to_bytes(body, usize::MAX).await.map_err(|e| {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = e.source();
-        while let Some(err) = source {
-            if err.is::<LengthLimitError>() {
-                return GatewayError::payload_too_large("the request body is over the limit");
-            }
-            source = err.source();
+        if is_body_limit(&e) {
+            return GatewayError::payload_too_large("the request body is over the limit");
         }
         GatewayError::bad_request(
             "invalid_body",

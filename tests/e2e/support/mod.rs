@@ -6,6 +6,7 @@
 pub mod fixture;
 pub mod gateway;
 pub mod nats_server;
+pub mod outage;
 pub mod postgres;
 pub mod redis_server;
 pub mod responder;

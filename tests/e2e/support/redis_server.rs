@@ -15,7 +15,11 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a server with no persistence.
     pub fn start() -> Self {
-        let port = free_port();
+        Self::start_on(free_port())
+    }
+
+    /// Starts a server on `port` (a restart after [`RedisServer::kill`]).
+    pub fn start_on(port: u16) -> Self {
         let child = Command::new(binary())
             .args([
                 "--port",
@@ -65,6 +69,13 @@ impl RedisServer {
     /// Resumes a frozen server (SIGCONT).
     pub fn resume(&self) {
         self.signal("-CONT");
+    }
+
+    /// Kills the server (SIGKILL): connections reset, the port refuses.
+    pub fn kill(mut self) -> u16 {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.port
     }
 }
 

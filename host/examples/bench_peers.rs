@@ -1,0 +1,126 @@
+//! The backends `bench/run` measures the gateway against (benchmark tooling, not a service).
+//!
+//! `bench_peers http ADDR`: a one-thread HTTP/1.1 upstream. Any `GET` answers `200` with a
+//! 13-byte body; `GET …/stream/BYTES` streams BYTES zero bytes in 64 KiB chunks; any request
+//! with a body reads it to the end and answers its length.
+//!
+//! `bench_peers nats URL SUBJECT`: a NATS responder answering every envelope on SUBJECT with
+//! the same 13-byte `200` reply.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response};
+
+const BODY: &[u8] = b"hello, aura!\n";
+const CHUNK: usize = 64 * 1024;
+
+type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed_unsync()
+}
+
+async fn serve(request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let path = request.uri().path().to_owned();
+    if let Some(n) = path
+        .rsplit_once("/stream/")
+        .and_then(|(_, n)| n.parse::<u64>().ok())
+    {
+        let zeros = Bytes::from(vec![0u8; CHUNK]);
+        let chunks = futures::stream::unfold(n, move |left| {
+            let zeros = zeros.clone();
+            async move {
+                (left > 0).then(|| {
+                    let take = left.min(CHUNK as u64) as usize;
+                    (
+                        Ok::<_, Infallible>(Frame::data(zeros.slice(..take))),
+                        left - take as u64,
+                    )
+                })
+            }
+        });
+        let response = Response::builder()
+            .header("content-type", "application/octet-stream")
+            .header("content-length", n)
+            .body(BodyExt::boxed_unsync(StreamBody::new(chunks)))
+            .expect("response");
+        return Ok(response);
+    }
+    let mut body = request.into_body();
+    let mut read = 0u64;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => read += f.data_ref().map_or(0, |d| d.len() as u64),
+            Err(_) => break,
+        }
+    }
+    let payload = if read > 0 {
+        full(format!("{read}\n"))
+    } else {
+        full(BODY)
+    };
+    Ok(Response::builder()
+        .header("content-type", "text/plain")
+        .body(payload)
+        .expect("response"))
+}
+
+async fn http(addr: SocketAddr) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(stream),
+                    hyper::service::service_fn(serve),
+                )
+                .await;
+        });
+    }
+}
+
+async fn nats(url: &str, subject: &str) -> anyhow::Result<()> {
+    use base64::Engine as _;
+    let client = async_nats::connect(url).await?;
+    let mut sub = client.subscribe(subject.to_owned()).await?;
+    client.flush().await?;
+    let reply = Bytes::from(
+        serde_json::json!({
+            "status": 200,
+            "headers": [["content-type", "text/plain"]],
+            "body": base64::engine::general_purpose::STANDARD.encode(BODY),
+        })
+        .to_string(),
+    );
+    while let Some(message) = sub.next().await {
+        if let Some(to) = message.reply {
+            client.publish(to, reply.clone()).await?;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["http", addr] => runtime.block_on(http(addr.parse()?)),
+        ["nats", url, subject] => runtime.block_on(nats(url, subject)),
+        _ => anyhow::bail!("usage: bench_peers http ADDR | bench_peers nats URL SUBJECT"),
+    }
+}
