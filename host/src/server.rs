@@ -115,7 +115,11 @@ async fn serve_plane(
             async move {
                 let Ok(_permit) = permit else {
                     shed.inc();
-                    return Ok(crate::error::GatewayError::overloaded().into_response());
+                    let mut response = crate::error::GatewayError::overloaded().into_response();
+                    // Answered before the chain: the headers every answer carries, set here.
+                    crate::middleware::security_headers::stamp(response.headers_mut());
+                    crate::middleware::request_id::stamp_if_missing(response.headers_mut());
+                    return Ok(response);
                 };
                 Ok::<_, Infallible>(
                     router

@@ -307,7 +307,11 @@ async fn load_past_capacity_is_shed_fast_and_the_rest_keeps_its_latency() {
                 let started = std::time::Instant::now();
                 let r = http.post(url).send().await.expect("answered");
                 let status = r.status();
-                let retry_after = r.headers().get("retry-after").cloned();
+                let retry_after = (
+                    r.headers().get("retry-after").cloned(),
+                    r.headers().contains_key("x-request-id")
+                        && r.headers().contains_key("x-content-type-options"),
+                );
                 let body: serde_json::Value = r.json().await.unwrap_or_default();
                 (status, retry_after, body, started.elapsed())
             })
@@ -321,7 +325,12 @@ async fn load_past_capacity_is_shed_fast_and_the_rest_keeps_its_latency() {
                 }
                 StatusCode::SERVICE_UNAVAILABLE => {
                     assert_eq!(body["error"]["code"], "overloaded", "{body}");
+                    let (retry_after, stamped) = retry_after;
                     assert!(retry_after.is_some(), "a shed request says when to retry");
+                    assert!(
+                        stamped,
+                        "a shed answer has a request id and security headers"
+                    );
                     shed += 1;
                     slowest_shed = slowest_shed.max(took);
                 }
