@@ -1,4 +1,5 @@
-//! A real `nats-server` process on a free port, stopped when dropped.
+//! A real `nats-server` process on a free port, stopped when dropped or when the test process
+//! ends.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -26,13 +27,19 @@ impl NatsServer {
         let conf: PathBuf = dir.path().join("nats.conf");
         std::fs::write(&conf, format!("listen: 127.0.0.1:{port}\n{extra_config}\n"))
             .expect("write nats.conf");
-        let child = Command::new(binary())
+        // The server runs under a small shell that kills it as soon as its stdin closes: when
+        // this handle is dropped, and also when the test process ends without dropping it (the
+        // shared server is a static), so no server outlives the test run.
+        let child = Command::new("sh")
             .arg("-c")
+            .arg(r#""$0" -c "$1" & n=$!; read -r _; kill -9 "$n"; wait "$n""#)
+            .arg(binary())
             .arg(&conf)
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("nats-server must be installed (the test command installs it)");
+            .expect("sh and nats-server must be installed (the test command installs it)");
         let server = Self {
             child,
             port,
@@ -61,7 +68,8 @@ impl NatsServer {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // Closing stdin makes the shell kill the server (SIGKILL) and wait for it.
+        drop(self.child.stdin.take());
         let _ = self.child.wait();
     }
 }
