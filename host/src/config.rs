@@ -361,10 +361,10 @@ pub struct AuthConfig {
     pub key_cache_capacity: u64,
     /// Lifetime of cached project records (data plane), in seconds.
     pub project_cache_ttl_secs: u64,
-    /// While the control store is unavailable, how long the data plane keeps accepting a key
-    /// (and its project) it last found there, in seconds (0: never; at most 86400). Only
-    /// while the store cannot answer: a revoked key still stops within `key_cache_ttl_secs`
-    /// whenever the store is up.
+    /// While the control store is unavailable, how long after the store last confirmed a key
+    /// (and its project) the data plane keeps accepting it, in seconds (0: never; at most 30,
+    /// so that a key revoked just before an outage still stops within 30 s). It outlasts the
+    /// key cache when `key_cache_ttl_secs` is set lower.
     pub stale_if_error_secs: u64,
     /// Clock skew tolerated on `exp` and `nbf`, in seconds (0–60).
     pub leeway_secs: u64,
@@ -380,7 +380,7 @@ impl Default for AuthConfig {
             key_cache_ttl_secs: 30,
             key_cache_capacity: 100_000,
             project_cache_ttl_secs: 30,
-            stale_if_error_secs: 3_600,
+            stale_if_error_secs: 30,
             leeway_secs: 5,
             user_jwt: JwtConfig::default(),
             console_jwt: JwtConfig::default(),
@@ -868,10 +868,10 @@ impl Config {
         if a.project_cache_ttl_secs == 0 {
             return Err(problem("auth.project_cache_ttl_secs", "must be at least 1"));
         }
-        if a.stale_if_error_secs > 86_400 {
+        if a.stale_if_error_secs > 30 {
             return Err(problem(
                 "auth.stale_if_error_secs",
-                "must be at most 86400 (a day)",
+                "must be at most 30 (a revoked key must stop working within 30 s, outages included)",
             ));
         }
         if a.leeway_secs > 60 {
@@ -1101,5 +1101,11 @@ mod tests {
         assert_eq!(e.key, "port");
         let e = load("[management_plane.plugins.api_key]\n", &[]).expect_err("no api keys there");
         assert!(e.to_string().contains("api_key"), "{e}");
+        let e = load("[server]\nmax_in_flight = 0\n", &[]).expect_err("no capacity");
+        assert_eq!(e.key, "server.max_in_flight");
+        // Answering keys from memory past 30 s would break the revocation bound.
+        let e = load("[auth]\nstale_if_error_secs = 31\n", &[]).expect_err("past 30 s");
+        assert_eq!(e.key, "auth.stale_if_error_secs");
+        assert!(load("[auth]\nstale_if_error_secs = 30\n", &[]).is_ok());
     }
 }

@@ -265,3 +265,65 @@ async fn a_fifty_megabyte_module_is_refused_before_it_is_read_and_the_gateway_ke
         .expect("r");
     assert_eq!(r.status(), StatusCode::NOT_FOUND, "nothing was installed");
 }
+
+/// `bytes` with a custom section of `pad` bytes appended: still a valid component.
+fn padded(mut bytes: Vec<u8>, pad: usize) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"padding";
+    let mut section = Vec::new();
+    leb(name.len(), &mut section);
+    section.extend_from_slice(name);
+    section.resize(section.len() + pad, 0);
+    bytes.push(0);
+    leb(section.len(), &mut bytes);
+    bytes.extend_from_slice(&section);
+    bytes
+}
+
+#[tokio::test]
+async fn a_module_up_to_the_configured_size_is_accepted_and_a_larger_one_gets_a_json_413() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let gw = InProcess::start_with_store(
+        test_config(&shared().url(), &unique_prefix()),
+        Arc::new(fx.file_store(dir.path())),
+    )
+    .await;
+    // 3 MiB: under `plugins.tenant_max_module_bytes` (4 MiB), 4 MiB once base64 in JSON.
+    let bytes =
+        std::fs::read(aura_gateway::policy::builtin::TESTING_PLUGIN_PATH).expect("testing plugin");
+    let upload = |module: Vec<u8>| {
+        reqwest::Client::new()
+            .put(gw.mgmt_url("/v1/projects/alpha/policies/cors"))
+            .bearer_auth(console_token(fx.admin))
+            .json(&json!({
+                "module": base64::engine::general_purpose::STANDARD.encode(&module),
+                "config": {},
+            }))
+            .send()
+    };
+    let r = upload(padded(bytes.clone(), 3 * 1024 * 1024))
+        .await
+        .expect("r");
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "{}",
+        r.text().await.unwrap_or_default()
+    );
+    // 5 MiB: over the module limit, under the body limit: the gateway's own JSON 413.
+    let r = upload(padded(bytes, 5 * 1024 * 1024)).await.expect("r");
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: serde_json::Value = r.json().await.expect("a JSON error");
+    assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
+}

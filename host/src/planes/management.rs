@@ -25,7 +25,7 @@ macro_rules! to {
 }
 
 /// The management plane's extra routes, in the default timeout group.
-fn extra_routes(max_module_bytes: usize) -> Router<AppState> {
+fn extra_routes() -> Router<AppState> {
     Router::new()
         .merge(health())
         .route("/ready", get(ready))
@@ -47,12 +47,7 @@ fn extra_routes(max_module_bytes: usize) -> Router<AppState> {
             "/v1/projects/{project_ref}/policies/{stage}",
             axum::routing::put(super::policies::put)
                 .get(super::policies::get)
-                .delete(super::policies::delete)
-                // The JSON body carries the module in base64 (4/3 of its size): room for a
-                // module at `plugins.tenant_max_module_bytes`, checked again after decoding.
-                .layer(axum::extract::DefaultBodyLimit::max(
-                    max_module_bytes * 4 / 3 + 64 * 1024,
-                )),
+                .delete(super::policies::delete),
         )
 }
 
@@ -94,9 +89,7 @@ async fn ready(
 /// chain.
 pub fn build_management_plane_router(state: AppState) -> Router {
     let timeouts = &state.config.timeouts;
-    let routes = service_routes(timeouts).merge(with_budget(
-        extra_routes(state.config.plugins.tenant_max_module_bytes),
-        timeouts.default_budget(),
-    ));
+    let routes =
+        service_routes(timeouts).merge(with_budget(extra_routes(), timeouts.default_budget()));
     chain::apply(with_fallbacks(routes), state, Plane::Management)
 }

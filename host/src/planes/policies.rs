@@ -46,8 +46,15 @@ async fn ensure_project(state: &AppState, project: &str) -> Result<(), GatewayEr
 pub async fn put(
     State(state): State<AppState>,
     Path((project, stage_key)): Path<(String, String)>,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Response {
+    // Read through the chain's body limit (`server.max_body_bytes`), never the framework's own
+    // default: past it the answer is the gateway's JSON 413 (with the defaults a module up to
+    // `plugins.tenant_max_module_bytes` fits once base64 in JSON).
+    let body = match crate::proxy::read_body(body).await {
+        Ok(body) => body,
+        Err(e) => return e.into_response(),
+    };
     put_inner(state, project, stage_key, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
