@@ -1,4 +1,4 @@
-//! Builds the default policy plugins (and the hostile test plugin) for `wasm32-wasip2` and puts
+//! Builds the default policy plugins (and the hostile test plugins) for `wasm32-wasip2` and puts
 //! the components in `OUT_DIR`, so that `cargo build` is the only step and the defaults are
 //! embedded in the binary.
 //!
@@ -17,6 +17,7 @@ const PLUGINS: &[(&str, &str)] = &[
     ("aura-plugin-quota", "quota.wasm"),
     ("aura-plugin-db-routing", "db_routing.wasm"),
     ("aura-plugin-testing", "testing.wasm"),
+    ("aura-plugin-testing-quota", "testing_quota.wasm"),
 ];
 
 const TARGET: &str = "wasm32-wasip2";

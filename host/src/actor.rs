@@ -42,6 +42,10 @@ pub struct Actor {
     pub key_id: Option<String>,
     pub user_id: Option<String>,
     pub org_role: Option<String>,
+    /// The client IP the gateway computed (the TCP peer, or the forwarded address behind a
+    /// trusted proxy); envelope field `client_ip`, added in envelope 1.x, omitted when unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ip: Option<std::net::IpAddr>,
     /// The project's plan (for quota rules; not part of the envelope).
     #[serde(skip)]
     pub plan: Option<String>,
@@ -61,6 +65,7 @@ impl Actor {
             key_id: None,
             user_id: None,
             org_role: None,
+            client_ip: None,
             plan: None,
         }
     }

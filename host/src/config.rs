@@ -278,8 +278,11 @@ pub struct JwtConfig {
     pub algorithms: Option<Vec<String>>,
     /// Least time between two JWKS fetches caused by an unknown `kid`, in seconds.
     pub jwks_refresh_cooldown_secs: Option<u64>,
-    /// Age after which the JWKS is fetched again, in seconds.
+    /// Age after which the JWKS is fetched again (in the background), in seconds.
     pub jwks_max_age_secs: Option<u64>,
+    /// How long a token whose `kid` is not in the current key set waits for the fetch it
+    /// starts, in milliseconds (default 500; 0: never waits). Other tokens never wait.
+    pub jwks_unknown_kid_wait_ms: Option<u64>,
 }
 
 impl JwtConfig {
@@ -433,6 +436,10 @@ pub struct UpstreamsConfig {
     pub stream_idle_timeout_secs: u64,
     /// Idle pooled connections kept per backend host.
     pub pool_max_idle_per_host: usize,
+    /// Dedicated PostgREST targets the gateway may call: CIDRs (`10.0.0.0/8`), IP addresses,
+    /// host names (`pg.internal`) or suffixes (`.pg.internal`). A project's `postgrest_url`
+    /// outside the list is answered `503 db_target_not_allowed`. Empty: none allowed.
+    pub postgrest_allowed_targets: Vec<String>,
 }
 
 impl Default for UpstreamsConfig {
@@ -444,6 +451,7 @@ impl Default for UpstreamsConfig {
             connect_timeout_ms: 2_000,
             stream_idle_timeout_secs: 300,
             pool_max_idle_per_host: 64,
+            postgrest_allowed_targets: Vec::new(),
         }
     }
 }
@@ -493,6 +501,58 @@ pub struct RateLimitConfig {
     pub redis_retry_ms: u64,
     /// Period of the cleanup of idle per-IP buckets, in seconds.
     pub retain_interval_secs: u64,
+    /// Longest bucket name a `quota` module may answer, in bytes; a longer one refuses the
+    /// decision (the request fails closed).
+    pub max_bucket_name_bytes: usize,
+    /// Memory the local quota buckets may take, in bytes (names included); past it the least
+    /// recently used buckets are forgotten.
+    pub local_buckets_max_bytes: u64,
+    /// Longest time a bucket's state is kept, in Redis and locally, in seconds. Only rules whose
+    /// burst takes longer than this to refill are affected: their bucket is forgotten (full
+    /// again) after this time.
+    pub max_bucket_ttl_secs: u64,
+    /// Ceilings of the rules answered by the operator's `quota` modules.
+    pub operator_rules: RuleCeilings,
+    /// Ceilings of the rules answered by projects' own `quota` modules.
+    pub tenant_rules: RuleCeilings,
+}
+
+/// The largest figures a `quota` module's rule may have; larger ones are lowered to these.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuleCeilings {
+    /// Largest sustained rate, per second.
+    pub max_rate_per_second: u32,
+    /// Largest burst.
+    pub max_burst: u32,
+    /// Largest cost of one request.
+    pub max_cost: u32,
+}
+
+impl RuleCeilings {
+    /// The operator's defaults: far above any real rule, still finite.
+    pub fn operator() -> Self {
+        Self {
+            max_rate_per_second: 1_000_000,
+            max_burst: 10_000_000,
+            max_cost: 10_000_000,
+        }
+    }
+
+    /// A project's defaults.
+    pub fn tenant() -> Self {
+        Self {
+            max_rate_per_second: 10_000,
+            max_burst: 100_000,
+            max_cost: 1_000,
+        }
+    }
+}
+
+impl Default for RuleCeilings {
+    fn default() -> Self {
+        Self::tenant()
+    }
 }
 
 impl Default for RateLimitConfig {
@@ -507,6 +567,11 @@ impl Default for RateLimitConfig {
             redis_failure_threshold: 3,
             redis_retry_ms: 2_000,
             retain_interval_secs: 60,
+            max_bucket_name_bytes: 128,
+            local_buckets_max_bytes: 64 * 1024 * 1024,
+            max_bucket_ttl_secs: 3_600,
+            operator_rules: RuleCeilings::operator(),
+            tenant_rules: RuleCeilings::tenant(),
         }
     }
 }
@@ -555,6 +620,35 @@ pub struct PluginRuntimeConfig {
     pub tenant_refresh_secs: u64,
     /// Bearer token of `POST /v1/policies/reload` on the management plane; none: no such route.
     pub admin_token: Option<String>,
+    /// Largest private memory (heap, anonymous maps, thread stacks) the process compiling an
+    /// uploaded module may use, in bytes; past it the compilation is stopped and the module
+    /// refused.
+    pub tenant_max_compile_memory_bytes: u64,
+    /// Uploaded modules compiled at once (each in a process of its own).
+    pub tenant_compile_concurrency: usize,
+    /// Module uploads in progress at once per instance; past it an upload is answered `503`.
+    pub tenant_max_concurrent_uploads: usize,
+    /// The executable run to compile uploaded modules (`<exe> compile-worker`). None: this
+    /// executable.
+    pub tenant_compile_worker: Option<String>,
+    /// Memory kept for compiled modules (by digest), in bytes: a module installed again, or by
+    /// several projects, is not compiled again.
+    pub compiled_cache_bytes: u64,
+    /// How long a module refused when loaded is remembered (by digest and configuration) and
+    /// refused again without being recompiled, in seconds.
+    pub tenant_refused_retry_secs: u64,
+    /// Threads running projects' module calls (off the request workers).
+    pub tenant_threads: usize,
+    /// Calls of one project's modules in progress at once (below `tenant_threads`).
+    pub tenant_max_concurrent_calls: usize,
+    /// How long a tenant module call may wait for a place before its request fails closed
+    /// (`503 policy_busy`), in milliseconds.
+    pub tenant_queue_timeout_ms: u64,
+    /// How often stored modules no project uses are collected, in seconds.
+    pub module_gc_interval_secs: u64,
+    /// A stored module is collected once no project references it and no instance has used it
+    /// for this long, in seconds.
+    pub module_gc_grace_secs: u64,
 }
 
 impl Default for PluginRuntimeConfig {
@@ -573,6 +667,17 @@ impl Default for PluginRuntimeConfig {
             tenant_max_compile_ms: 10_000,
             tenant_refresh_secs: 5,
             admin_token: None,
+            tenant_max_compile_memory_bytes: 512 << 20,
+            tenant_compile_concurrency: 1,
+            tenant_max_concurrent_uploads: 2,
+            tenant_compile_worker: None,
+            compiled_cache_bytes: 128 * 1024 * 1024,
+            tenant_refused_retry_secs: 3_600,
+            tenant_threads: 4,
+            tenant_max_concurrent_calls: 2,
+            tenant_queue_timeout_ms: 100,
+            module_gc_interval_secs: 3_600,
+            module_gc_grace_secs: 7 * 24 * 3_600,
         }
     }
 }
@@ -785,6 +890,20 @@ impl Config {
         {
             return Err(problem("metrics.token", "must be at least 16 characters"));
         }
+        // Both are presented as `Authorization: Bearer <token>`, which only carries a token68.
+        for (key, token) in [
+            ("metrics.token", &self.metrics.token),
+            ("plugins.admin_token", &self.plugins.admin_token),
+        ] {
+            if let Some(token) = token
+                && !is_token68(token)
+            {
+                return Err(problem(
+                    key,
+                    "may only hold letters, digits and - . _ ~ + / (then = padding): it is sent as a bearer token",
+                ));
+            }
+        }
         let p = &self.plugins;
         if !(1..=10_000).contains(&p.call_deadline_ms) {
             return Err(problem(
@@ -818,6 +937,54 @@ impl Config {
         }
         if p.max_idle_instances == 0 {
             return Err(problem("plugins.max_idle_instances", "must be at least 1"));
+        }
+        if p.tenant_max_compile_memory_bytes < 256 << 20 {
+            return Err(problem(
+                "plugins.tenant_max_compile_memory_bytes",
+                "must be at least 256 MiB (268435456): the compiler's own threads need about 100",
+            ));
+        }
+        for (key, value) in [
+            (
+                "plugins.tenant_compile_concurrency",
+                p.tenant_compile_concurrency,
+            ),
+            (
+                "plugins.tenant_max_concurrent_uploads",
+                p.tenant_max_concurrent_uploads,
+            ),
+            ("plugins.tenant_threads", p.tenant_threads),
+            (
+                "plugins.tenant_max_concurrent_calls",
+                p.tenant_max_concurrent_calls,
+            ),
+        ] {
+            if value == 0 {
+                return Err(problem(key, "must be at least 1"));
+            }
+        }
+        if p.tenant_threads > 1 && p.tenant_max_concurrent_calls >= p.tenant_threads {
+            return Err(problem(
+                "plugins.tenant_max_concurrent_calls",
+                format!(
+                    "must be below plugins.tenant_threads ({}), so that one project can never take every tenant thread",
+                    p.tenant_threads
+                ),
+            ));
+        }
+        if let Some(worker) = &p.tenant_compile_worker
+            && !Path::new(worker).is_file()
+        {
+            return Err(problem(
+                "plugins.tenant_compile_worker",
+                format!("{worker} is not a file"),
+            ));
+        }
+        if p.module_gc_interval_secs == 0 || p.tenant_refused_retry_secs == 0 {
+            return Err(problem(
+                "plugins",
+                "module_gc_interval_secs and tenant_refused_retry_secs must be at least 1",
+            ));
         }
         let c = &self.control;
         match c.store {
@@ -913,6 +1080,10 @@ impl Config {
                 ));
             }
         }
+        if let Err(e) = crate::proxy::targets::TargetAllowList::parse(&u.postgrest_allowed_targets)
+        {
+            return Err(problem("upstreams.postgrest_allowed_targets", e));
+        }
         if u.storage_max_body_bytes == 0 {
             return Err(problem(
                 "upstreams.storage_max_body_bytes",
@@ -975,6 +1146,38 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if !(1..=1024).contains(&r.max_bucket_name_bytes) {
+            return Err(problem(
+                "rate_limit.max_bucket_name_bytes",
+                "must be between 1 and 1024",
+            ));
+        }
+        if r.local_buckets_max_bytes < 1 << 20 {
+            return Err(problem(
+                "rate_limit.local_buckets_max_bytes",
+                "must be at least 1 MiB (1048576)",
+            ));
+        }
+        if r.max_bucket_ttl_secs == 0 {
+            return Err(problem(
+                "rate_limit.max_bucket_ttl_secs",
+                "must be at least 1",
+            ));
+        }
+        for (key, c) in [
+            ("rate_limit.operator_rules", &r.operator_rules),
+            ("rate_limit.tenant_rules", &r.tenant_rules),
+        ] {
+            for (field, value) in [
+                ("max_rate_per_second", c.max_rate_per_second),
+                ("max_burst", c.max_burst),
+                ("max_cost", c.max_cost),
+            ] {
+                if value == 0 {
+                    return Err(problem(&format!("{key}.{field}"), "must be at least 1"));
+                }
+            }
+        }
         for (key, stage) in self.stages() {
             if !stage.config.is_object() {
                 return Err(problem(&format!("{key}.config"), "must be a table"));
@@ -1017,6 +1220,15 @@ impl Config {
             ("management_plane.plugins.db_routing", &m.db_routing),
         ]
     }
+}
+
+/// Whether `s` is a token68 (RFC 9110 §11.2), the form of a bearer token.
+fn is_token68(s: &str) -> bool {
+    let body = s.trim_end_matches('=');
+    !body.is_empty()
+        && body.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/')
+        })
 }
 
 /// Resolves a module path relative to the config file's folder.
@@ -1101,6 +1313,31 @@ mod tests {
         assert_eq!(e.key, "port");
         let e = load("[management_plane.plugins.api_key]\n", &[]).expect_err("no api keys there");
         assert!(e.to_string().contains("api_key"), "{e}");
+        let e =
+            load("[metrics]\ntoken = \"a token with spaces!\"\n", &[]).expect_err("not a bearer");
+        assert_eq!(e.key, "metrics.token");
+        let e = load(
+            "[upstreams]\npostgrest_allowed_targets = [\"10.0.0.0/33\"]\n",
+            &[],
+        )
+        .expect_err("bad target");
+        assert_eq!(e.key, "upstreams.postgrest_allowed_targets");
+        assert!(e.problem.contains("10.0.0.0/33"), "{e}");
+        let e = load(
+            "[plugins]\ntenant_threads = 2\ntenant_max_concurrent_calls = 2\n",
+            &[],
+        )
+        .expect_err("one project could take every thread");
+        assert_eq!(e.key, "plugins.tenant_max_concurrent_calls");
+        let e = load("[rate_limit.tenant_rules]\nmax_burst = 0\n", &[]).expect_err("zero");
+        assert_eq!(e.key, "rate_limit.tenant_rules.max_burst");
+        let c = load("[rate_limit.operator_rules]\nmax_cost = 5\n", &[]).expect("partial table");
+        assert_eq!(c.rate_limit.operator_rules.max_cost, 5);
+        assert_eq!(
+            c.rate_limit.operator_rules.max_burst,
+            RuleCeilings::operator().max_burst,
+            "the other fields keep the operator's defaults"
+        );
         let e = load("[server]\nmax_in_flight = 0\n", &[]).expect_err("no capacity");
         assert_eq!(e.key, "server.max_in_flight");
         // Answering keys from memory past 30 s would break the revocation bound.

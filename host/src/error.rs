@@ -126,6 +126,18 @@ impl GatewayError {
         .retryable()
     }
 
+    /// 503: a project's policy modules are saturated (its concurrency cap or the tenant pool);
+    /// the request fails closed.
+    pub fn policy_busy() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "policy_busy",
+            "the project's policy modules are busy; retry shortly",
+            Side::Plugin,
+        )
+        .retry_after(Duration::from_secs(1))
+    }
+
     /// 500: a fault inside the gateway.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(

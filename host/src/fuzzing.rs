@@ -16,6 +16,7 @@ use crate::auth::jwt::{JwtVerifier, MAX_TOKEN_LEN};
 use crate::config::JwtConfig;
 use crate::plane::Plane;
 use crate::proxy::envelope::{self, EnvelopeRequest};
+use crate::proxy::headers;
 
 /// A fuzz body: one input, a panic when an invariant breaks.
 pub type FuzzBody = fn(&[u8]);
@@ -27,6 +28,7 @@ pub const TARGETS: &[(&str, FuzzBody)] = &[
     ("jwt", jwt),
     ("forwarded_for", forwarded_for),
     ("db_routing", db_routing),
+    ("path", path),
 ];
 
 /// Splits an input into at most `n` NUL-separated text fields (lossy UTF-8).
@@ -72,12 +74,14 @@ pub fn envelope(data: &[u8]) {
     }
     let f = fields(data, 5);
     let headers = header_map(&f[3]);
-    let actor = Actor::unauthenticated(Plane::Data);
-    let pairs = EnvelopeRequest::headers_of(&headers);
-    let named = envelope::connection_named(&headers);
-    for (name, _) in &pairs {
+    let mut actor = Actor::unauthenticated(Plane::Data);
+    actor.client_ip = Some(IpAddr::from([192, 0, 2, 1]));
+    let pairs = headers::for_envelope(&headers, &actor);
+    let named = headers::connection_named(&headers);
+    for (name, value) in &pairs {
         assert!(
-            !envelope::is_stripped_request_header(name, &named),
+            !headers::is_dropped(name, &named)
+                || (name == "x-forwarded-for" && value == "192.0.2.1"),
             "stripped header {name} encoded"
         );
         assert!(
@@ -85,6 +89,11 @@ pub fn envelope(data: &[u8]) {
             "credential or identity header {name} encoded"
         );
     }
+    assert_eq!(
+        pairs.iter().filter(|(n, _)| n == "x-forwarded-for").count(),
+        1,
+        "one x-forwarded-for, the gateway's"
+    );
     let query = envelope::query_without_apikey(Some(f[2].as_str()).filter(|q| !q.is_empty()));
     if let Some(q) = &query {
         assert!(
@@ -343,6 +352,74 @@ pub fn db_routing(data: &[u8]) {
                 );
             }
         }
+    }
+}
+
+/// The path normaliser on arbitrary input: a path it accepts comes out in normal form —
+/// rooted, no empty, `.` or `..` segment, no encoded `/`, `\` or dot, escapes upper case —
+/// normalising it again changes nothing, and its first two segments (the service prefix) are
+/// the input's own: a `..` never climbs into them.
+pub fn path(data: &[u8]) {
+    use crate::path::normalize;
+    let input = String::from_utf8_lossy(data);
+    let Ok(out) = normalize(&input) else {
+        return;
+    };
+    assert!(out.starts_with('/'), "{out:?} is not rooted");
+    let segments: Vec<&str> = out[1..].split('/').collect();
+    let last = segments.len().saturating_sub(1);
+    for (i, segment) in segments.iter().enumerate() {
+        assert!(
+            !segment.is_empty() || i == last,
+            "empty segment in {out:?} from {input:?}"
+        );
+        assert!(
+            *segment != "." && *segment != "..",
+            "dot segment in {out:?}"
+        );
+    }
+    let upper = out.to_ascii_uppercase();
+    for forbidden in ["%2F", "%5C", "%2E", "\\"] {
+        assert!(
+            !upper.contains(forbidden),
+            "{forbidden} in {out:?} from {input:?}"
+        );
+    }
+    let bytes = out.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'%' {
+            let hex = &bytes[i + 1..i + 3];
+            assert!(
+                hex.iter()
+                    .all(|h| h.is_ascii_digit() || (b'A'..=b'F').contains(h)),
+                "escape not in upper case in {out:?}"
+            );
+        }
+    }
+    assert!(
+        normalize(&out).is_ok_and(|again| again == out),
+        "{out:?} is not stable"
+    );
+    // The first two segments written (ignoring empty and `.` ones) are kept, unless a `..` came
+    // first, which is refused.
+    let written: Vec<String> = input
+        .split('/')
+        .skip(1)
+        .filter_map(|raw| {
+            normalize(&format!("/{raw}"))
+                .ok()
+                .map(|s| s.trim_matches('/').to_owned())
+        })
+        .filter(|s| !s.is_empty())
+        .take(2)
+        .collect();
+    if written.len() == 2 && !written.iter().any(|s| s.is_empty()) {
+        let kept: Vec<&str> = segments.iter().take(2).copied().collect();
+        assert_eq!(
+            kept,
+            written.iter().map(String::as_str).collect::<Vec<_>>(),
+            "the prefix of {input:?} became {out:?}"
+        );
     }
 }
 

@@ -14,6 +14,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod metrics;
 pub mod middleware;
+pub mod path;
 pub mod plane;
 pub mod planes;
 pub mod policy;

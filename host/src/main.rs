@@ -7,7 +7,7 @@ use aura_gateway::auth::keys::{generate_key, hash_key};
 use aura_gateway::config::Config;
 use aura_gateway::control::postgres::PostgresStore;
 use aura_gateway::control::{self, KeyRole};
-use aura_gateway::policy::{Policies, PolicyEngine};
+use aura_gateway::policy::{Policies, PolicyEngine, compile};
 use aura_gateway::state::AppState;
 use aura_gateway::{server, telemetry};
 use clap::{Parser, Subcommand};
@@ -116,6 +116,18 @@ enum KeysCommand {
 }
 
 fn main() -> ExitCode {
+    // Not a user command: the gateway runs itself this way to compile uploaded modules in a
+    // process of their own (aura_gateway::policy::compile).
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(compile::WORKER_COMMAND) {
+        return match compile::WorkerArgs::parse(&args[2..]) {
+            Ok(worker) => compile::worker_main(worker),
+            Err(e) => {
+                eprintln!("compile-worker: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

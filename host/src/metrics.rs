@@ -31,6 +31,27 @@ pub struct Metrics {
     pub ratelimit_shared: IntGauge,
     /// Requests shed by plane (`server.max_in_flight` reached).
     pub requests_shed: IntCounterVec,
+    /// Request paths refused by normalisation, by plane and reason.
+    pub paths_refused: IntCounterVec,
+    /// Dedicated PostgREST targets refused by the allow-list, by plane.
+    pub postgrest_targets_refused: IntCounterVec,
+    /// Quota rule figures lowered to a ceiling, by plane, source (`operator`, `tenant`) and
+    /// field (`rate`, `burst`, `cost`).
+    pub quota_rules_clamped: IntCounterVec,
+    /// Quota decisions refused (the request fails closed), by plane, source and reason.
+    pub quota_rules_refused: IntCounterVec,
+    /// Tenant module calls not run because the project's concurrency cap or the tenant pool was
+    /// saturated, by stage.
+    pub tenant_calls_shed: IntCounterVec,
+    /// Compilations of uploaded modules by result (`ok`, `refused`, `timeout`, `memory`,
+    /// `busy`, `cached`, `remembered`).
+    pub tenant_compiles: IntCounterVec,
+    /// Wall time of compilations of uploaded modules.
+    pub tenant_compile_seconds: prometheus::Histogram,
+    /// Peak resident memory of the process that compiled an uploaded module.
+    pub tenant_compile_peak_bytes: prometheus::Histogram,
+    /// Unused stored modules collected.
+    pub modules_collected: prometheus::IntCounter,
 }
 
 impl Metrics {
@@ -120,8 +141,73 @@ impl Metrics {
             &["plane"],
         )
         .expect("valid metric");
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        let paths_refused = counter(
+            "paths_refused_total",
+            "Request paths refused by normalisation (400 invalid_path), by plane and reason",
+            &["plane", "reason"],
+        );
+        let postgrest_targets_refused = counter(
+            "postgrest_targets_refused_total",
+            "Dedicated PostgREST targets outside upstreams.postgrest_allowed_targets, by plane",
+            &["plane"],
+        );
+        let quota_rules_clamped = counter(
+            "quota_rules_clamped_total",
+            "Quota rule figures lowered to their ceiling, by plane, source and field",
+            &["plane", "source", "field"],
+        );
+        let quota_rules_refused = counter(
+            "quota_rules_refused_total",
+            "Quota decisions refused (request failed closed), by plane, source and reason",
+            &["plane", "source", "reason"],
+        );
+        let tenant_calls_shed = counter(
+            "tenant_calls_shed_total",
+            "Tenant module calls refused because the project's cap or the tenant pool was full",
+            &["stage"],
+        );
+        let tenant_compiles = counter(
+            "tenant_compiles_total",
+            "Compilations of uploaded modules by result",
+            &["result"],
+        );
+        let tenant_compile_seconds = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "tenant_compile_seconds",
+                "Wall time of compilations of uploaded modules",
+            )
+            .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+        )
+        .expect("valid metric");
+        let tenant_compile_peak_bytes = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "tenant_compile_peak_bytes",
+                "Peak resident memory of the process compiling an uploaded module",
+            )
+            .buckets(
+                prometheus::exponential_buckets(8.0 * 1024.0 * 1024.0, 2.0, 8).expect("buckets"),
+            ),
+        )
+        .expect("valid metric");
+        let modules_collected = prometheus::IntCounter::new(
+            "modules_collected_total",
+            "Stored policy modules removed because no project or instance used them",
+        )
+        .expect("valid metric");
         for c in [
-            Box::new(ratelimit_decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(paths_refused.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(postgrest_targets_refused.clone()),
+            Box::new(quota_rules_clamped.clone()),
+            Box::new(quota_rules_refused.clone()),
+            Box::new(tenant_calls_shed.clone()),
+            Box::new(tenant_compiles.clone()),
+            Box::new(tenant_compile_seconds.clone()),
+            Box::new(tenant_compile_peak_bytes.clone()),
+            Box::new(modules_collected.clone()),
+            Box::new(ratelimit_decisions.clone()),
             Box::new(requests_shed.clone()),
             Box::new(ratelimit_shared.clone()),
             Box::new(requests.clone()),
@@ -148,6 +234,15 @@ impl Metrics {
             ratelimit_decisions,
             ratelimit_shared,
             requests_shed,
+            paths_refused,
+            postgrest_targets_refused,
+            quota_rules_clamped,
+            quota_rules_refused,
+            tenant_calls_shed,
+            tenant_compiles,
+            tenant_compile_seconds,
+            tenant_compile_peak_bytes,
+            modules_collected,
         }
     }
 

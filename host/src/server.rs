@@ -46,16 +46,27 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
+    let stopped_at = Arc::new(std::sync::OnceLock::new());
+    {
+        let stopped_at = stopped_at.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stopped_at.set(tokio::time::Instant::now());
+            let _ = stop_tx.send(true);
+        });
+    }
     let data_app = build_data_plane_router(state.clone());
     let mgmt_app = build_management_plane_router(state.clone());
     let (a, b) = tokio::join!(
         serve_plane(Plane::Data, data, data_app, &state, stop_rx.clone()),
         serve_plane(Plane::Management, management, mgmt_app, &state, stop_rx),
     );
+    // Tunnels get what is left of the same grace.
+    let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
+    let left = stopped_at
+        .get()
+        .map_or(grace, |at| grace.saturating_sub(at.elapsed()));
+    state.http.tunnels.shut_down(left).await;
     a.and(b)
 }
 
@@ -102,11 +113,15 @@ async fn serve_plane(
             _ = stopped(&mut stop) => break,
         };
         let _ = stream.set_nodelay(true);
+        // Held by the connection and by a tunnel it may open (released when both are done).
+        let slot = crate::proxy::tunnels::ConnectionSlot(Arc::new(permit));
         let router = router.clone();
         let in_flight = in_flight.clone();
         let shed = shed.clone();
+        let connection_slot = slot.clone();
         let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
             request.extensions_mut().insert(ConnectInfo(peer));
+            request.extensions_mut().insert(connection_slot.clone());
             let router = router.clone();
             // Load shedding: past `server.max_in_flight` requests in progress, answer at once
             // rather than queue (a queue would only add latency to every request behind it).
@@ -141,7 +156,7 @@ async fn serve_plane(
                 Ok(Ok(1..))
             ) {
                 tracing::debug!(%peer, "connection sent nothing within the header timeout; closed");
-                drop(permit);
+                drop(slot);
                 return;
             }
             let connection = builder
@@ -150,7 +165,7 @@ async fn serve_plane(
             if let Err(e) = watcher.watch(connection).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            drop(permit);
+            drop(slot);
         });
     }
     drop(listener);

@@ -15,7 +15,7 @@ use crate::config::{BreakerConfig, Config};
 use crate::control::{self, ControlStore};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::policy::tenants::{TenantPolicies, UploadLimits};
+use crate::policy::tenants::{TenantCallError, TenantPolicies};
 use crate::policy::{PluginError, Policies, PolicyEngine, PolicySnapshot};
 use crate::proxy::http::HttpTransport;
 use crate::proxy::nats::NatsTransport;
@@ -133,6 +133,7 @@ impl AppState {
         let policies = Policies::load_with(&runtime, &config, base, &stored)?;
         crate::policy::conformance::check(&policies)?;
         let nats = NatsTransport::connect(&config.nats).await?;
+        let tenants = TenantPolicies::new(runtime.clone(), &config.plugins, metrics.clone());
         let state = Self(Arc::new(StateInner {
             config,
             nats,
@@ -143,21 +144,14 @@ impl AppState {
             metrics,
             ip_limits,
             quotas,
-            tenants: TenantPolicies::default(),
+            tenants,
             http: HttpTransport::new(&config_upstreams),
             breakers: Breakers::new(&config_breaker),
             auth,
         }));
         state.spawn_tenant_refresh();
+        state.spawn_module_gc();
         Ok(state)
-    }
-
-    /// Limits of modules uploaded by projects.
-    pub fn upload_limits(&self) -> UploadLimits {
-        UploadLimits {
-            max_bytes: self.config.plugins.tenant_max_module_bytes,
-            max_compile: Duration::from_millis(self.config.plugins.tenant_max_compile_ms),
-        }
     }
 
     /// Keeps the projects' modules in line with the control store, every
@@ -169,15 +163,56 @@ impl AppState {
             loop {
                 let Some(inner) = weak.upgrade() else { break };
                 let state = AppState(inner);
-                let limits = state.upload_limits();
-                state
-                    .tenants
-                    .refresh(&state.auth.store, &state.runtime, limits)
-                    .await;
+                state.tenants.refresh(&state.auth.store).await;
                 drop(state);
                 tokio::time::sleep(every).await;
             }
         });
+    }
+
+    /// Every `plugins.module_gc_interval_secs`: marks the stored modules this instance uses
+    /// (its configuration's and the projects' in force) as used, then collects the stored
+    /// modules that no project references and no instance used for
+    /// `plugins.module_gc_grace_secs`.
+    fn spawn_module_gc(&self) {
+        let weak = Arc::downgrade(&self.0);
+        let every = Duration::from_secs(self.config.plugins.module_gc_interval_secs.max(1));
+        let grace = Duration::from_secs(self.config.plugins.module_gc_grace_secs);
+        tokio::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { break };
+                let state = AppState(inner);
+                state.collect_modules(grace).await;
+                drop(state);
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
+
+    /// One pass of the stored-module collection (see [`AppState::spawn_module_gc`]).
+    pub async fn collect_modules(&self, grace: Duration) {
+        let mut in_use: Vec<String> = self.tenants.digests().into_iter().collect();
+        in_use.extend(
+            self.config
+                .stages()
+                .into_iter()
+                .filter_map(|(_, stage)| stage.module_digest().map(str::to_owned)),
+        );
+        let store = &self.auth.store;
+        if let Err(e) = store.touch_modules(&in_use).await {
+            tracing::warn!(error = %e, "stored modules: cannot mark the ones in use; nothing collected");
+            return;
+        }
+        match store.collect_modules(grace).await {
+            Ok(collected) if !collected.is_empty() => {
+                self.metrics
+                    .modules_collected
+                    .inc_by(collected.len() as u64);
+                tracing::info!(count = collected.len(), digests = ?collected, "unused stored modules collected");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "stored modules: collection failed"),
+        }
     }
 
     /// The policy modules in force now.
@@ -234,6 +269,18 @@ impl AppState {
                 .inc();
         }
         GatewayError::policy_failed(error.stage().map(|s| s.key()).unwrap_or("unknown"))
+    }
+
+    /// The fail-closed answer to a tenant module call that gave no decision: the module failed
+    /// (`500 policy_failed`; a tenant module never rolls back the operator's), or the project's
+    /// modules are saturated (`503 policy_busy`).
+    pub fn tenant_call_failed(&self, error: &TenantCallError) -> GatewayError {
+        match error {
+            TenantCallError::Plugin(e) => {
+                GatewayError::policy_failed(e.stage().map(|s| s.key()).unwrap_or("unknown"))
+            }
+            TenantCallError::Busy(_) => GatewayError::policy_busy(),
+        }
     }
 
     /// Brings the gauges that are read rather than counted up to date (before a scrape).

@@ -227,31 +227,9 @@ async fn a_gibibyte_streams_through_storage_both_ways_with_flat_memory() {
 
 #[tokio::test]
 async fn websockets_pass_text_binary_ping_and_close_codes_both_ways() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
-                    return;
-                };
-                while let Some(Ok(message)) = ws.next().await {
-                    if message.is_close() {
-                        // tungstenite queued the close reply (same code): send it.
-                        let _ = ws.flush().await;
-                    } else if (message.is_text() || message.is_binary())
-                        && ws.send(message).await.is_err()
-                    {
-                        break;
-                    }
-                }
-            });
-        }
-    });
+    let realtime = crate::support::upstream::websocket_echo().await;
     let mut config = test_config(&shared().url(), &unique_prefix());
-    config.upstreams.realtime_url = Some(format!("http://{addr}"));
+    config.upstreams.realtime_url = Some(realtime);
     let gw = InProcess::start(config).await;
     let url = format!("ws://{}/v1/realtime/websocket?apikey={TEST_KEY}", gw.data);
     let (mut ws, response) = tokio_tungstenite::connect_async(&url)

@@ -185,6 +185,45 @@ async fn contract(store: &dyn ControlStore, fx: &Fixture) {
             .expect("delete again")
     );
     assert!(store.project_policies().await.expect("list").is_empty());
+
+    // Stored modules nobody references nor used within the grace are collected; referenced or
+    // recently used ones are kept.
+    let kept_module = b"\0asm-referenced".to_vec();
+    let kept = aura_gateway::policy::tenants::digest_of(&kept_module);
+    let used_module = b"\0asm-in-use-by-an-instance".to_vec();
+    let used = aura_gateway::policy::tenants::digest_of(&used_module);
+    for (d, m) in [(&kept, &kept_module), (&used, &used_module)] {
+        store.put_module(d, m).await.expect("put module");
+    }
+    store
+        .set_project_policy(&aura_gateway::control::ProjectPolicyRecord {
+            project_ref: "beta".into(),
+            stage: "quota".into(),
+            digest: kept.clone(),
+            config: "{}".into(),
+        })
+        .await
+        .expect("set");
+    let grace = std::time::Duration::from_secs(2);
+    assert!(
+        store
+            .collect_modules(grace)
+            .await
+            .expect("collect")
+            .is_empty(),
+        "everything was stored within the grace"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    store
+        .touch_modules(std::slice::from_ref(&used))
+        .await
+        .expect("touch");
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let collected = store.collect_modules(grace).await.expect("collect");
+    assert_eq!(collected, vec![digest.clone()], "only the unused module");
+    assert_eq!(store.module(&digest).await.expect("get"), None);
+    assert!(store.module(&kept).await.expect("get").is_some());
+    assert!(store.module(&used).await.expect("get").is_some());
     store.ping().await.expect("ping");
 }
 

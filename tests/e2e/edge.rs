@@ -101,22 +101,9 @@ async fn clients_that_go_away_give_their_breaker_probes_back() {
     assert_eq!(r.status(), StatusCode::OK, "the probe slots all came back");
 }
 
-/// Sends `raw` on a new connection and returns everything the gateway wrote back until it
-/// closed the connection or went quiet for a second.
+/// Sends `raw` on a new connection and returns everything the gateway wrote back.
 fn exchange(addr: std::net::SocketAddr, raw: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(1)))
-        .expect("timeout");
-    s.write_all(raw).expect("write");
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::support::gateway::raw_exchange(addr, raw)
 }
 
 /// A gateway and a functions responder recording every envelope it receives.
@@ -345,9 +332,12 @@ async fn load_past_capacity_is_shed_fast_and_the_rest_keeps_its_latency() {
     );
     assert!(served >= 16, "the capacity was used: {served} served");
     assert!(shed >= 600, "the excess was shed: {shed} of 1200");
+    // Queued instead of shed, the last of 400 would wait 400 / 16 backend calls (7.5 s); shed,
+    // each answer takes no backend time at all. Twice the backend leaves room for 1,200
+    // connections opened at once on a machine shared with other tests.
     assert!(
-        slowest_shed < backend,
-        "shedding took {slowest_shed:?}, longer than the backend itself"
+        slowest_shed < backend * 2,
+        "shedding took {slowest_shed:?}, longer than two backend calls"
     );
     assert!(
         slowest_served < backend * 4,

@@ -9,6 +9,8 @@ mod chain;
 mod control_store;
 mod edge;
 mod examples;
+mod hardening_edge;
+mod hardening_tenants;
 mod hostile;
 mod hot_swap;
 mod identity;

@@ -330,7 +330,7 @@ impl Model {
 #[test]
 fn the_local_limiter_behaves_like_a_token_bucket() {
     let clock = FakeRelativeClock::default();
-    let buckets = LocalBuckets::with_clock(1_000, clock.clone());
+    let buckets = LocalBuckets::with_clock(1 << 20, Duration::from_secs(3_600), clock.clone());
     let rule = |cost| Rule {
         bucket: "k".into(),
         rate_per_second: 10,

@@ -267,27 +267,8 @@ async fn a_fifty_megabyte_module_is_refused_before_it_is_read_and_the_gateway_ke
 }
 
 /// `bytes` with a custom section of `pad` bytes appended: still a valid component.
-fn padded(mut bytes: Vec<u8>, pad: usize) -> Vec<u8> {
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let name = b"padding";
-    let mut section = Vec::new();
-    leb(name.len(), &mut section);
-    section.extend_from_slice(name);
-    section.resize(section.len() + pad, 0);
-    bytes.push(0);
-    leb(section.len(), &mut bytes);
-    bytes.extend_from_slice(&section);
-    bytes
+fn padded(bytes: Vec<u8>, pad: usize) -> Vec<u8> {
+    crate::support::wasm::with_custom_section(bytes, b"padding", &vec![0; pad])
 }
 
 #[tokio::test]

@@ -1,12 +1,13 @@
 //! Data-plane authentication: API key (mandatory except on public paths) and optional user JWT.
 
 use http::request::Parts;
-use http::{HeaderValue, Method, Uri, header};
+use http::{Method, Uri, header};
 
+use super::Authenticator;
+use super::bearer::{Malformed, bearer};
 use super::keys::{key_label, plausible_key};
-use super::{Authenticator, bearer};
 use crate::actor::{Actor, Role};
-use crate::control::KeyRole;
+use crate::control::{ApiKeyRecord, KeyRole};
 use crate::error::GatewayError;
 use crate::plane::Plane;
 use crate::policy::stages::{KeyDecision, KeyRole as StageKeyRole, KeySource};
@@ -24,14 +25,18 @@ pub fn is_public(method: &Method, path: &str) -> bool {
 }
 
 /// Headers and query parameters that carry credentials or impersonate the gateway: removed from
-/// every request before anything is forwarded.
-pub fn strip_client_credentials(parts: &mut Parts) {
+/// every request before anything is forwarded. `stage_headers` are the headers the `api-key`
+/// stage asked to read: whatever it found there is a credential too.
+pub fn strip_client_credentials(parts: &mut Parts, stage_headers: &[String]) {
     let names: Vec<header::HeaderName> = parts
         .headers
         .keys()
         .filter(|n| {
             let n = n.as_str();
-            n == "apikey" || n == "x-api-key" || n.starts_with("x-aura-")
+            n == "apikey"
+                || n == "x-api-key"
+                || n.starts_with("x-aura-")
+                || stage_headers.iter().any(|s| s == n)
         })
         .cloned()
         .collect();
@@ -58,14 +63,65 @@ fn invalid_key(message: &str) -> GatewayError {
     GatewayError::unauthorized("invalid_api_key", message)
 }
 
+/// The answer to an `Authorization` header that cannot be read: refused, never forwarded.
+pub fn malformed_authorization(error: Malformed) -> GatewayError {
+    GatewayError::unauthorized("invalid_token", error.to_string())
+}
+
+/// `apikey` query parameters considered at most; a request with more is refused.
+const MAX_QUERY_KEYS: usize = 2;
+
+/// Refuses a request whose URL carries a `service_role` key, whatever else it carries: a key in
+/// a URL leaks into logs, traces and `Referer` headers. `key` and `record` are the credential
+/// already resolved; other query values are looked up (cached) too.
+async fn refuse_secret_query_keys(
+    auth: &Authenticator,
+    uri: &Uri,
+    key: &str,
+    record: &ApiKeyRecord,
+) -> Result<(), GatewayError> {
+    let mut values = crate::proxy::envelope::apikey_query_values(uri.query());
+    values.sort_unstable();
+    values.dedup();
+    if values.len() > MAX_QUERY_KEYS {
+        return Err(invalid_key("too many apikey parameters"));
+    }
+    for value in values {
+        let value = value.trim();
+        let role = if value == key {
+            Some(record.role)
+        } else if plausible_key(value) {
+            auth.resolve_key(value).await?.map(|r| r.role)
+        } else {
+            None
+        };
+        if role == Some(KeyRole::ServiceRole) {
+            return Err(invalid_key(
+                "a service_role key may not be sent in the URL; use the apikey header",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Authenticates a data-plane request. `on_plugin_error` turns a failed stage call into the
 /// fail-closed answer.
+///
+/// `Authorization` is read by the one bearer parser: malformed or duplicated, the request is
+/// refused; a bearer equal to the API key is removed; any other bearer is verified as a user
+/// JWT or the request is refused. No `Authorization` the gateway did not verify reaches a
+/// backend (on `/metrics` the bearer is the metrics token, checked by its own guard, and the
+/// gateway answers that path itself).
 pub async fn authenticate(
     auth: &Authenticator,
     stage: &ApiKeyStage,
     parts: &mut Parts,
     on_plugin_error: impl Fn(&PluginError) -> GatewayError,
 ) -> Result<Actor, GatewayError> {
+    let token = bearer(&parts.headers)
+        .map_err(malformed_authorization)?
+        .map(str::to_owned);
+    let metrics = parts.uri.path() == crate::middleware::metrics_auth::METRICS_PATH;
     let public = is_public(&parts.method, parts.uri.path());
     let request = stage.request_of(parts.method.as_str(), &parts.uri, &parts.headers);
     let decision = stage.extract(&request).map_err(|e| on_plugin_error(&e))?;
@@ -74,7 +130,14 @@ pub async fn authenticate(
     let credential = match decision {
         KeyDecision::Refuse(reason) => return Err(invalid_key(&reason)),
         KeyDecision::Absent if public => {
-            strip_client_credentials(parts);
+            if token.is_some() && !metrics {
+                // No key, so no project to check the token's `ref` against.
+                return Err(GatewayError::unauthorized(
+                    "invalid_token",
+                    "a user token is only accepted with an API key",
+                ));
+            }
+            strip_client_credentials(parts, stage.headers());
             return Ok(actor);
         }
         KeyDecision::Absent => {
@@ -111,6 +174,7 @@ pub async fn authenticate(
         };
         return Err(invalid_key(reason));
     }
+    refuse_secret_query_keys(auth, &parts.uri, key, &record).await?;
     let project = auth.cached_project(&record.project_ref).await?;
     actor.role = match record.role {
         KeyRole::Anon => Role::Anon,
@@ -120,45 +184,34 @@ pub async fn authenticate(
     actor.key_id = Some(record.id.to_string());
     actor.plan = project.map(|p| p.plan.clone());
 
-    // Optional user JWT. A bearer equal to the API key is the SDK sending the key twice. On
-    // `/metrics` the bearer is the metrics token, checked by its own guard.
-    let metrics = parts.uri.path() == crate::middleware::metrics_auth::METRICS_PATH;
-    if let Some(token) = bearer(parts).filter(|t| *t != key && !metrics) {
-        let verifier = auth.user_jwt.as_ref().ok_or_else(|| {
-            GatewayError::unauthorized("invalid_token", "user tokens are not accepted here")
-        })?;
-        let claims = verifier
-            .verify(token)
-            .await
-            .map_err(|e| GatewayError::unauthorized("invalid_token", e.0))?;
-        if claims.project_ref.as_deref() != Some(record.project_ref.as_str()) {
-            return Err(GatewayError::unauthorized(
-                "invalid_token",
-                "the token was issued for another project",
-            ));
+    match token.as_deref() {
+        None => {}
+        // The metrics token, checked by the `/metrics` guard.
+        Some(_) if metrics => {}
+        // The SDK sending the key twice: not a user token, and not forwarded as one.
+        Some(token) if token == key => {
+            parts.headers.remove(header::AUTHORIZATION);
         }
-        actor.role = Role::Authenticated;
-        actor.user_id = Some(claims.subject);
-    } else if bearer(parts).is_some() && !metrics {
-        // The key sent again as a bearer: not a user token, and not forwarded as one.
-        parts.headers.remove(header::AUTHORIZATION);
+        Some(token) => {
+            let verifier = auth.user_jwt.as_ref().ok_or_else(|| {
+                GatewayError::unauthorized("invalid_token", "user tokens are not accepted here")
+            })?;
+            let claims = verifier
+                .verify(token)
+                .await
+                .map_err(|e| GatewayError::unauthorized("invalid_token", e.0))?;
+            if claims.project_ref.as_deref() != Some(record.project_ref.as_str()) {
+                return Err(GatewayError::unauthorized(
+                    "invalid_token",
+                    "the token was issued for another project",
+                ));
+            }
+            actor.role = Role::Authenticated;
+            actor.user_id = Some(claims.subject);
+        }
     }
-    strip_client_credentials(parts);
+    strip_client_credentials(parts, stage.headers());
     Ok(actor)
-}
-
-/// `x-aura-*` headers describing the actor, for HTTP backends.
-pub fn backend_headers(actor: &Actor) -> Vec<(&'static str, HeaderValue)> {
-    let mut out = vec![("x-aura-role", HeaderValue::from_static(actor.role.as_str()))];
-    let mut push = |name: &'static str, value: &Option<String>| {
-        if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
-            out.push((name, v));
-        }
-    };
-    push("x-aura-project", &actor.project);
-    push("x-aura-user-id", &actor.user_id);
-    push("x-aura-org-role", &actor.org_role);
-    out
 }
 
 #[cfg(test)]
@@ -182,12 +235,14 @@ mod tests {
             .header("apikey", "k")
             .header("x-api-key", "k")
             .header("x-aura-role", "service_role")
+            .header("x-custom-key", "k")
             .header("authorization", "Bearer t")
             .body(())
             .expect("request")
             .into_parts();
-        strip_client_credentials(&mut parts);
+        strip_client_credentials(&mut parts, &["x-custom-key".to_owned()]);
         assert_eq!(parts.uri, "/v1/realtime/sse?x=1&y=2");
+        assert!(parts.headers.get("x-custom-key").is_none());
         assert!(parts.headers.get("apikey").is_none());
         assert!(parts.headers.get("x-api-key").is_none());
         assert!(parts.headers.get("x-aura-role").is_none());

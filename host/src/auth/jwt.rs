@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
-use tokio::sync::{Mutex, RwLock};
 use tokio::time::Instant;
 
 use crate::config::JwtConfig;
@@ -81,6 +80,7 @@ impl JwtVerifier {
                     url.clone(),
                     Duration::from_secs(config.jwks_refresh_cooldown_secs.unwrap_or(30)),
                     Duration::from_secs(config.jwks_max_age_secs.unwrap_or(600)),
+                    Duration::from_millis(config.jwks_unknown_kid_wait_ms.unwrap_or(500)),
                 )
             }),
         })
@@ -179,51 +179,119 @@ struct KeySet {
     fetched_at: Option<Instant>,
 }
 
-/// A JWKS, fetched on first use, again when older than `max_age`, and on an unknown `kid` at
-/// most once per `cooldown`. On a fetch error the last good keys are kept.
+/// A JWKS, fetched off the request path: first when the verifier is created, then in the
+/// background when older than `max_age` or when a token names an unknown `kid` — at most once
+/// per `cooldown` either way. Requests always verify against the last good set, and never wait
+/// for a fetch, except a token whose `kid` is unknown (or any token before the first set
+/// arrived): it waits for the fetch in progress at most `unknown_kid_wait`. A failed or slow
+/// fetch leaves the last good set in force.
 pub struct Jwks {
+    inner: Arc<JwksInner>,
+}
+
+struct JwksInner {
     url: String,
     client: reqwest::Client,
     cooldown: Duration,
     max_age: Duration,
-    keys: RwLock<Arc<KeySet>>,
-    refreshing: Mutex<Option<Instant>>,
+    unknown_kid_wait: Duration,
+    keys: arc_swap::ArcSwap<KeySet>,
+    /// When the last fetch started, and whether one is running.
+    fetching: std::sync::Mutex<(Option<Instant>, bool)>,
+    /// Bumped after every fetch, good or not.
+    fetched: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Jwks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Jwks")
-            .field("url", &self.url)
+            .field("url", &self.inner.url)
             .finish_non_exhaustive()
     }
 }
 
 impl Jwks {
-    fn new(url: String, cooldown: Duration, max_age: Duration) -> Self {
-        Self {
-            url,
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap_or_default(),
-            cooldown,
-            max_age,
-            keys: RwLock::new(Arc::new(KeySet::default())),
-            refreshing: Mutex::new(None),
+    fn new(url: String, cooldown: Duration, max_age: Duration, unknown_kid_wait: Duration) -> Self {
+        let this = Self {
+            inner: Arc::new(JwksInner {
+                url,
+                client: reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .unwrap_or_default(),
+                cooldown,
+                max_age,
+                unknown_kid_wait,
+                keys: arc_swap::ArcSwap::from_pointee(KeySet::default()),
+                fetching: std::sync::Mutex::new((None, false)),
+                fetched: tokio::sync::watch::channel(0).0,
+            }),
+        };
+        // Fetched ahead of the first token when a runtime is there to run the fetch.
+        this.start_fetch();
+        this
+    }
+
+    /// Starts a background fetch unless one runs or the last started within the cooldown.
+    /// Returns whether a fetch is running now.
+    fn start_fetch(&self) -> bool {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        {
+            let mut fetching = self
+                .inner
+                .fetching
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if fetching.1 {
+                return true;
+            }
+            if fetching
+                .0
+                .is_some_and(|at| at.elapsed() < self.inner.cooldown)
+            {
+                return false;
+            }
+            *fetching = (Some(Instant::now()), true);
         }
+        let inner = self.inner.clone();
+        runtime.spawn(async move {
+            match inner.fetch().await {
+                Ok(set) => inner.keys.store(Arc::new(set)),
+                Err(e) => {
+                    tracing::warn!(url = %inner.url, error = %e, "JWKS fetch failed; keeping the last good keys");
+                }
+            }
+            inner
+                .fetching
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .1 = false;
+            inner.fetched.send_modify(|n| *n += 1);
+        });
+        true
     }
 
     async fn key(&self, kid: Option<&str>, alg: Algorithm) -> Result<DecodingKey, JwtError> {
-        let current = self.keys.read().await.clone();
-        let stale = current
+        // Subscribed before looking, so that a fetch ending meanwhile is not missed.
+        let mut fetched = self.inner.fetched.subscribe();
+        let set = self.inner.keys.load_full();
+        let stale = set
             .fetched_at
-            .is_none_or(|at| at.elapsed() >= self.max_age);
-        let set = if stale { self.refresh().await } else { current };
+            .is_none_or(|at| at.elapsed() >= self.inner.max_age);
+        if stale {
+            self.start_fetch();
+        }
         if let Some(key) = Self::find(&set, kid, alg) {
             return Ok(key);
         }
-        // An unknown kid may be a rotated key: refetch, at most once per cooldown.
-        let set = self.refresh().await;
+        // An unknown kid may be a rotated key: fetch (at most once per cooldown) and wait a
+        // little for it; every other request keeps verifying meanwhile.
+        if self.start_fetch() {
+            let _ = tokio::time::timeout(self.inner.unknown_kid_wait, fetched.changed()).await;
+        }
+        let set = self.inner.keys.load_full();
         Self::find(&set, kid, alg).ok_or_else(|| refuse("no matching signing key"))
     }
 
@@ -237,28 +305,9 @@ impl Jwks {
             .find(|(a, _)| *a == alg)
             .map(|(_, k)| k.clone())
     }
+}
 
-    /// Fetches the set unless the last attempt is within the cooldown; returns the keys in
-    /// force afterwards.
-    async fn refresh(&self) -> Arc<KeySet> {
-        let mut last = self.refreshing.lock().await;
-        if last.is_some_and(|at| at.elapsed() < self.cooldown) {
-            return self.keys.read().await.clone();
-        }
-        *last = Some(Instant::now());
-        match self.fetch().await {
-            Ok(set) => {
-                let set = Arc::new(set);
-                *self.keys.write().await = set.clone();
-                set
-            }
-            Err(e) => {
-                tracing::warn!(url = %self.url, error = %e, "JWKS fetch failed; keeping the last good keys");
-                self.keys.read().await.clone()
-            }
-        }
-    }
-
+impl JwksInner {
     async fn fetch(&self) -> Result<KeySet, String> {
         let response = self
             .client

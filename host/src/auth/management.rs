@@ -5,8 +5,9 @@ use http::Method;
 use http::request::Parts;
 use uuid::Uuid;
 
-use super::data_plane::strip_client_credentials;
-use super::{Authenticator, bearer, store_failed};
+use super::bearer::bearer;
+use super::data_plane::{malformed_authorization, strip_client_credentials};
+use super::{Authenticator, store_failed};
 use crate::actor::{Actor, Role};
 use crate::control::OrgRole;
 use crate::error::GatewayError;
@@ -89,13 +90,17 @@ pub async fn authenticate(auth: &Authenticator, parts: &mut Parts) -> Result<Act
         .get("x-aura-project")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    // One parser for both planes: a malformed or duplicated Authorization is refused.
+    let token = bearer(&parts.headers)
+        .map_err(malformed_authorization)?
+        .map(str::to_owned);
     // API keys do not exist on this plane: ignored and removed, like any client x-aura-*.
-    strip_client_credentials(parts);
+    strip_client_credentials(parts, &[]);
     let mut actor = Actor::unauthenticated(Plane::Management);
     if scope == Scope::Public {
         return Ok(actor);
     }
-    let token = bearer(parts).ok_or_else(|| {
+    let token = token.ok_or_else(|| {
         GatewayError::unauthorized(
             "missing_token",
             "a console token is required (Authorization: Bearer)",
@@ -105,7 +110,7 @@ pub async fn authenticate(auth: &Authenticator, parts: &mut Parts) -> Result<Act
         GatewayError::unauthorized("invalid_token", "console tokens are not configured")
     })?;
     let claims = verifier
-        .verify(token)
+        .verify(&token)
         .await
         .map_err(|e| GatewayError::unauthorized("invalid_token", e.0))?;
     let user = Uuid::parse_str(&claims.subject)

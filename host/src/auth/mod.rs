@@ -2,6 +2,7 @@
 //! roles on the management plane ([`management`]). The result is the request's
 //! [`crate::actor::Actor`].
 
+pub mod bearer;
 pub mod data_plane;
 pub mod jwt;
 pub mod keys;
@@ -33,20 +34,6 @@ pub struct Authenticator {
     last_known_projects: keys::LastKnown<Arc<ProjectRecord>>,
     user_jwt: Option<JwtVerifier>,
     console_jwt: Option<JwtVerifier>,
-}
-
-/// The token of an `Authorization: Bearer …` header, if any.
-pub(crate) fn bearer(parts: &http::request::Parts) -> Option<&str> {
-    let value = parts
-        .headers
-        .get(http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
 }
 
 /// The answer to a control store failure: the request fails closed.

@@ -423,7 +423,8 @@ impl ControlStore for FileStore {
             .map_err(|e| StoreError::Invalid(format!("{}: {e}", dir.display())))?;
         let path = dir.join(format!("{digest}.wasm"));
         if path.is_file() {
-            return Ok(());
+            // Stored again: in use from now on.
+            return self.touch_modules(&[digest.to_owned()]).await;
         }
         let tmp = dir.join(format!("{digest}.tmp"));
         std::fs::write(&tmp, module)
@@ -520,6 +521,57 @@ impl ControlStore for FileStore {
 
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
         Ok(self.snapshot.load().policies.values().cloned().collect())
+    }
+
+    async fn touch_modules(&self, digests: &[String]) -> Result<(), StoreError> {
+        let Ok(dir) = self.modules_dir() else {
+            return Ok(());
+        };
+        let now = SystemTime::now();
+        for digest in digests.iter().filter(|d| is_sha256_hex(d)) {
+            let path = dir.join(format!("{digest}.wasm"));
+            // The file's modification time is its last use.
+            if let Ok(file) = std::fs::File::options().append(true).open(&path) {
+                let _ = file.set_modified(now);
+            }
+        }
+        Ok(())
+    }
+
+    async fn collect_modules(&self, grace: Duration) -> Result<Vec<String>, StoreError> {
+        let Ok(dir) = self.modules_dir() else {
+            return Ok(Vec::new());
+        };
+        let referenced: std::collections::HashSet<String> = self
+            .snapshot
+            .load()
+            .policies
+            .values()
+            .map(|p| p.digest.clone())
+            .collect();
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(Vec::new());
+        };
+        let mut collected = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(digest) = name.strip_suffix(".wasm").filter(|d| is_sha256_hex(d)) else {
+                continue;
+            };
+            if referenced.contains(digest) {
+                continue;
+            }
+            let idle = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|at| at.elapsed().ok());
+            if idle.is_some_and(|idle| idle >= grace) && std::fs::remove_file(entry.path()).is_ok()
+            {
+                collected.push(digest.to_owned());
+            }
+        }
+        Ok(collected)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -77,6 +77,17 @@ pub trait ControlStore: Send + Sync + std::fmt::Debug {
     ) -> Result<bool, StoreError>;
     /// Every project policy.
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError>;
+    /// Marks stored modules as in use now: they are not collected for the grace period.
+    async fn touch_modules(&self, digests: &[String]) -> Result<(), StoreError> {
+        let _ = digests;
+        Ok(())
+    }
+    /// Removes the stored modules that no project policy references and that nobody stored or
+    /// marked in use for `grace`; returns their digests.
+    async fn collect_modules(&self, grace: std::time::Duration) -> Result<Vec<String>, StoreError> {
+        let _ = grace;
+        Ok(Vec::new())
+    }
     /// Checks that the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
     /// `file` or `postgres`.

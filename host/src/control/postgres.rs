@@ -194,7 +194,7 @@ impl ControlStore for PostgresStore {
     async fn put_module(&self, digest: &str, module: &[u8]) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO aura_control.policy_modules (digest, module, size) VALUES ($1, $2, $3) \
-             ON CONFLICT (digest) DO NOTHING",
+             ON CONFLICT (digest) DO UPDATE SET last_used_at = now()",
         )
         .bind(digest)
         .bind(module)
@@ -287,6 +287,34 @@ impl ControlStore for PostgresStore {
                 config,
             })
             .collect())
+    }
+
+    async fn touch_modules(&self, digests: &[String]) -> Result<(), StoreError> {
+        if digests.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "UPDATE aura_control.policy_modules SET last_used_at = now() WHERE digest = ANY($1)",
+        )
+        .bind(digests)
+        .execute(&self.pool)
+        .await
+        .map(|_| ())
+        .map_err(unavailable)
+    }
+
+    async fn collect_modules(&self, grace: std::time::Duration) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "DELETE FROM aura_control.policy_modules m \
+             WHERE m.last_used_at < now() - make_interval(secs => $1) \
+             AND NOT EXISTS (SELECT 1 FROM aura_control.project_policies p WHERE p.digest = m.digest) \
+             RETURNING m.digest",
+        )
+        .bind(grace.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(rows.into_iter().map(|(d,)| d).collect())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -35,7 +35,11 @@ pub async fn authenticate(State(ctx): State<PlaneCtx>, request: Request, next: N
         Plane::Management => management::authenticate(&state.auth, &mut parts).await,
     };
     match result {
-        Ok(actor) => {
+        Ok(mut actor) => {
+            actor.client_ip = parts
+                .extensions
+                .get::<super::rate_limit::ClientIp>()
+                .map(|c| c.0);
             parts.extensions.insert(actor.clone());
             let mut response = next.run(Request::from_parts(parts, body)).await;
             response.extensions_mut().insert(actor);

@@ -11,10 +11,10 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 
 use super::PlaneCtx;
-use super::{request_id, security_headers};
+use super::{rate_limit, request_id, security_headers};
 use crate::error::GatewayError;
 use crate::plane::Plane;
-use crate::policy::stages::{CorsAllow, CorsDecision, CorsInput};
+use crate::policy::stages::{CorsAllow, CorsDecision, CorsQuery};
 
 /// Removes every CORS header a backend may have set: the gateway alone answers CORS.
 fn strip_cors(headers: &mut HeaderMap) {
@@ -82,6 +82,30 @@ fn edge(mut response: Response) -> Response {
     response
 }
 
+/// Decides with the project's own module when it installed one (on the tenant pool), else the
+/// plane's (inline).
+async fn decide(
+    ctx: &PlaneCtx,
+    policies: &crate::policy::Policies,
+    project: Option<&str>,
+    query: &CorsQuery,
+) -> Result<CorsDecision, GatewayError> {
+    if let (Plane::Data, Some(project)) = (ctx.plane, project)
+        && let Some(result) = ctx
+            .state
+            .tenants
+            .decide_cors(project, ctx.plane, query.clone())
+            .await
+    {
+        return result.map_err(|e| ctx.state.tenant_call_failed(&e));
+    }
+    policies
+        .plane(ctx.plane)
+        .cors
+        .decide(ctx.plane, query.input())
+        .map_err(|e| ctx.state.plugin_failed(&e))
+}
+
 /// The layer.
 pub async fn cors(State(ctx): State<PlaneCtx>, mut request: Request, next: Next) -> Response {
     // The modules this request starts with; every later stage of it uses the same ones.
@@ -99,7 +123,7 @@ pub async fn cors(State(ctx): State<PlaneCtx>, mut request: Request, next: Next)
         strip_cors(response.headers_mut());
         return response;
     };
-    let (request_method, request_headers) = {
+    let query = {
         let header_str = |name: HeaderName| {
             request
                 .headers()
@@ -107,39 +131,24 @@ pub async fn cors(State(ctx): State<PlaneCtx>, mut request: Request, next: Next)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
         };
-        (
-            header_str(header::ACCESS_CONTROL_REQUEST_METHOD),
-            header_str(header::ACCESS_CONTROL_REQUEST_HEADERS),
-        )
+        CorsQuery {
+            method: request.method().as_str().to_owned(),
+            path: request.uri().path().to_owned(),
+            origin,
+            request_method: header_str(header::ACCESS_CONTROL_REQUEST_METHOD),
+            request_headers: header_str(header::ACCESS_CONTROL_REQUEST_HEADERS),
+        }
     };
-    let preflight = request.method() == Method::OPTIONS && request_method.is_some();
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    let preflight = request.method() == Method::OPTIONS && query.request_method.is_some();
     let host_project = project_from_host(&ctx, request.headers());
-    // Decides with the project's own module when it installed one, else the plane's.
-    let decide = |project: Option<&str>| {
-        let tenant = match (ctx.plane, project) {
-            (Plane::Data, Some(project)) => ctx.state.tenants.cors(project),
-            _ => None,
-        };
-        let stage = match tenant.as_deref().map(|t| &t.module) {
-            Some(crate::policy::tenants::TenantModule::Cors(stage)) => stage,
-            _ => &policies.plane(ctx.plane).cors,
-        };
-        stage.decide(
-            ctx.plane,
-            CorsInput {
-                method: method.as_str(),
-                path: &path,
-                origin: &origin,
-                request_method: request_method.as_deref(),
-                request_headers: request_headers.as_deref(),
-            },
-        )
-    };
     if preflight {
-        let response = match decide(host_project.as_deref()) {
-            Err(e) => ctx.state.plugin_failed(&e).into_response(),
+        // A preflight is answered here, before the chain's per-IP limit: the same limit is
+        // taken first, so that a flood of preflights never reaches a module.
+        if let Err(decision) = rate_limit::check_ip(&ctx, &request) {
+            return edge(rate_limit::ip_limited(&decision));
+        }
+        let response = match decide(&ctx, &policies, host_project.as_deref(), &query).await {
+            Err(e) => e.into_response(),
             Ok(CorsDecision::Allow(allow)) => {
                 let mut response = StatusCode::NO_CONTENT.into_response();
                 if apply_allow(ctx.plane, &allow, true, response.headers_mut()) {
@@ -154,14 +163,24 @@ pub async fn cors(State(ctx): State<PlaneCtx>, mut request: Request, next: Next)
         return edge(response);
     }
     let mut response = next.run(request).await;
-    // Past authentication the project is known: its own module decides.
-    let project = response
+    // Refused by the per-IP limit: a flood never reaches a project's module; the plane's
+    // module answers.
+    let project = if response
         .extensions()
-        .get::<crate::actor::Actor>()
-        .and_then(|a| a.project.clone())
-        .or(host_project);
-    match decide(project.as_deref()) {
-        Err(e) => return edge(ctx.state.plugin_failed(&e).into_response()),
+        .get::<rate_limit::IpLimited>()
+        .is_some()
+    {
+        None
+    } else {
+        // Past authentication the project is known: its own module decides.
+        response
+            .extensions()
+            .get::<crate::actor::Actor>()
+            .and_then(|a| a.project.clone())
+            .or(host_project)
+    };
+    match decide(&ctx, &policies, project.as_deref(), &query).await {
+        Err(e) => return edge(e.into_response()),
         Ok(decision) => {
             strip_cors(response.headers_mut());
             if let CorsDecision::Allow(allow) = &decision {

@@ -28,11 +28,9 @@ pub async fn guard(State(ctx): State<PlaneCtx>, request: Request, next: Next) ->
     let Some(token) = ctx.state.config.metrics.token.as_deref() else {
         return GatewayError::not_found("no route for this path").into_response();
     };
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+    let presented = crate::auth::bearer::bearer(request.headers())
+        .ok()
+        .flatten()
         .unwrap_or_default();
     if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
         let mut response = GatewayError::unauthorized(

@@ -8,6 +8,7 @@ pub mod budget;
 pub mod cors;
 pub mod metrics;
 pub mod metrics_auth;
+pub mod path;
 pub mod quota;
 pub mod rate_limit;
 pub mod request_id;

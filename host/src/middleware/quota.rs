@@ -10,42 +10,101 @@ use super::rate_limit::{count, rate_limit_headers, too_many};
 use crate::actor::Actor;
 use crate::error::GatewayError;
 use crate::policy::stages::QuotaDecision;
-use crate::ratelimit::Rule;
+use crate::ratelimit::rules::{self, Answered, RuleSource};
 use crate::route_group::RouteGroup;
 
 /// The layer.
 pub async fn per_actor(State(ctx): State<PlaneCtx>, request: Request, next: Next) -> Response {
     let state = &ctx.state;
-    let Some(actor) = request.extensions().get::<Actor>() else {
+    let Some(actor) = request.extensions().get::<Actor>().cloned() else {
         return GatewayError::internal("no actor on the request (chain misconfigured)")
             .into_response();
     };
+    let group = RouteGroup::of(request.uri().path()).as_str();
+    // The project's own module, when it installed one, runs on the tenant pool.
     let tenant = match (ctx.plane, actor.project.as_deref()) {
-        (crate::plane::Plane::Data, Some(project)) => state.tenants.quota(project),
+        (crate::plane::Plane::Data, Some(project)) => {
+            state
+                .tenants
+                .decide_quota(
+                    project,
+                    request.method().as_str().to_owned(),
+                    request.uri().path().to_owned(),
+                    group,
+                    actor.clone(),
+                )
+                .await
+        }
         _ => None,
     };
-    let decision = {
-        let policies = state.policies_of(request.extensions());
-        let stage = match tenant.as_deref().map(|t| &t.module) {
-            Some(crate::policy::tenants::TenantModule::Quota(stage)) => stage,
-            _ => &policies.plane(ctx.plane).quota,
-        };
-        stage.decide(
-            request.method().as_str(),
-            request.uri().path(),
-            RouteGroup::of(request.uri().path()).as_str(),
-            actor,
-        )
+    let source = if tenant.is_some() {
+        RuleSource::Tenant
+    } else {
+        RuleSource::Operator
+    };
+    let decision = match tenant {
+        Some(result) => result.map_err(|e| state.tenant_call_failed(&e)),
+        None => {
+            let policies = state.policies_of(request.extensions());
+            policies
+                .plane(ctx.plane)
+                .quota
+                .decide(
+                    request.method().as_str(),
+                    request.uri().path(),
+                    group,
+                    &actor,
+                )
+                .map_err(|e| state.plugin_failed(&e))
+        }
     };
     let rule = match decision {
-        Err(e) => return state.plugin_failed(&e).into_response(),
+        Err(e) => return e.into_response(),
         Ok(QuotaDecision::Exempt) => return next.run(request).await,
-        Ok(QuotaDecision::Limit(rule)) => Rule {
-            bucket: bucket_name(tenant.is_some(), actor.project.as_deref(), rule.bucket),
-            rate_per_second: rule.rate_per_second.max(1),
-            burst: rule.burst.max(1),
-            cost: rule.cost.max(1),
-        },
+        Ok(QuotaDecision::Limit(answered)) => {
+            let answered = Answered {
+                bucket: &answered.bucket,
+                rate_per_second: answered.rate_per_second,
+                burst: answered.burst,
+                cost: answered.cost,
+            };
+            match rules::bound(
+                &state.config.rate_limit,
+                source,
+                actor.project.as_deref(),
+                answered,
+            ) {
+                Ok(bounded) => {
+                    for field in &bounded.clamped {
+                        state
+                            .metrics
+                            .quota_rules_clamped
+                            .with_label_values(&[
+                                ctx.plane.as_str(),
+                                source.as_str(),
+                                field.as_str(),
+                            ])
+                            .inc();
+                    }
+                    bounded.rule
+                }
+                Err(refused) => {
+                    state
+                        .metrics
+                        .quota_rules_refused
+                        .with_label_values(&[ctx.plane.as_str(), source.as_str(), refused.as_str()])
+                        .inc();
+                    tracing::error!(
+                        plane = ctx.plane.as_str(),
+                        source = source.as_str(),
+                        project = actor.project.as_deref().unwrap_or_default(),
+                        reason = %refused,
+                        "quota decision refused; the request fails closed"
+                    );
+                    return GatewayError::policy_failed("quota").into_response();
+                }
+            }
+        }
     };
     let decision = state.quotas.check(&rule).await;
     count(&ctx, "actor", &decision);
@@ -55,28 +114,4 @@ pub async fn per_actor(State(ctx): State<PlaneCtx>, request: Request, next: Next
     let mut response = next.run(request).await;
     rate_limit_headers(response.headers_mut(), &decision);
     response
-}
-
-/// The bucket a decision counts against. A project's own module names buckets inside that
-/// project only: it can never draw on another project's (or the console's) buckets.
-fn bucket_name(from_tenant: bool, project: Option<&str>, bucket: String) -> String {
-    match (from_tenant, project) {
-        (true, Some(project)) => format!("tenant:{project}:{bucket}"),
-        _ => bucket,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bucket_name;
-
-    #[test]
-    fn a_projects_module_cannot_name_another_projects_bucket() {
-        let forged = "key:5f0c8a0e-9a55-4c0f-9d55-6f3c2d1b7e11".to_owned();
-        let from_alpha = bucket_name(true, Some("alpha"), forged.clone());
-        let from_beta = bucket_name(true, Some("beta"), forged.clone());
-        assert_ne!(from_alpha, forged, "a tenant bucket is namespaced");
-        assert_ne!(from_alpha, from_beta, "two projects never share a bucket");
-        assert_eq!(bucket_name(false, Some("alpha"), forged.clone()), forged);
-    }
 }

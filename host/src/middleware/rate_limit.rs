@@ -49,25 +49,51 @@ pub fn too_many(decision: &Decision) -> Response {
     response
 }
 
-/// The layer.
-pub async fn per_ip(State(ctx): State<PlaneCtx>, mut request: Request, next: Next) -> Response {
+/// Marks a response refused by the per-IP limit (response extension): the CORS layer then
+/// answers with the plane's module, never a project's.
+#[derive(Debug, Clone, Copy)]
+pub struct IpLimited;
+
+/// The client IP of a request, as the per-IP limit computes it.
+pub fn client_ip_of(ctx: &PlaneCtx, request: &Request) -> IpAddr {
     let peer = request
         .extensions()
         .get::<ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.ip())
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    let state = &ctx.state;
-    let ip = client_ip(
+    client_ip(
         peer,
         request.headers(),
-        &state.config.rate_limit.trusted_proxies,
-    );
-    request.extensions_mut().insert(ClientIp(ip));
-    if let Some(decision) = state.ip_limiter(ctx.plane).check(ip) {
-        count(&ctx, "ip", &decision);
+        &ctx.state.config.rate_limit.trusted_proxies,
+    )
+}
+
+/// Takes one token of the per-IP limit for `request`: the client IP, or the refusal.
+pub fn check_ip(ctx: &PlaneCtx, request: &Request) -> Result<IpAddr, Decision> {
+    let ip = client_ip_of(ctx, request);
+    if let Some(decision) = ctx.state.ip_limiter(ctx.plane).check(ip) {
+        count(ctx, "ip", &decision);
         if !decision.allowed {
-            return too_many(&decision);
+            return Err(decision);
         }
     }
-    next.run(request).await
+    Ok(ip)
+}
+
+/// The 429 answer of the per-IP limit, marked [`IpLimited`].
+pub fn ip_limited(decision: &Decision) -> Response {
+    let mut response = too_many(decision);
+    response.extensions_mut().insert(IpLimited);
+    response
+}
+
+/// The layer.
+pub async fn per_ip(State(ctx): State<PlaneCtx>, mut request: Request, next: Next) -> Response {
+    match check_ip(&ctx, &request) {
+        Ok(ip) => {
+            request.extensions_mut().insert(ClientIp(ip));
+            next.run(request).await
+        }
+        Err(decision) => ip_limited(&decision),
+    }
 }

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | 1 | CORS | a preflight is answered before any other work; CORS headers go on every response, errors included |
 //! | 2 | security headers | stamped on everything produced inside, gateway errors included |
-//! | 3 | body limit | oversized bodies are refused before any logging, auth or plugin work |
+//! | 3 | request limits | refused paths (400) and oversized bodies (413) are answered before any logging, auth or plugin work |
 //! | 4 | trace | the request span wraps everything that does work |
 //! | 5 | metrics | counts every request that got past the limits, with its final status |
 //! | 6 | access log | one line per request with its final status and latency |
@@ -17,8 +17,9 @@
 //! | 10 | per-actor quota | needs the actor |
 //! | 11 | metrics auth | guards `/metrics` only; innermost, next to the handler it protects |
 //!
-//! Timeout budgets are not in the chain: each route group carries its own
-//! ([`super::routes::service_routes`]).
+//! Before all of it, outside the router, the path is normalised ([`crate::middleware::path`]):
+//! routing and every layer see the same path. Timeout budgets are not in the chain: each route
+//! group carries its own ([`super::routes::service_routes`]).
 
 use axum::Router;
 use axum::middleware::{from_fn, from_fn_with_state};
@@ -36,7 +37,7 @@ pub fn apply(routes: Router<AppState>, state: AppState, plane: Plane) -> Router 
         state: state.clone(),
         plane,
     };
-    routes
+    let chained = routes
         .layer(from_fn_with_state(ctx.clone(), metrics_auth::guard)) // 11, innermost
         .layer(from_fn_with_state(ctx.clone(), quota::per_actor)) // 10
         .layer(from_fn_with_state(ctx.clone(), auth::authenticate)) // 9
@@ -48,5 +49,10 @@ pub fn apply(routes: Router<AppState>, state: AppState, plane: Plane) -> Router 
         .layer(from_fn_with_state(ctx.clone(), body_limit::limit)) // 3
         .layer(from_fn(security_headers::apply)) // 2
         .layer(from_fn_with_state(ctx, cors::cors)) // 1, outermost
-        .with_state(state)
+        .with_state(state);
+    // Normalised before routing: the router sees the same path as every layer and handler.
+    Router::new().fallback_service(tower::util::MapRequest::new(
+        chained,
+        crate::middleware::path::normalize_request,
+    ))
 }

@@ -5,6 +5,7 @@
 //! for that project at once here and within `plugins.tenant_refresh_secs` on other instances.
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -14,7 +15,7 @@ use serde::Deserialize;
 use crate::auth::store_failed;
 use crate::control::ProjectPolicyRecord;
 use crate::error::GatewayError;
-use crate::policy::tenants::{self, tenant_stage};
+use crate::policy::tenants::{PrepareError, tenant_stage};
 use crate::state::AppState;
 
 /// The body of a `PUT`.
@@ -42,12 +43,34 @@ async fn ensure_project(state: &AppState, project: &str) -> Result<(), GatewayEr
     }
 }
 
+/// The path parameters of the policy routes; a rejection (a segment that is not UTF-8 once
+/// decoded) is the contract's JSON error.
+type PolicyPath = Result<Path<(String, String)>, PathRejection>;
+
+fn path_params(path: PolicyPath) -> Result<(String, String), GatewayError> {
+    path.map(|Path(p)| p)
+        .map_err(|e| GatewayError::bad_request("invalid_path", e.body_text()))
+}
+
 /// `PUT`: installs a module for the project's stage.
 pub async fn put(
     State(state): State<AppState>,
-    Path((project, stage_key)): Path<(String, String)>,
+    path: PolicyPath,
     body: axum::body::Body,
 ) -> Response {
+    let (project, stage_key) = match path_params(path) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    // Bounded before the body is read: uploads cannot pile up bodies and compilations.
+    let Some(_upload) = state.tenants.upload_permit() else {
+        return GatewayError::unavailable(
+            "uploads_busy",
+            "too many module uploads are in progress; retry shortly",
+        )
+        .retry_after(std::time::Duration::from_secs(1))
+        .into_response();
+    };
     // Read through the chain's body limit (`server.max_body_bytes`), never the framework's own
     // default: past it the answer is the gateway's JSON 413 (with the defaults a module up to
     // `plugins.tenant_max_module_bytes` fits once base64 in JSON).
@@ -78,6 +101,7 @@ async fn put_inner(
             format!("expected {{module|digest, config}}: {e}"),
         )
     })?;
+    drop(body);
     let bytes = match (&request.module, &request.digest) {
         (Some(b64), None) => base64::engine::general_purpose::STANDARD
             .decode(b64.as_bytes())
@@ -96,57 +120,72 @@ async fn put_inner(
             ));
         }
     };
-    let limits = state.upload_limits();
-    if bytes.len() > limits.max_bytes {
-        return Err(GatewayError::payload_too_large(format!(
-            "the module is {} bytes; at most {} are accepted",
-            bytes.len(),
-            limits.max_bytes
-        )));
-    }
     let config = request
         .config
         .unwrap_or_else(|| serde_json::json!({}))
         .to_string();
-    let runtime = state.runtime.clone();
-    let (project_c, config_c) = (project.clone(), config.clone());
-    let prepared = tokio::task::spawn_blocking(move || {
-        tenants::prepare(&runtime, &project_c, stage, &bytes, &config_c, limits).map(|p| (p, bytes))
-    })
-    .await
-    .map_err(|e| GatewayError::internal(format!("module check: {e}")))?;
-    let ((installed, report), bytes) = prepared.map_err(refused)?;
-    let digest = installed.digest.clone();
+    let prepared = state
+        .tenants
+        .prepare(&project, stage, &bytes, &config)
+        .await
+        .map_err(|e| match e {
+            PrepareError::TooLarge { .. } => GatewayError::payload_too_large(e.to_string()),
+            PrepareError::Refused(reason) => refused(reason),
+            PrepareError::Unavailable(reason) => {
+                GatewayError::unavailable("policy_check_unavailable", reason)
+                    .retry_after(std::time::Duration::from_secs(1))
+            }
+        })?;
+    let digest = prepared.installed.digest.clone();
     let store = &state.auth.store;
-    store
-        .put_module(&digest, &bytes)
-        .await
-        .map_err(|e| store_failed(&e))?;
-    store
-        .set_project_policy(&ProjectPolicyRecord {
-            project_ref: project.clone(),
-            stage: stage_key.clone(),
-            digest: digest.clone(),
-            config,
-        })
-        .await
-        .map_err(|e| store_failed(&e))?;
-    state.tenants.insert(&project, stage, installed);
-    tracing::info!(project = %project, stage = %stage_key, %digest, report = %report, "tenant module installed");
+    {
+        // The store write and the local change together, in request order; a refresh running
+        // meanwhile never reverts them.
+        let _write = state.tenants.write_lock().await;
+        store
+            .put_module(&digest, &bytes)
+            .await
+            .map_err(|e| store_failed(&e))?;
+        store
+            .set_project_policy(&ProjectPolicyRecord {
+                project_ref: project.clone(),
+                stage: stage_key.clone(),
+                digest: digest.clone(),
+                config,
+            })
+            .await
+            .map_err(|e| store_failed(&e))?;
+        state
+            .tenants
+            .apply(&project, stage, Some(prepared.installed));
+    }
+    let (report, compile) = (prepared.report, prepared.compile);
+    tracing::info!(
+        project = %project,
+        stage = %stage_key,
+        %digest,
+        report = %report,
+        compile_ms = compile.compile_ms,
+        compile_peak_rss = compile.peak_rss_bytes,
+        compile_cached = compile.cached,
+        "tenant module installed"
+    );
     Ok(Json(serde_json::json!({
         "project": project,
         "stage": stage_key,
         "digest": digest,
         "check": report.to_string(),
+        "compile": compile,
     }))
     .into_response())
 }
 
 /// `GET`: the project's module for the stage.
-pub async fn get(
-    State(state): State<AppState>,
-    Path((project, stage_key)): Path<(String, String)>,
-) -> Response {
+pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Response {
+    let (project, stage_key) = match path_params(path) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
     match state.auth.store.project_policy(&project, &stage_key).await {
         Err(e) => store_failed(&e).into_response(),
         Ok(None) => GatewayError::not_found("no module installed for this stage").into_response(),
@@ -161,10 +200,12 @@ pub async fn get(
 }
 
 /// `DELETE`: the project goes back to the plane's module.
-pub async fn delete(
-    State(state): State<AppState>,
-    Path((project, stage_key)): Path<(String, String)>,
-) -> Response {
+pub async fn delete(State(state): State<AppState>, path: PolicyPath) -> Response {
+    let (project, stage_key) = match path_params(path) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let _write = state.tenants.write_lock().await;
     match state
         .auth
         .store
@@ -175,7 +216,7 @@ pub async fn delete(
         Ok(false) => GatewayError::not_found("no module installed for this stage").into_response(),
         Ok(true) => {
             if let Some(stage) = tenant_stage(&stage_key) {
-                state.tenants.remove(&project, stage);
+                state.tenants.apply(&project, stage, None);
             }
             StatusCode::NO_CONTENT.into_response()
         }
@@ -188,10 +229,9 @@ pub async fn reload(State(state): State<AppState>, headers: http::HeaderMap) -> 
     let Some(token) = state.config.plugins.admin_token.as_deref() else {
         return GatewayError::not_found("no route for this path").into_response();
     };
-    let presented = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+    let presented = crate::auth::bearer::bearer(&headers)
+        .ok()
+        .flatten()
         .unwrap_or_default();
     if !crate::middleware::metrics_auth::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
         return GatewayError::unauthorized(

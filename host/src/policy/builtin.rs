@@ -13,3 +13,8 @@ pub const DB_ROUTING: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/db_routi
 /// embedded in the binary.
 #[doc(hidden)]
 pub const TESTING_PLUGIN_PATH: &str = concat!(env!("OUT_DIR"), "/testing.wasm");
+
+/// Path of the hostile quota test plugin (`plugins/testing-quota`), for the gateway's own tests.
+/// It is not embedded in the binary.
+#[doc(hidden)]
+pub const TESTING_QUOTA_PLUGIN_PATH: &str = concat!(env!("OUT_DIR"), "/testing_quota.wasm");

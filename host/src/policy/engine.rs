@@ -40,34 +40,15 @@ pub struct PolicyEngine {
     rollback_requested: AtomicBool,
     ticker_stop: Arc<AtomicBool>,
     ticker: Mutex<Option<JoinHandle<()>>>,
+    /// Loaded modules per metric series (plane, stage, digest): a series is removed when the
+    /// last module it counts is dropped, so replaced and removed modules leave no series behind.
+    series: Mutex<std::collections::HashMap<(Plane, Stage, String), usize>>,
 }
 
 impl PolicyEngine {
     /// Builds the engine (pooling allocator, epoch interruption) and starts the epoch ticker.
     pub fn new(settings: &PluginRuntimeConfig) -> Result<Arc<Self>, PluginError> {
-        let mut pool = PoolingAllocationConfig::default();
-        // Room for every stage of both planes with its idle instances, plus calls in flight.
-        let slots = (16 * (settings.max_idle_instances + 8)) as u32;
-        pool.total_component_instances(slots)
-            .total_core_instances(slots * 4)
-            .total_memories(slots * 2)
-            .total_tables(slots * 2)
-            .max_memory_size(settings.memory_limit_bytes)
-            .linear_memory_keep_resident(128 * 1024)
-            .table_keep_resident(16 * 1024);
-        let mut config = Config::new();
-        // Each memory slot reserves only what a plugin may use (plus a small guard), instead of
-        // the default multi-GiB reservation: the pool then needs gigabytes of address space,
-        // not terabytes, at the price of explicit bounds checks in plugin code.
-        config
-            .memory_reservation(settings.memory_limit_bytes as u64)
-            .memory_guard_size(64 * 1024)
-            .memory_reservation_for_growth(0)
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            .concurrency_support(false)
-            .max_wasm_stack(256 * 1024)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let config = engine_config(settings, true);
         let engine = Engine::new(&config)
             .map_err(|e| PluginError::runtime(format!("cannot create the wasm engine: {e}")))?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
@@ -91,12 +72,57 @@ impl PolicyEngine {
             rollback_requested: AtomicBool::new(false),
             ticker_stop,
             ticker: Mutex::new(Some(ticker)),
+            series: Mutex::new(std::collections::HashMap::new()),
         }))
     }
 
     /// Where calls, failures and latencies are counted from now on.
     pub fn set_metrics(&self, metrics: crate::metrics::Metrics) {
         let _ = self.metrics.set(metrics);
+    }
+
+    fn series_acquire(&self, plane: Plane, stage: Stage, digest: &str) {
+        if let Ok(mut series) = self.series.lock() {
+            *series.entry((plane, stage, digest.to_owned())).or_insert(0) += 1;
+        }
+    }
+
+    fn series_release(&self, plane: Plane, stage: Stage, digest: &str) {
+        let Ok(mut series) = self.series.lock() else {
+            return;
+        };
+        let key = (plane, stage, digest.to_owned());
+        let Some(count) = series.get_mut(&key) else {
+            return;
+        };
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        series.remove(&key);
+        if let Some(m) = self.metrics.get() {
+            let _ = m
+                .plugin_calls
+                .remove_label_values(&[plane.as_str(), stage.key(), digest]);
+            for kind in [
+                FailureKind::Trap,
+                FailureKind::Deadline,
+                FailureKind::Memory,
+                FailureKind::Refused,
+            ] {
+                let _ = m.plugin_failures.remove_label_values(&[
+                    plane.as_str(),
+                    stage.key(),
+                    kind.as_str(),
+                    digest,
+                ]);
+            }
+        }
+    }
+
+    /// Metric series of loaded modules (plane, stage, digest).
+    pub fn series_count(&self) -> usize {
+        self.series.lock().map(|s| s.len()).unwrap_or(0)
     }
 
     /// Whether a module crossed its failure threshold since the last call (and clears it).
@@ -107,6 +133,11 @@ impl PolicyEngine {
     /// The runtime settings.
     pub fn settings(&self) -> &PluginRuntimeConfig {
         &self.settings
+    }
+
+    /// The wasmtime engine.
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     /// Compiles a component. Called when a module is loaded, never on the request path.
@@ -130,6 +161,38 @@ impl PolicyEngine {
         store.set_epoch_deadline(self.deadline_ticks());
         store
     }
+}
+
+/// The engine configuration of plugin instances. `pooling` is off only in the process that
+/// compiles uploaded modules: the instance allocator does not change the compiled code, so its
+/// artefacts load in the pooled engine (wasmtime checks the compatibility when loading them).
+pub(crate) fn engine_config(settings: &PluginRuntimeConfig, pooling: bool) -> Config {
+    let mut config = Config::new();
+    // Each memory slot reserves only what a plugin may use (plus a small guard), instead of
+    // the default multi-GiB reservation: the pool then needs gigabytes of address space,
+    // not terabytes, at the price of explicit bounds checks in plugin code.
+    config
+        .memory_reservation(settings.memory_limit_bytes as u64)
+        .memory_guard_size(64 * 1024)
+        .memory_reservation_for_growth(0)
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .concurrency_support(false)
+        .max_wasm_stack(256 * 1024);
+    if pooling {
+        let mut pool = PoolingAllocationConfig::default();
+        // Room for every stage of both planes with its idle instances, plus calls in flight.
+        let slots = (16 * (settings.max_idle_instances + 8)) as u32;
+        pool.total_component_instances(slots)
+            .total_core_instances(slots * 4)
+            .total_memories(slots * 2)
+            .total_tables(slots * 2)
+            .max_memory_size(settings.memory_limit_bytes)
+            .linear_memory_keep_resident(128 * 1024)
+            .table_keep_resident(16 * 1024);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
+    config
 }
 
 impl Drop for PolicyEngine {
@@ -247,6 +310,7 @@ impl<W: StageWorld> StageModule<W> {
                 ));
             }
         };
+        runtime.series_acquire(plane, W::STAGE, &digest);
         let module = Self {
             runtime,
             plane,
@@ -446,6 +510,13 @@ impl<W: StageWorld> StageModule<W> {
                 Err(error)
             }
         }
+    }
+}
+
+impl<W: StageWorld> Drop for StageModule<W> {
+    fn drop(&mut self) {
+        self.runtime
+            .series_release(self.plane, W::STAGE, &self.digest);
     }
 }
 

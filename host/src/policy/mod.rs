@@ -6,8 +6,10 @@
 
 mod bindings;
 pub mod builtin;
+pub mod compile;
 pub mod conformance;
 pub mod engine;
+pub mod isolation;
 mod limits;
 #[cfg(feature = "native-policies")]
 pub mod native;

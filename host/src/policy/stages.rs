@@ -240,6 +240,29 @@ pub struct CorsInput<'a> {
     pub request_headers: Option<&'a str>,
 }
 
+/// [`CorsInput`] with owned strings, for a call run on another thread.
+#[derive(Debug, Clone)]
+pub struct CorsQuery {
+    pub method: String,
+    pub path: String,
+    pub origin: String,
+    pub request_method: Option<String>,
+    pub request_headers: Option<String>,
+}
+
+impl CorsQuery {
+    /// The borrowed form.
+    pub fn input(&self) -> CorsInput<'_> {
+        CorsInput {
+            method: &self.method,
+            path: &self.path,
+            origin: &self.origin,
+            request_method: self.request_method.as_deref(),
+            request_headers: self.request_headers.as_deref(),
+        }
+    }
+}
+
 /// The loaded `quota` stage of a plane.
 #[derive(Debug)]
 pub struct QuotaStage {

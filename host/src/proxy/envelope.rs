@@ -9,41 +9,6 @@ use serde::{Deserialize, Serialize};
 use crate::actor::Actor;
 use crate::error::GatewayError;
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
-pub const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// Whether a request header must not reach a backend: hop-by-hop, a header named by
-/// `Connection`, an API key, or a client-sent `x-aura-*` header.
-pub fn is_stripped_request_header(name: &str, connection_named: &[String]) -> bool {
-    HOP_BY_HOP.contains(&name)
-        || name == "apikey"
-        || name == "x-api-key"
-        || name.starts_with("x-aura-")
-        || connection_named.iter().any(|c| c == name)
-}
-
-/// Header names listed in `Connection`, lower-case.
-pub fn connection_named(headers: &HeaderMap) -> Vec<String> {
-    headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_ascii_lowercase())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
 /// The raw query without any `apikey` parameter; `None` when nothing is left.
 pub fn query_without_apikey(query: Option<&str>) -> Option<String> {
     let query = query?;
@@ -121,22 +86,6 @@ impl EnvelopeRequest<'_> {
     pub fn encode_body(body: &[u8]) -> Option<String> {
         (!body.is_empty()).then(|| STANDARD.encode(body))
     }
-
-    /// The request headers as envelope pairs: lower-case names, order kept, stripped headers
-    /// removed. Values that are not UTF-8 are passed lossily.
-    pub fn headers_of(headers: &HeaderMap) -> Vec<(String, String)> {
-        let named = connection_named(headers);
-        headers
-            .iter()
-            .filter(|(name, _)| !is_stripped_request_header(name.as_str(), &named))
-            .map(|(name, value)| {
-                (
-                    name.as_str().to_owned(),
-                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
-                )
-            })
-            .collect()
-    }
 }
 
 /// An envelope reply as received.
@@ -180,7 +129,9 @@ pub fn parse_reply(payload: &[u8]) -> Result<Reply, GatewayError> {
         })?;
         let value = HeaderValue::from_str(&value)
             .map_err(|_| bad(format!("the backend reply has an invalid value for {name}")))?;
-        if HOP_BY_HOP.contains(&name.as_str()) || name == http::header::CONTENT_LENGTH {
+        if super::headers::HOP_BY_HOP.contains(&name.as_str())
+            || name == http::header::CONTENT_LENGTH
+        {
             continue;
         }
         headers.append(name, value);
@@ -214,22 +165,6 @@ mod tests {
         assert_eq!(query_without_apikey(Some("apikey=s")), None);
         assert_eq!(query_without_apikey(None), None);
         assert_eq!(apikey_query_values(Some("apikey=a%2Bb&x=1")), vec!["a+b"]);
-    }
-
-    #[test]
-    fn stripped_headers() {
-        let named = vec!["x-hop".to_owned()];
-        for h in [
-            "apikey",
-            "x-api-key",
-            "x-aura-role",
-            "connection",
-            "x-hop",
-            "upgrade",
-        ] {
-            assert!(is_stripped_request_header(h, &named), "{h}");
-        }
-        assert!(!is_stripped_request_header("authorization", &named));
     }
 
     #[test]

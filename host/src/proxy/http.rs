@@ -17,23 +17,28 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::time::Instant;
 
-use super::envelope::{HOP_BY_HOP, connection_named, query_without_apikey};
+use super::envelope::query_without_apikey;
+use super::headers::{HOP_BY_HOP, connection_named};
 use super::idle::{IdleBody, pump};
 use crate::actor::Actor;
-use crate::auth::data_plane::backend_headers;
 use crate::breaker::CircuitBreaker;
 use crate::config::UpstreamsConfig;
 use crate::error::GatewayError;
 
 /// Whether the request asks for a WebSocket upgrade.
 pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
-    let connection_upgrade = connection_named(headers).iter().any(|c| c == "upgrade");
+    let connection_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|c| c.trim().eq_ignore_ascii_case("upgrade"));
     let upgrade_ws = headers
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
@@ -41,6 +46,7 @@ pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
     connection_upgrade && upgrade_ws
 }
 
+/// Removes the hop-by-hop headers of a backend's response.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named = connection_named(headers);
     for name in HOP_BY_HOP
@@ -62,6 +68,10 @@ pub fn is_failure_status(status: StatusCode) -> bool {
 pub struct HttpTransport {
     client: Client<HttpConnector, Body>,
     idle: Duration,
+    /// Dedicated PostgREST targets allowed (`upstreams.postgrest_allowed_targets`).
+    pub postgrest_targets: Arc<super::targets::TargetAllowList>,
+    /// Open WebSocket tunnels.
+    pub tunnels: super::tunnels::Tunnels,
 }
 
 /// The backend URL of a request: `base` + `rest` + the query without `apikey`.
@@ -95,6 +105,12 @@ impl HttpTransport {
         Self {
             client,
             idle: Duration::from_secs(config.stream_idle_timeout_secs),
+            // Validated with the configuration.
+            postgrest_targets: Arc::new(
+                super::targets::TargetAllowList::parse(&config.postgrest_allowed_targets)
+                    .unwrap_or_default(),
+            ),
+            tunnels: super::tunnels::Tunnels::default(),
         }
     }
 
@@ -116,6 +132,10 @@ impl HttpTransport {
         })?;
         let upgrade = is_websocket_upgrade(request.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let slot = request
+            .extensions()
+            .get::<super::tunnels::ConnectionSlot>()
+            .cloned();
         let (parts, body) = request.into_parts();
         let mut headers = parts.headers;
         let upgrade_headers = upgrade.then(|| {
@@ -124,11 +144,7 @@ impl HttpTransport {
                 HeaderValue::from_static("upgrade"),
             )
         });
-        strip_hop_by_hop(&mut headers);
-        headers.remove(header::HOST);
-        for (name, value) in backend_headers(actor) {
-            headers.insert(HeaderName::from_static(name), value);
-        }
+        super::headers::for_http_backend(&mut headers, actor);
         if let Some((Some(upgrade_value), connection)) = upgrade_headers {
             headers.insert(header::UPGRADE, upgrade_value);
             headers.insert(header::CONNECTION, connection);
@@ -195,7 +211,8 @@ impl HttpTransport {
             };
             let upstream_upgrade = hyper::upgrade::on(&mut response);
             let idle = self.idle;
-            tokio::spawn(async move {
+            // The tunnel keeps its client connection's slot and ends within the shutdown grace.
+            self.tunnels.spawn(slot, async move {
                 match tokio::try_join!(client_upgrade, upstream_upgrade) {
                     Ok((client, upstream)) => {
                         pump(TokioIo::new(client), TokioIo::new(upstream), idle).await;

@@ -1,10 +1,13 @@
 //! The proxy handlers, written once and mounted on both planes, and their transports.
 
 pub mod envelope;
+pub mod headers;
 pub mod http;
 pub mod idle;
 pub mod nats;
 pub mod service;
+pub mod targets;
+pub mod tunnels;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -143,6 +146,29 @@ async fn route_db(state: &AppState, request: Request) -> Result<Response, Gatewa
             "the project's dedicated database endpoint is not resolved",
         )),
         DbRoute::Postgrest(base) => {
+            // The URL is the stage's answer over the store's record: checked, never trusted.
+            if let Err(refused) = state.http.postgrest_targets.check(&base) {
+                tracing::error!(
+                    project = actor.project.as_deref().unwrap_or_default(),
+                    reason = %refused,
+                    "dedicated PostgREST target refused (upstreams.postgrest_allowed_targets)"
+                );
+                state
+                    .metrics
+                    .postgrest_targets_refused
+                    .with_label_values(&[actor.plane.as_str()])
+                    .inc();
+                return Err(GatewayError::unavailable(
+                    "db_target_not_allowed",
+                    "the project's dedicated database endpoint is not an allowed target",
+                ));
+            }
+            let mut request = request;
+            if actor.plane == crate::plane::Plane::Management {
+                // The console JWT is an organization-wide credential: a project's own PostgREST
+                // never sees it.
+                request.headers_mut().remove(::http::header::AUTHORIZATION);
+            }
             let rest = request
                 .uri()
                 .path()
@@ -214,7 +240,7 @@ pub async fn forward_nats(
         method: parts.method.as_str(),
         path: parts.uri.path(),
         query: query_without_apikey(parts.uri.query()),
-        headers: EnvelopeRequest::headers_of(&parts.headers),
+        headers: headers::for_envelope(&parts.headers, &actor),
         body: EnvelopeRequest::encode_body(&body),
         actor: &actor,
         deadline_ms: 0,

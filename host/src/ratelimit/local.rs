@@ -1,7 +1,9 @@
 //! Local limiters, with governor's GCRA (a token bucket): per IP (a keyed limiter whose idle
 //! keys are dropped by a periodic retain), and per named bucket with its own rate and burst
 //! (one direct limiter per bucket, held in a Moka cache that forgets a bucket once it has been
-//! idle long enough to be full again — forgetting it then changes nothing).
+//! idle long enough to be full again — forgetting it then changes nothing). The cache is
+//! weighed in bytes (names included) under `rate_limit.local_buckets_max_bytes`, and no bucket
+//! is kept past `rate_limit.max_bucket_ttl_secs`.
 
 use std::hash::Hash;
 use std::num::NonZeroU32;
@@ -118,10 +120,14 @@ impl<C: Clock> moka::Expiry<String, Arc<Bucket<C>>> for IdleExpiry {
     }
 }
 
+/// What one bucket costs besides its name: the limiter, its `Arc`, and the cache entry.
+pub const BUCKET_OVERHEAD_BYTES: u32 = 256;
+
 /// Named buckets, each with the rate and burst of its rule.
 pub struct LocalBuckets<C: Clock = DefaultClock> {
     buckets: moka::sync::Cache<String, Arc<Bucket<C>>>,
     clock: C,
+    max_idle: Duration,
 }
 
 impl<C: Clock> std::fmt::Debug for LocalBuckets<C> {
@@ -133,9 +139,9 @@ impl<C: Clock> std::fmt::Debug for LocalBuckets<C> {
 }
 
 impl LocalBuckets<DefaultClock> {
-    /// Buckets on the system clock, at most `capacity` of them.
-    pub fn new(capacity: u64) -> Self {
-        Self::with_clock(capacity, QuantaClock::default())
+    /// Buckets on the system clock, weighing at most `max_bytes`, none kept past `max_idle`.
+    pub fn new(max_bytes: u64, max_idle: Duration) -> Self {
+        Self::with_clock(max_bytes, max_idle, QuantaClock::default())
     }
 }
 
@@ -144,14 +150,26 @@ where
     C::Instant: Send + Sync,
 {
     /// Buckets on `clock`.
-    pub fn with_clock(capacity: u64, clock: C) -> Self {
+    pub fn with_clock(max_bytes: u64, max_idle: Duration, clock: C) -> Self {
         Self {
             buckets: moka::sync::Cache::builder()
-                .max_capacity(capacity)
+                .max_capacity(max_bytes)
+                .weigher(|name: &String, _| {
+                    u32::try_from(name.len())
+                        .unwrap_or(u32::MAX)
+                        .saturating_add(BUCKET_OVERHEAD_BYTES)
+                })
                 .expire_after(IdleExpiry)
                 .build(),
             clock,
+            max_idle,
         }
+    }
+
+    /// The bytes the buckets weigh now (after pending evictions are applied).
+    pub fn weighed_bytes(&self) -> u64 {
+        self.buckets.run_pending_tasks();
+        self.buckets.weighted_size()
     }
 
     /// Takes `rule.cost` tokens from `rule.bucket` (a cost above the burst is taken as the burst).
@@ -165,7 +183,7 @@ where
                     self.clock.clone(),
                 )
                 .with_middleware::<StateInformationMiddleware>(),
-                idle: Duration::from_secs_f64(refill + 1.0),
+                idle: Duration::from_secs_f64(refill + 1.0).min(self.max_idle),
             })
         });
         let cost = NonZeroU32::new(rule.cost.clamp(1, rule.burst.max(1))).expect("at least 1");

@@ -9,6 +9,7 @@
 
 pub mod client_ip;
 pub mod local;
+pub mod rules;
 pub mod shared;
 
 use std::net::IpAddr;
@@ -19,7 +20,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 
 use self::local::{KeyedLimiter, LocalBuckets};
-use self::shared::RedisWindow;
+use self::shared::RedisBuckets;
 use crate::breaker::{BreakerSettings, CircuitBreaker};
 use crate::config::{BucketConfig, RateLimitConfig};
 use crate::metrics::Metrics;
@@ -111,7 +112,7 @@ impl IpLimiter {
 #[derive(Debug)]
 pub struct QuotaLimiter {
     local: LocalBuckets,
-    redis: Arc<ArcSwapOption<RedisWindow>>,
+    redis: Arc<ArcSwapOption<RedisBuckets>>,
     breaker: Arc<CircuitBreaker>,
     timeout: Duration,
     shared_mode: AtomicBool,
@@ -122,9 +123,12 @@ pub struct QuotaLimiter {
 impl QuotaLimiter {
     /// Builds the limiter; with a Redis URL it connects in the background (local meanwhile).
     pub fn new(config: &RateLimitConfig, metrics: Metrics) -> Arc<Self> {
-        let redis: Arc<ArcSwapOption<RedisWindow>> = Arc::new(ArcSwapOption::empty());
+        let redis: Arc<ArcSwapOption<RedisBuckets>> = Arc::new(ArcSwapOption::empty());
         let this = Arc::new(Self {
-            local: LocalBuckets::new(1_000_000),
+            local: LocalBuckets::new(
+                config.local_buckets_max_bytes,
+                Duration::from_secs(config.max_bucket_ttl_secs),
+            ),
             redis: redis.clone(),
             breaker: CircuitBreaker::new(
                 "redis",
@@ -144,12 +148,13 @@ impl QuotaLimiter {
             let prefix = config.redis_key_prefix.clone();
             let timeout = Duration::from_millis(config.redis_timeout_ms.max(200));
             let retry = Duration::from_millis(config.redis_retry_ms);
+            let max_ttl = Duration::from_secs(config.max_bucket_ttl_secs);
             tokio::spawn(async move {
                 loop {
-                    match RedisWindow::connect(&url, &prefix, timeout).await {
-                        Ok(window) => {
+                    match RedisBuckets::connect(&url, &prefix, timeout, max_ttl).await {
+                        Ok(buckets) => {
                             tracing::info!("rate limits: Redis connected");
-                            redis.store(Some(Arc::new(window)));
+                            redis.store(Some(Arc::new(buckets)));
                             break;
                         }
                         Err(e) => {
@@ -168,13 +173,19 @@ impl QuotaLimiter {
         if !self.configured {
             return None;
         }
-        let Some(window) = self.redis.load_full() else {
+        let Some(buckets) = self.redis.load_full() else {
             return Some(false);
         };
         Some(matches!(
-            tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), window.ping()).await,
+            tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), buckets.ping())
+                .await,
             Ok(Ok(()))
         ))
+    }
+
+    /// The bytes the local buckets weigh now.
+    pub fn local_bytes(&self) -> u64 {
+        self.local.weighed_bytes()
     }
 
     /// Whether quotas are currently shared through Redis.
@@ -195,10 +206,10 @@ impl QuotaLimiter {
 
     /// Checks `rule`: through Redis when it answers in time, locally otherwise.
     pub async fn check(&self, rule: &Rule) -> Decision {
-        if let Some(window) = self.redis.load_full()
+        if let Some(buckets) = self.redis.load_full()
             && let Ok(probe) = self.breaker.try_acquire_probe()
         {
-            match tokio::time::timeout(self.timeout, window.check(rule)).await {
+            match tokio::time::timeout(self.timeout, buckets.check(rule)).await {
                 Ok(Ok(decision)) => {
                     probe.record_success();
                     self.set_mode(true);

@@ -1,12 +1,14 @@
-//! Quotas shared by every gateway instance through Redis: a sliding-window log in one atomic
-//! Lua script, on Redis server time, with a unique member per request and an expiry per key.
+//! Quotas shared by every gateway instance through Redis: GCRA (the generic cell rate
+//! algorithm, a token bucket) in one small Lua script, on Redis server time.
 //!
-//! Semantics next to the local token bucket: a rule of `rate` per second with `burst` becomes a
-//! window of `burst / rate` seconds admitting `burst` requests. Both admit at most `burst` at
-//! once and `rate` per second over the long run; after a full burst the token bucket admits
-//! again at once at `rate`, while the window admits again as the burst ages out of it.
+//! One key per bucket holds its theoretical arrival time (TAT); a request of cost `c` moves it
+//! by `c` emission intervals (`1/rate`) and is admitted while the TAT stays within `burst`
+//! intervals of now. The work per request is O(1) whatever the rule's figures: one `GET`, at
+//! most one `SET`, a key of a few bytes with an expiry of the time the bucket takes to refill
+//! (at most `rate_limit.max_bucket_ttl_secs`). The semantics are those of the local limiter
+//! (governor, also GCRA): at most `burst` at once, `rate` per second over the long run, and
+//! after a full burst admission again at `rate`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -15,47 +17,58 @@ use super::{Decision, Rule};
 
 const SCRIPT: &str = r#"
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local window = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = 1000000 / tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-local count = redis.call('ZCARD', KEYS[1])
-if count + cost <= limit then
-  for i = 1, cost do
-    redis.call('ZADD', KEYS[1], now, ARGV[4] .. ':' .. i)
-  end
-  redis.call('PEXPIRE', KEYS[1], window)
-  return {1, limit - count - cost, window}
+local max_ttl = tonumber(ARGV[4])
+local tolerance = interval * burst
+local tat = now
+local stored = redis.call('GET', KEYS[1])
+if stored then
+  tat = tonumber(stored) or now
+  if tat < now then tat = now end
 end
-local need = count + cost - limit
-local oldest = redis.call('ZRANGE', KEYS[1], need - 1, need - 1, 'WITHSCORES')
-local retry = window
-if oldest[2] then retry = tonumber(oldest[2]) + window - now end
-if retry < 1 then retry = 1 end
-return {0, limit - count, retry}
+local new_tat = tat + interval * cost
+local allow_at = new_tat - tolerance
+if allow_at > now then
+  local remaining = math.floor((now - (tat - tolerance)) / interval)
+  if remaining < 0 then remaining = 0 end
+  return {0, remaining, math.ceil((allow_at - now) / 1000)}
+end
+local ttl = math.ceil((new_tat - now) / 1000)
+if ttl > max_ttl then ttl = max_ttl end
+if ttl < 1 then ttl = 1 end
+redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', ttl)
+local remaining = math.floor((now - (new_tat - tolerance)) / interval)
+if remaining < 0 then remaining = 0 end
+return {1, remaining, math.ceil((new_tat - now) / 1000)}
 "#;
 
 /// The Redis side of the quota limiter.
-pub struct RedisWindow {
+pub struct RedisBuckets {
     conn: ConnectionManager,
     script: redis::Script,
     prefix: String,
-    instance: String,
-    counter: AtomicU64,
+    max_ttl_ms: u64,
 }
 
-impl std::fmt::Debug for RedisWindow {
+impl std::fmt::Debug for RedisBuckets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisWindow")
+        f.debug_struct("RedisBuckets")
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
 }
 
-impl RedisWindow {
+impl RedisBuckets {
     /// Connects (bounded by `timeout`).
-    pub async fn connect(url: &str, prefix: &str, timeout: Duration) -> Result<Self, String> {
+    pub async fn connect(
+        url: &str,
+        prefix: &str,
+        timeout: Duration,
+        max_ttl: Duration,
+    ) -> Result<Self, String> {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(timeout)
@@ -71,8 +84,7 @@ impl RedisWindow {
             conn,
             script: redis::Script::new(SCRIPT),
             prefix: prefix.to_owned(),
-            instance: uuid::Uuid::new_v4().simple().to_string(),
-            counter: AtomicU64::new(0),
+            max_ttl_ms: u64::try_from(max_ttl.as_millis()).unwrap_or(u64::MAX),
         })
     }
 
@@ -85,32 +97,26 @@ impl RedisWindow {
             .map(|_| ())
     }
 
-    /// Takes `rule.cost` slots of the rule's window in Redis.
+    /// Takes `rule.cost` tokens from the rule's bucket in Redis.
     pub async fn check(&self, rule: &Rule) -> Result<Decision, redis::RedisError> {
         let rate = rule.rate_per_second.max(1);
         let burst = rule.burst.max(1);
-        let window_ms = (u64::from(burst) * 1000).div_ceil(u64::from(rate)).max(1);
         let cost = rule.cost.clamp(1, burst);
-        let member = format!(
-            "{}:{}",
-            self.instance,
-            self.counter.fetch_add(1, Ordering::Relaxed)
-        );
         let key = format!("{}{}|{}|{}", self.prefix, rule.bucket, rate, burst);
         let mut conn = self.conn.clone();
         let (allowed, remaining, wait_ms): (i64, i64, i64) = self
             .script
             .key(key)
-            .arg(window_ms)
+            .arg(rate)
             .arg(burst)
             .arg(cost)
-            .arg(member)
+            .arg(self.max_ttl_ms)
             .invoke_async(&mut conn)
             .await?;
-        let remaining = remaining.max(0) as u32;
+        let remaining = u32::try_from(remaining.max(0)).unwrap_or(u32::MAX);
         let wait = Duration::from_millis(wait_ms.max(0) as u64);
         Ok(if allowed == 1 {
-            Decision::allowed(burst, remaining, wait)
+            Decision::allowed(burst, remaining.min(burst), wait)
         } else {
             Decision::denied(burst, wait)
         })

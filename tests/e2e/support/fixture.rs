@@ -227,12 +227,22 @@ pub fn epoch() -> u64 {
     now()
 }
 
-/// A store wrapper counting key lookups per hash.
+/// A store wrapper counting key lookups per hash, and able to hold a refresh of the project
+/// policies between reading them and answering.
 #[derive(Debug)]
 pub struct CountingStore {
     pub inner: Arc<dyn ControlStore>,
     pub key_lookups: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     pub total: AtomicUsize,
+    hold: std::sync::Mutex<Option<Hold>>,
+}
+
+/// An armed hold: the next `project_policies` call reads its records, says so on `entered`,
+/// then waits for `release` before answering them.
+#[derive(Debug)]
+struct Hold {
+    entered: tokio::sync::oneshot::Sender<()>,
+    release: tokio::sync::oneshot::Receiver<()>,
 }
 
 impl CountingStore {
@@ -241,7 +251,21 @@ impl CountingStore {
             inner,
             key_lookups: Default::default(),
             total: AtomicUsize::new(0),
+            hold: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Holds the next read of the project policies after it read the records: returns when it
+    /// has read them, and the sender that lets it answer.
+    pub async fn hold_next_policy_read(&self) -> tokio::sync::oneshot::Sender<()> {
+        let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel();
+        *self.hold.lock().expect("lock") = Some(Hold {
+            entered: entered_tx,
+            release: release_rx,
+        });
+        entered_rx.await.expect("a refresh read the policies");
+        release_tx
     }
 
     pub fn max_lookups_of_one_key(&self) -> usize {
@@ -307,7 +331,19 @@ impl ControlStore for CountingStore {
         self.inner.delete_project_policy(r, s).await
     }
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
-        self.inner.project_policies().await
+        let records = self.inner.project_policies().await;
+        let hold = self.hold.lock().expect("lock").take();
+        if let Some(hold) = hold {
+            let _ = hold.entered.send(());
+            let _ = hold.release.await;
+        }
+        records
+    }
+    async fn touch_modules(&self, digests: &[String]) -> Result<(), StoreError> {
+        self.inner.touch_modules(digests).await
+    }
+    async fn collect_modules(&self, grace: std::time::Duration) -> Result<Vec<String>, StoreError> {
+        self.inner.collect_modules(grace).await
     }
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await

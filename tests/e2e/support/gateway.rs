@@ -110,6 +110,10 @@ pub fn test_config(nats_url: &str, prefix: &str) -> Config {
         per_ip.rate_per_second = 1_000_000;
         per_ip.burst = 1_000_000;
     }
+    // Uploaded modules are compiled by the gateway binary's worker (this test process is not
+    // the gateway executable).
+    config.plugins.tenant_compile_worker = Some(binary().display().to_string());
+    config.upstreams.postgrest_allowed_targets = vec!["127.0.0.0/8".into()];
     config.auth.user_jwt.hs256_secret = Some(super::fixture::USER_SECRET.into());
     config.auth.console_jwt.hs256_secret = Some(super::fixture::CONSOLE_SECRET.into());
     config
@@ -265,4 +269,129 @@ pub fn console_client() -> reqwest::Client {
         .default_headers(headers)
         .build()
         .expect("client")
+}
+
+/// Writes `fx`'s control file (plus `extra_records`) and a configuration for the gateway binary
+/// in `dir`: loopback, NATS at `nats_url` under `prefix`, the test secrets, per-IP limits out of
+/// the way, then `extra_toml` (tables of its own). Returns the config path.
+pub fn binary_config(
+    dir: &Path,
+    fx: &super::fixture::Fixture,
+    extra_records: &str,
+    nats_url: &str,
+    prefix: &str,
+    extra_toml: &str,
+) -> PathBuf {
+    std::fs::write(
+        dir.join("control.toml"),
+        format!("{}\n{extra_records}", fx.control_file()),
+    )
+    .expect("control file");
+    let config = format!(
+        r#"host = "127.0.0.1"
+
+[log]
+level = "info"
+
+[nats]
+url = "{nats_url}"
+subject_prefix = "{prefix}"
+
+[control]
+file = "control.toml"
+reload_interval_ms = 200
+
+[metrics]
+token = "{METRICS_TOKEN}"
+
+[auth.user_jwt]
+hs256_secret = "{user}"
+
+[auth.console_jwt]
+hs256_secret = "{console}"
+
+[rate_limit.data_plane_per_ip]
+rate_per_second = 1000000
+burst = 1000000
+
+[rate_limit.management_plane_per_ip]
+rate_per_second = 1000000
+burst = 1000000
+
+{extra_toml}
+"#,
+        user = super::fixture::USER_SECRET,
+        console = super::fixture::CONSOLE_SECRET,
+    );
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, config).expect("config");
+    path
+}
+
+/// The metrics token of the test configurations.
+pub const METRICS_TOKEN: &str = "test-metrics-token-0123456789";
+
+/// The sum of the samples of `name` whose labels contain every one of `labels`
+/// (`plane="data"`), in a Prometheus text exposition.
+pub fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Resident memory of process `pid`, in MiB.
+pub fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+impl Process {
+    /// The gateway's metrics text.
+    pub async fn metrics(&self) -> String {
+        reqwest::Client::new()
+            .get(self.data_url("/metrics"))
+            .bearer_auth(METRICS_TOKEN)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    }
+
+    /// Resident memory of the gateway, in MiB.
+    pub fn rss_mib(&self) -> f64 {
+        rss_mib(self.child.id())
+    }
+}
+
+/// Sends `raw` on a new connection to `addr` and returns what came back until the gateway
+/// closed the connection or went quiet for a second.
+pub fn raw_exchange(addr: impl std::net::ToSocketAddrs, raw: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
+    s.write_all(raw).expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

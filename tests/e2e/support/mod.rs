@@ -10,6 +10,8 @@ pub mod outage;
 pub mod postgres;
 pub mod redis_server;
 pub mod responder;
+pub mod upstream;
+pub mod wasm;
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU32, Ordering};

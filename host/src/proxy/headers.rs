@@ -1,0 +1,201 @@
+//! The request headers a backend receives, decided in one place for both transports (the NATS
+//! envelope and HTTP backends).
+//!
+//! Removed: hop-by-hop headers and the headers a client lists in `Connection` — except the
+//! names the gateway itself sets or vouches for, which `Connection` cannot remove
+//! ([`is_gateway_owned`]) —, API key headers, any client `x-aura-*`, and the client's own
+//! forwarding headers (`X-Forwarded-For`, `X-Real-IP`, `Forwarded`). Added by the gateway: the
+//! actor as `x-aura-*` (HTTP backends; NATS backends get the envelope's `actor`), the client IP
+//! it computed (`x-forwarded-for` on both, `x-aura-client-ip` on HTTP).
+
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderName, HeaderValue, header};
+
+use crate::actor::Actor;
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
+pub const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The client's own account of where the request came from: replaced by the gateway's.
+pub const CLIENT_FORWARDING: &[&str] = &["x-forwarded-for", "x-real-ip", "forwarded"];
+
+/// `x-aura-client-ip`.
+pub static X_AURA_CLIENT_IP: HeaderName = HeaderName::from_static("x-aura-client-ip");
+/// `x-forwarded-for`.
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// Names the gateway sets or has verified: a client's `Connection` header never removes them.
+pub fn is_gateway_owned(name: &str) -> bool {
+    matches!(
+        name,
+        "x-request-id" | "authorization" | "x-forwarded-for" | "content-length" | "host"
+    ) || name.starts_with("x-aura-")
+}
+
+/// Header names listed in `Connection`, lower-case, without the gateway's own names.
+pub fn connection_named(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty() && !is_gateway_owned(s))
+        .collect()
+}
+
+/// Whether a request header must not reach a backend as the client sent it.
+pub fn is_dropped(name: &str, connection_named: &[String]) -> bool {
+    HOP_BY_HOP.contains(&name)
+        || CLIENT_FORWARDING.contains(&name)
+        || name == "apikey"
+        || name == "x-api-key"
+        || name.starts_with("x-aura-")
+        || connection_named.iter().any(|c| c == name)
+}
+
+/// Removes what [`is_dropped`] names from `headers`, in place.
+pub fn drop_client_headers(headers: &mut HeaderMap) {
+    let named = connection_named(headers);
+    let dropped: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| is_dropped(n.as_str(), &named))
+        .cloned()
+        .collect();
+    for name in dropped {
+        headers.remove(name);
+    }
+}
+
+/// The `x-aura-*` headers describing the actor, and the client IP, for HTTP backends.
+pub fn identity_headers(actor: &Actor) -> Vec<(&'static str, HeaderValue)> {
+    let mut out = vec![("x-aura-role", HeaderValue::from_static(actor.role.as_str()))];
+    let mut push = |name: &'static str, value: &Option<String>| {
+        if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+            out.push((name, v));
+        }
+    };
+    push("x-aura-project", &actor.project);
+    push("x-aura-user-id", &actor.user_id);
+    push("x-aura-org-role", &actor.org_role);
+    out
+}
+
+fn ip_value(ip: IpAddr) -> HeaderValue {
+    HeaderValue::from_str(&ip.to_string()).expect("an IP address is a valid header value")
+}
+
+/// Rewrites a request's headers for an HTTP backend: client headers dropped, identity and
+/// client IP set.
+pub fn for_http_backend(headers: &mut HeaderMap, actor: &Actor) {
+    drop_client_headers(headers);
+    headers.remove(header::HOST);
+    for (name, value) in identity_headers(actor) {
+        headers.insert(HeaderName::from_static(name), value);
+    }
+    if let Some(ip) = actor.client_ip {
+        let value = ip_value(ip);
+        headers.insert(X_FORWARDED_FOR.clone(), value.clone());
+        headers.insert(X_AURA_CLIENT_IP.clone(), value);
+    }
+}
+
+/// The request headers as envelope pairs: lower-case names, order kept, client headers
+/// dropped, `x-forwarded-for` set to the client IP. Values that are not UTF-8 are passed
+/// lossily.
+pub fn for_envelope(headers: &HeaderMap, actor: &Actor) -> Vec<(String, String)> {
+    let named = connection_named(headers);
+    let mut out: Vec<(String, String)> = headers
+        .iter()
+        .filter(|(name, _)| !is_dropped(name.as_str(), &named))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    if let Some(ip) = actor.client_ip {
+        out.push((X_FORWARDED_FOR.as_str().to_owned(), ip.to_string()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plane::Plane;
+
+    fn actor() -> Actor {
+        let mut a = Actor::unauthenticated(Plane::Data);
+        a.project = Some("alpha".into());
+        a.client_ip = Some("203.0.113.7".parse().expect("ip"));
+        a
+    }
+
+    #[test]
+    fn connection_cannot_remove_what_the_gateway_owns() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("x-request-id, Authorization, x-hop, x-aura-role"),
+        );
+        h.insert("x-request-id", HeaderValue::from_static("abc"));
+        h.insert("authorization", HeaderValue::from_static("Bearer t"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        for_http_backend(&mut h, &actor());
+        assert_eq!(h["x-request-id"], "abc");
+        assert_eq!(h["authorization"], "Bearer t");
+        assert!(h.get("x-hop").is_none());
+        assert!(h.get("connection").is_none());
+        assert_eq!(h["x-aura-role"], "anon");
+    }
+
+    #[test]
+    fn the_client_ip_is_the_gateways() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
+        h.insert("x-real-ip", HeaderValue::from_static("6.6.6.6"));
+        h.insert("forwarded", HeaderValue::from_static("for=6.6.6.6"));
+        h.insert("x-aura-client-ip", HeaderValue::from_static("6.6.6.6"));
+        let pairs = for_envelope(&h, &actor());
+        assert_eq!(
+            pairs,
+            vec![("x-forwarded-for".to_owned(), "203.0.113.7".to_owned())]
+        );
+        for_http_backend(&mut h, &actor());
+        assert_eq!(h["x-forwarded-for"], "203.0.113.7");
+        assert_eq!(h["x-aura-client-ip"], "203.0.113.7");
+        assert!(h.get("x-real-ip").is_none());
+        assert!(h.get("forwarded").is_none());
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+    }
+
+    #[test]
+    fn stripped_headers() {
+        let named = vec!["x-hop".to_owned()];
+        for h in [
+            "apikey",
+            "x-api-key",
+            "x-aura-role",
+            "connection",
+            "x-hop",
+            "upgrade",
+            "x-real-ip",
+        ] {
+            assert!(is_dropped(h, &named), "{h}");
+        }
+        assert!(!is_dropped("authorization", &named));
+    }
+}

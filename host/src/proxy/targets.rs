@@ -1,0 +1,147 @@
+//! Which dedicated PostgREST targets the gateway may call.
+//!
+//! A project's `postgrest_url` comes from the control store, and the URL a request goes to is
+//! whatever the `db-routing` stage answers: neither is taken on trust. Before any connection,
+//! the host checks the URL against `upstreams.postgrest_allowed_targets`: `http://` only, no
+//! user information, and a host that is an IP address inside one of the listed CIDRs or a name
+//! equal to a listed host or ending with a listed `.suffix`. An empty list allows nothing.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// The parsed allow-list.
+#[derive(Debug, Clone, Default)]
+pub struct TargetAllowList {
+    nets: Vec<IpNet>,
+    /// Exact host names, lower case.
+    hosts: Vec<String>,
+    /// Suffixes, lower case, each starting with `.`.
+    suffixes: Vec<String>,
+}
+
+/// Why a target was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetRefused {
+    #[error("not an http://host[:port][/path] URL")]
+    NotHttp,
+    #[error("user information in the URL")]
+    UserInfo,
+    #[error("host {0} is not in upstreams.postgrest_allowed_targets")]
+    NotAllowed(String),
+}
+
+impl TargetAllowList {
+    /// Parses the entries: a CIDR (`10.0.0.0/8`), an IP address, a host name (`pg.internal`)
+    /// or a suffix (`.pg.internal`). Errors name the entry.
+    pub fn parse(entries: &[String]) -> Result<Self, String> {
+        let mut list = Self::default();
+        for entry in entries {
+            let e = entry.trim().to_ascii_lowercase();
+            if let Ok(net) = e.parse::<IpNet>() {
+                list.nets.push(net);
+            } else if let Ok(ip) = e.parse::<IpAddr>() {
+                list.nets.push(IpNet::from(ip));
+            } else if let Some(rest) = e.strip_prefix('.')
+                && is_host_name(rest)
+            {
+                list.suffixes.push(e);
+            } else if is_host_name(&e) {
+                list.hosts.push(e);
+            } else {
+                return Err(format!(
+                    "{entry:?} is neither a CIDR, an IP address, a host name nor a .suffix"
+                ));
+            }
+        }
+        Ok(list)
+    }
+
+    /// Checks a target URL.
+    pub fn check(&self, url: &str) -> Result<(), TargetRefused> {
+        let uri: http::Uri = url.parse().map_err(|_| TargetRefused::NotHttp)?;
+        if uri.scheme_str() != Some("http") {
+            return Err(TargetRefused::NotHttp);
+        }
+        let authority = uri.authority().ok_or(TargetRefused::NotHttp)?;
+        if authority.as_str().contains('@') {
+            return Err(TargetRefused::UserInfo);
+        }
+        let host = authority.host();
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let allowed = match bare.parse::<IpAddr>() {
+            Ok(ip) => self.nets.iter().any(|n| n.contains(&ip)),
+            Err(_) => {
+                let name = bare.trim_end_matches('.').to_ascii_lowercase();
+                self.hosts.contains(&name)
+                    || self.suffixes.iter().any(|s| name.ends_with(s.as_str()))
+            }
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(TargetRefused::NotAllowed(host.to_owned()))
+        }
+    }
+}
+
+fn is_host_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TargetAllowList, TargetRefused};
+
+    fn list(entries: &[&str]) -> TargetAllowList {
+        TargetAllowList::parse(&entries.iter().map(|e| (*e).to_owned()).collect::<Vec<_>>())
+            .expect("valid list")
+    }
+
+    #[test]
+    fn targets_are_checked_by_network_and_name() {
+        let l = list(&["10.1.0.0/16", "192.0.2.7", ".pg.internal", "db.example"]);
+        assert_eq!(l.check("http://10.1.2.3:3000"), Ok(()));
+        assert_eq!(l.check("http://192.0.2.7/rest"), Ok(()));
+        assert_eq!(l.check("http://alpha.pg.internal:3000"), Ok(()));
+        assert_eq!(l.check("http://DB.example"), Ok(()));
+        for refused in [
+            "http://10.2.0.1:3000",
+            "http://169.254.169.254/latest/meta-data",
+            "http://evil-pg.internal",
+            "http://pg.internal.evil.test",
+            "http://db.example.evil.test",
+            "http://[::1]:3000",
+        ] {
+            assert!(
+                matches!(l.check(refused), Err(TargetRefused::NotAllowed(_))),
+                "{refused}"
+            );
+        }
+        assert_eq!(
+            l.check("http://user:pw@10.1.2.3"),
+            Err(TargetRefused::UserInfo)
+        );
+        assert_eq!(l.check("https://10.1.2.3"), Err(TargetRefused::NotHttp));
+        assert_eq!(l.check("file:///etc/passwd"), Err(TargetRefused::NotHttp));
+        assert!(matches!(
+            TargetAllowList::default().check("http://10.1.2.3"),
+            Err(TargetRefused::NotAllowed(_))
+        ));
+    }
+
+    #[test]
+    fn bad_entries_are_named() {
+        let e = TargetAllowList::parse(&["10.0.0.0/33".to_owned()]).expect_err("bad");
+        assert!(e.contains("10.0.0.0/33"), "{e}");
+        assert!(TargetAllowList::parse(&["a b".to_owned()]).is_err());
+    }
+}

@@ -1,0 +1,681 @@
+//! The proxy edge under attack, through the real binary: paths, credentials, forwarding
+//! headers, keys in URLs, the console token, PostgREST targets, tunnels and JWKS.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::support::fixture::{Fixture, console_token, user_token};
+use crate::support::gateway::{
+    InProcess, Process, TEST_KEY, binary_config, raw_exchange, test_config,
+};
+use crate::support::nats_server::shared;
+use crate::support::responder::{Responder, reply};
+use crate::support::unique_prefix;
+use crate::support::upstream::{Recorder, websocket_echo};
+
+/// An extra project `ded` of organization A with a dedicated PostgREST at `postgrest`, and its
+/// anon key.
+fn dedicated(fx: &Fixture, postgrest: &str) -> (String, String) {
+    let key = format!("aura_pk_ded_{}", Uuid::new_v4().simple());
+    let records = format!(
+        "[[projects]]\nref = \"ded\"\norganization_id = \"{org}\"\ndb_engine = \"postgres\"\ntopology = \"dedicated\"\npostgrest_url = \"{postgrest}\"\n\n\
+         [[projects]]\nref = \"far\"\norganization_id = \"{org}\"\ndb_engine = \"postgres\"\ntopology = \"dedicated\"\npostgrest_url = \"http://10.255.255.1:3000\"\n\n\
+         [[api_keys]]\nid = \"{id}\"\nproject_ref = \"ded\"\nrole = \"anon\"\nkey_sha256 = \"{hash}\"\n\n\
+         [[api_keys]]\nid = \"{id2}\"\nproject_ref = \"far\"\nrole = \"anon\"\nkey_sha256 = \"{hash2}\"\n",
+        org = fx.org_a,
+        id = Uuid::new_v4(),
+        id2 = Uuid::new_v4(),
+        hash = aura_gateway::auth::keys::hash_key(&key),
+        hash2 = aura_gateway::auth::keys::hash_key(&format!("{key}_far")),
+    );
+    (records, key)
+}
+
+/// The status code of a raw HTTP/1.1 answer.
+fn status_of(response: &str) -> u16 {
+    response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn get(path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
+    let mut raw = format!("GET {path} HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n");
+    for (n, v) in headers {
+        raw += &format!("{n}: {v}\r\n");
+    }
+    raw += "\r\n";
+    raw.into_bytes()
+}
+
+struct Edge {
+    _dir: tempfile::TempDir,
+    gw: Process,
+    fx: Fixture,
+    storage: Recorder,
+    realtime: Recorder,
+    postgrest: Recorder,
+    envelopes: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    _responders: Vec<Responder>,
+    ded_key: String,
+}
+
+impl Edge {
+    async fn start(extra_toml: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fx = Fixture::new();
+        let (storage, realtime, postgrest) = (
+            Recorder::start().await,
+            Recorder::start().await,
+            Recorder::start().await,
+        );
+        let (records, ded_key) = dedicated(&fx, &postgrest.url);
+        let nats = shared();
+        let prefix = unique_prefix();
+        let config = binary_config(
+            dir.path(),
+            &fx,
+            &records,
+            &nats.url(),
+            &prefix,
+            &format!(
+                "[upstreams]\nstorage_url = \"{}\"\nrealtime_url = \"{}\"\npostgrest_allowed_targets = [\"127.0.0.0/8\"]\n\n{extra_toml}",
+                storage.url, realtime.url
+            ),
+        );
+        let envelopes: Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Arc::default();
+        let mut responders = Vec::new();
+        for service in ["db", "auth", "functions"] {
+            let record = envelopes.clone();
+            responders.push(
+                Responder::start(
+                    &nats.url(),
+                    &format!("{prefix}.{service}.http"),
+                    Duration::ZERO,
+                    move |e| {
+                        record.lock().expect("lock").push(e);
+                        reply(200, &[], b"nats")
+                    },
+                )
+                .await,
+            );
+        }
+        let gw = Process::serve(&config, dir.path());
+        Self {
+            _dir: dir,
+            gw,
+            fx,
+            storage,
+            realtime,
+            postgrest,
+            envelopes,
+            _responders: responders,
+            ded_key,
+        }
+    }
+
+    fn data(&self) -> (&str, u16) {
+        ("127.0.0.1", self.gw.port)
+    }
+
+    fn mgmt(&self) -> (&str, u16) {
+        ("127.0.0.1", self.gw.management_port)
+    }
+
+    fn envelopes(&self) -> Vec<serde_json::Value> {
+        self.envelopes.lock().expect("lock").clone()
+    }
+}
+
+#[tokio::test]
+async fn dot_segments_and_encoded_separators_never_reach_a_backend() {
+    let edge = Edge::start("").await;
+    let key = edge.ded_key.clone();
+    let data = edge.data();
+    let exchange = |path: &str| {
+        let raw = get(path, &[("apikey", &key)]);
+        let data = (data.0.to_owned(), data.1);
+        async move {
+            tokio::task::spawn_blocking(move || raw_exchange(data, &raw))
+                .await
+                .expect("exchange")
+        }
+    };
+    for path in [
+        "/v1/db/../tenant-victim/todos",
+        "/v1/db/%2e%2e/tenant-victim/todos",
+        "/v1/storage/object/%2e%2e/secret",
+        "/v1/storage/object/.%2E/secret",
+        "/v1/storage/object/..%2fsecret",
+        "/v1/storage/object/a%5csecret",
+        "/v1/storage/../db/todos",
+    ] {
+        let answer = exchange(path).await;
+        assert_eq!(status_of(&answer), 400, "{path}: {answer}");
+        assert!(answer.contains("\"invalid_path\""), "{path}: {answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("x-request-id"),
+            "{answer}"
+        );
+    }
+    assert!(
+        edge.postgrest.seen().is_empty(),
+        "{:?}",
+        edge.postgrest.seen()
+    );
+    assert!(edge.storage.seen().is_empty(), "{:?}", edge.storage.seen());
+
+    // Dot segments inside a service's own path are resolved before routing.
+    let answer = exchange("/v1/storage/object/./a/../b%2Dc//d").await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    assert_eq!(
+        edge.storage.last().expect("forwarded").target,
+        "/object/b-c/d"
+    );
+    // Every spelling of the db management route is routed as the management route (NATS).
+    for path in [
+        "/v1/db//sql",
+        "/v1/db/./sql",
+        "/v1/db/%73ql",
+        "/v1/db/x/../sql",
+    ] {
+        let answer = exchange(path).await;
+        assert_eq!(status_of(&answer), 200, "{path}: {answer}");
+        assert!(answer.ends_with("nats"), "{path} went over NATS: {answer}");
+        let envelope = edge.envelopes().pop().expect("envelope");
+        assert_eq!(envelope["path"], "/v1/db/sql", "{path}");
+    }
+    // A CRUD request of the dedicated project still reaches its PostgREST, normalised.
+    let answer = exchange("/v1/db/./todos//1").await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    assert_eq!(edge.postgrest.last().expect("forwarded").target, "/todos/1");
+    for seen in edge
+        .storage
+        .seen()
+        .iter()
+        .chain(edge.postgrest.seen().iter())
+    {
+        let t = seen.target.to_ascii_lowercase();
+        assert!(
+            !t.contains("/../")
+                && !t.contains("/./")
+                && !t.contains("%2e")
+                && !t.contains("%2f")
+                && !t.contains("//"),
+            "a backend saw {t}"
+        );
+    }
+    let metrics = edge.gw.metrics().await;
+    assert!(crate::support::gateway::metric(&metrics, "aura_paths_refused_total", &[]) >= 7.0);
+}
+
+#[tokio::test]
+async fn authorization_is_verified_or_refused_never_forwarded_unverified() {
+    let edge = Edge::start("").await;
+    let fx = &edge.fx;
+    let token = user_token("alpha", Uuid::new_v4());
+    let other_token = user_token("other", Uuid::new_v4());
+    let data = edge.data();
+    let send = |headers: Vec<(String, String)>| {
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        let raw = get("/v1/storage/object/x", &h);
+        let data = (data.0.to_owned(), data.1);
+        async move {
+            tokio::task::spawn_blocking(move || raw_exchange(data, &raw))
+                .await
+                .expect("exchange")
+        }
+    };
+    let key = ("apikey".to_owned(), fx.anon_key.clone());
+    let auth = |v: String| ("authorization".to_owned(), v);
+
+    // A tab after the scheme, any case: parsed and verified.
+    let answer = send(vec![key.clone(), auth(format!("bEaReR\t{token}"))]).await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    let seen = edge.storage.last().expect("forwarded");
+    assert_eq!(seen.one("x-aura-role").as_deref(), Some("authenticated"));
+    assert_eq!(seen.all("authorization"), vec![format!("bEaReR\t{token}")]);
+    edge.storage.clear();
+
+    for (what, headers) in [
+        (
+            "another project's token after a tab",
+            vec![key.clone(), auth(format!("Bearer\t{other_token}"))],
+        ),
+        (
+            "two Authorization headers",
+            vec![
+                key.clone(),
+                auth(format!("Bearer {token}")),
+                auth(format!("Bearer {other_token}")),
+            ],
+        ),
+        (
+            "another scheme",
+            vec![key.clone(), auth("Basic dXNlcjpwYXNz".into())],
+        ),
+        (
+            "a malformed bearer",
+            vec![key.clone(), auth("Bearer a b".into())],
+        ),
+        ("an empty bearer", vec![key.clone(), auth("Bearer".into())]),
+    ] {
+        let answer = send(headers).await;
+        assert_eq!(status_of(&answer), 401, "{what}: {answer}");
+        assert!(answer.contains("\"invalid_token\""), "{what}: {answer}");
+    }
+    assert!(
+        edge.storage.seen().is_empty(),
+        "nothing forwarded: {:?}",
+        edge.storage.seen()
+    );
+    // A public path needs no key, but a token there has no project to be checked against.
+    let r = reqwest::Client::new()
+        .post(edge.gw.data_url("/v1/auth/signup"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let before = edge.envelopes().len();
+    let r = reqwest::Client::new()
+        .post(edge.gw.data_url("/v1/auth/signup"))
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::OK, "without a token it is served");
+    assert_eq!(edge.envelopes().len(), before + 1);
+
+    // The same parser on the management plane.
+    let console = console_token(fx.admin);
+    let raw = get(
+        "/v1/projects/alpha",
+        &[
+            ("authorization", &format!("Bearer {console}")),
+            ("authorization", "Bearer x"),
+        ],
+    );
+    let mgmt = (edge.mgmt().0.to_owned(), edge.mgmt().1);
+    let answer = tokio::task::spawn_blocking(move || raw_exchange(mgmt, &raw))
+        .await
+        .expect("exchange");
+    assert_eq!(status_of(&answer), 401, "{answer}");
+}
+
+#[tokio::test]
+async fn connection_cannot_remove_the_gateways_own_headers() {
+    let edge = Edge::start("").await;
+    let token = user_token("alpha", Uuid::new_v4());
+    let raw = get(
+        "/v1/storage/object/x",
+        &[
+            ("apikey", &edge.fx.anon_key),
+            ("authorization", &format!("Bearer {token}")),
+            (
+                "connection",
+                "close, x-request-id, Authorization, x-forwarded-for, x-aura-role, x-hop",
+            ),
+            ("x-hop", "1"),
+        ],
+    );
+    let data = (edge.data().0.to_owned(), edge.data().1);
+    let answer = tokio::task::spawn_blocking(move || raw_exchange(data, &raw))
+        .await
+        .expect("exchange");
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    let seen = edge.storage.last().expect("forwarded");
+    let id = answer
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("x-request-id: ")
+                .map(str::to_owned)
+        })
+        .expect("request id");
+    assert_eq!(
+        seen.one("x-request-id").map(|v| v.to_ascii_lowercase()),
+        Some(id.trim().to_owned())
+    );
+    assert_eq!(seen.one("authorization"), Some(format!("Bearer {token}")));
+    assert_eq!(seen.one("x-aura-role").as_deref(), Some("authenticated"));
+    assert_eq!(seen.one("x-forwarded-for").as_deref(), Some("127.0.0.1"));
+    assert!(
+        seen.one("x-hop").is_none(),
+        "a client's own hop header is still removed"
+    );
+}
+
+#[tokio::test]
+async fn backends_learn_the_client_ip_from_the_gateway_not_the_client() {
+    let edge = Edge::start("").await;
+    let client = reqwest::Client::new();
+    let spoofed = [
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-real-ip", "6.6.6.6"),
+        ("forwarded", "for=6.6.6.6"),
+        ("x-aura-client-ip", "6.6.6.6"),
+    ];
+    let mut request = client
+        .get(edge.gw.data_url("/v1/storage/object/x"))
+        .header("apikey", &edge.fx.anon_key);
+    for (n, v) in spoofed {
+        request = request.header(n, v);
+    }
+    assert_eq!(request.send().await.expect("r").status(), StatusCode::OK);
+    let seen = edge.storage.last().expect("forwarded");
+    assert_eq!(seen.all("x-forwarded-for"), vec!["127.0.0.1"]);
+    assert_eq!(seen.all("x-aura-client-ip"), vec!["127.0.0.1"]);
+    assert!(seen.one("x-real-ip").is_none());
+    assert!(seen.one("forwarded").is_none());
+
+    let mut request = client
+        .get(edge.gw.data_url("/v1/auth/user"))
+        .header("apikey", &edge.fx.anon_key);
+    for (n, v) in spoofed {
+        request = request.header(n, v);
+    }
+    assert_eq!(
+        request.send().await.expect("r").text().await.expect("body"),
+        "nats"
+    );
+    let envelope = edge.envelopes().pop().expect("envelope");
+    assert_eq!(envelope["actor"]["client_ip"], "127.0.0.1");
+    let headers: Vec<(String, String)> =
+        serde_json::from_value(envelope["headers"].clone()).expect("pairs");
+    let named = |n: &str| {
+        headers
+            .iter()
+            .filter(|(h, _)| h == n)
+            .map(|(_, v)| v.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(named("x-forwarded-for"), vec!["127.0.0.1"]);
+    assert!(named("x-real-ip").is_empty() && named("forwarded").is_empty());
+    assert!(named("x-aura-client-ip").is_empty());
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_forwarded_client_is_told() {
+    let storage = Recorder::start().await;
+    let nats = shared();
+    let prefix = unique_prefix();
+    let mut config = test_config(&nats.url(), &prefix);
+    config.upstreams.storage_url = Some(storage.url.clone());
+    config.rate_limit.trusted_proxies = vec!["127.0.0.0/8".parse().expect("net")];
+    let gw = InProcess::start(config).await;
+    let r = reqwest::Client::new()
+        .get(gw.data_url("/v1/storage/object/x"))
+        .header("apikey", TEST_KEY)
+        .header("x-forwarded-for", "6.6.6.6, 203.0.113.9")
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::OK);
+    let seen = storage.last().expect("forwarded");
+    assert_eq!(seen.all("x-forwarded-for"), vec!["203.0.113.9"]);
+    assert_eq!(seen.all("x-aura-client-ip"), vec!["203.0.113.9"]);
+}
+
+#[tokio::test]
+async fn a_service_role_key_in_the_url_is_refused_whatever_the_headers_say() {
+    let edge = Edge::start(
+        "[data_plane.plugins.api_key.config]\nheaders = [\"apikey\", \"x-api-key\", \"x-client-key\"]\n",
+    )
+    .await;
+    let fx = &edge.fx;
+    let client = reqwest::Client::new();
+    for (path, header_key) in [
+        (
+            format!("/v1/realtime/sse?apikey={}", fx.service_key),
+            fx.service_key.clone(),
+        ),
+        (
+            format!("/v1/realtime/sse?apikey={}", fx.service_key),
+            fx.anon_key.clone(),
+        ),
+        (
+            format!(
+                "/v1/realtime/sse?apikey={}&apikey={}",
+                fx.anon_key, fx.service_key
+            ),
+            fx.anon_key.clone(),
+        ),
+        (
+            format!("/v1/storage/object/x?apikey={}", fx.service_key),
+            fx.service_key.clone(),
+        ),
+    ] {
+        let r = client
+            .get(edge.gw.data_url(&path))
+            .header("apikey", &header_key)
+            .send()
+            .await
+            .expect("r");
+        let status = r.status();
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_api_key", "{path}");
+    }
+    assert!(edge.realtime.seen().is_empty() && edge.storage.seen().is_empty());
+    // An anon key in the URL of a streaming route is still fine.
+    let r = client
+        .get(
+            edge.gw
+                .data_url(&format!("/v1/realtime/sse?apikey={}", fx.anon_key)),
+        )
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::OK);
+    // Every header the api-key stage reads is a credential, never forwarded.
+    let r = client
+        .get(edge.gw.data_url("/v1/storage/object/x"))
+        .header("x-client-key", &fx.anon_key)
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::OK);
+    let seen = edge.storage.last().expect("forwarded");
+    assert!(
+        seen.one("x-client-key").is_none(),
+        "the key reached storage"
+    );
+}
+
+#[tokio::test]
+async fn the_console_token_stays_in_the_gateway_and_targets_are_allow_listed() {
+    let edge = Edge::start("").await;
+    let client = reqwest::Client::new();
+    let console = console_token(edge.fx.admin);
+    let r = client
+        .get(edge.gw.mgmt_url("/v1/db/todos?select=*"))
+        .bearer_auth(&console)
+        .header("x-aura-project", "ded")
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "{}",
+        r.text().await.unwrap_or_default()
+    );
+    let seen = edge.postgrest.last().expect("forwarded to ded's PostgREST");
+    assert!(
+        seen.one("authorization").is_none(),
+        "the console token reached PostgREST"
+    );
+    assert_eq!(seen.one("x-aura-org-role").as_deref(), Some("admin"));
+    // Over NATS the console token is still the backend's to see.
+    let r = client
+        .get(edge.gw.mgmt_url("/v1/db/sql"))
+        .bearer_auth(&console)
+        .header("x-aura-project", "ded")
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::OK);
+
+    // A dedicated target outside upstreams.postgrest_allowed_targets is never called.
+    let started = Instant::now();
+    let r = client
+        .get(edge.gw.data_url("/v1/db/todos"))
+        .header("apikey", format!("{}_far", edge.ded_key))
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: serde_json::Value = r.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "db_target_not_allowed");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "no connection was tried"
+    );
+
+    // A path parameter that is not UTF-8 once decoded: the contract's JSON error.
+    let raw = get(
+        "/v1/projects/alpha/policies/%FF",
+        &[("authorization", &format!("Bearer {console}"))],
+    );
+    let mgmt = (edge.mgmt().0.to_owned(), edge.mgmt().1);
+    let answer = tokio::task::spawn_blocking(move || raw_exchange(mgmt, &raw))
+        .await
+        .expect("exchange");
+    assert_eq!(status_of(&answer), 400, "{answer}");
+    assert!(answer.contains("application/json"), "{answer}");
+    assert!(answer.contains("\"invalid_path\""), "{answer}");
+}
+
+#[tokio::test]
+async fn websocket_tunnels_hold_their_connection_slot_and_end_within_the_grace() {
+    let realtime = websocket_echo().await;
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.upstreams.realtime_url = Some(realtime);
+    config.server.max_connections = 2;
+    config.server.shutdown_grace_secs = 1;
+    let gw = InProcess::start(config).await;
+    let url = format!("ws://{}/v1/realtime/websocket?apikey={TEST_KEY}", gw.data);
+    let (first, _) = tokio_tungstenite::connect_async(&url)
+        .await
+        .expect("tunnel 1");
+    let (mut second, _) = tokio_tungstenite::connect_async(&url)
+        .await
+        .expect("tunnel 2");
+    // Both slots are held by open tunnels: a third connection waits in the backlog.
+    let health = gw.data_url("/health");
+    let third = tokio::spawn(async move {
+        let started = Instant::now();
+        let r = reqwest::Client::new().get(&health).send().await;
+        (r.map(|r| r.status()), started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served while two tunnels were open"
+    );
+    drop(first);
+    let (status, waited) = tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("served once a tunnel ended")
+        .expect("task");
+    assert_eq!(status.expect("answered"), StatusCode::OK);
+    assert!(waited >= Duration::from_millis(700), "{waited:?}");
+
+    // Shutdown: the open tunnel ends within the grace (1 s).
+    let started = Instant::now();
+    let shutdown = tokio::spawn(gw.shutdown());
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = second.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the tunnel outlived the shutdown grace");
+    let took = started.elapsed();
+    shutdown.await.expect("shut down");
+    println!("tunnel closed {took:?} after shutdown began (grace 1 s)");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_slow_jwks_fetch_never_holds_a_request() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    let fixture = |name: &str| {
+        std::fs::read(format!(
+            "{}/../tests/fixtures/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .expect("fixture")
+    };
+    let jwks: serde_json::Value =
+        serde_json::from_slice(&fixture("jwks.json")).expect("jwks fixture");
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let count = fetches.clone();
+    let app = axum::Router::new().route(
+        "/jwks.json",
+        axum::routing::get(move || {
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            let jwks = jwks.clone();
+            async move {
+                if n > 0 {
+                    // Every fetch after the first hangs.
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                axum::Json(jwks)
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let storage = Recorder::start().await;
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.upstreams.storage_url = Some(storage.url.clone());
+    config.auth.user_jwt.jwks_url = Some(format!("http://{addr}/jwks.json"));
+    config.auth.user_jwt.jwks_max_age_secs = Some(1);
+    config.auth.user_jwt.jwks_refresh_cooldown_secs = Some(1);
+    let gw = InProcess::start_with_store(config, Arc::new(fx.file_store(dir.path()))).await;
+    let rsa = EncodingKey::from_rsa_pem(&fixture("rsa_private.pem")).expect("rsa key");
+    let mut header = Header::new(Algorithm::RS256);
+    header.kid = Some("rsa-1".into());
+    let token = jsonwebtoken::encode(
+        &header,
+        &json!({ "sub": Uuid::new_v4().to_string(), "aud": "authenticated", "ref": "alpha", "exp": crate::support::fixture::epoch() + 600 }),
+        &rsa,
+    )
+    .expect("token");
+    let call = || {
+        reqwest::Client::new()
+            .get(gw.data_url("/v1/storage/object/x"))
+            .header("apikey", &fx.anon_key)
+            .bearer_auth(&token)
+            .send()
+    };
+    assert_eq!(call().await.expect("r").status(), StatusCode::OK);
+    // The set is now stale: the next fetch starts and hangs; requests keep the last good keys.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = Instant::now();
+        assert_eq!(call().await.expect("r").status(), StatusCode::OK);
+        slowest = slowest.max(started.elapsed());
+    }
+    println!("slowest request while the JWKS fetch hangs: {slowest:?}");
+    assert!(fetches.load(Ordering::SeqCst) >= 2, "a refresh was started");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a request waited for the fetch: {slowest:?}"
+    );
+}

@@ -1,0 +1,114 @@
+//! HTTP backends for the tests: one that records every request it receives, and a WebSocket
+//! echo server.
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::Request;
+use futures::{SinkExt, StreamExt};
+
+/// What a backend received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    /// Path and query, exactly as received.
+    pub target: String,
+    pub headers: http::HeaderMap,
+}
+
+impl Seen {
+    /// The values of header `name`.
+    pub fn all(&self, name: &str) -> Vec<String> {
+        self.headers
+            .get_all(name)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect()
+    }
+
+    /// The single value of header `name`, if any.
+    pub fn one(&self, name: &str) -> Option<String> {
+        self.all(name).into_iter().next()
+    }
+}
+
+/// A backend answering `200 ok` to everything and recording what it received.
+#[derive(Clone)]
+pub struct Recorder {
+    pub url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Recorder {
+    /// Starts one on an ephemeral port.
+    pub async fn start() -> Self {
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let record = seen.clone();
+        let app = Router::new().fallback(move |request: Request| {
+            let record = record.clone();
+            async move {
+                record.lock().expect("lock").push(Seen {
+                    method: request.method().as_str().to_owned(),
+                    target: request
+                        .uri()
+                        .path_and_query()
+                        .map(|p| p.as_str().to_owned())
+                        .unwrap_or_default(),
+                    headers: request.headers().clone(),
+                });
+                "ok"
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self {
+            url: format!("http://{addr}"),
+            seen,
+        }
+    }
+
+    /// Everything received so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("lock").clone()
+    }
+
+    /// The last request received.
+    pub fn last(&self) -> Option<Seen> {
+        self.seen.lock().expect("lock").last().cloned()
+    }
+
+    /// Forgets what was received.
+    pub fn clear(&self) {
+        self.seen.lock().expect("lock").clear();
+    }
+}
+
+/// A WebSocket server echoing text and binary messages; returns its `http://` base URL.
+pub async fn websocket_echo() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                    return;
+                };
+                while let Some(Ok(message)) = ws.next().await {
+                    if message.is_close() {
+                        let _ = ws.flush().await;
+                    } else if (message.is_text() || message.is_binary())
+                        && ws.send(message).await.is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
