@@ -1,7 +1,8 @@
 //! Aura gateway: a dual-plane API gateway whose policy stages are WebAssembly components.
 //!
-//! A request walks in one direction: listener ([`server`]) → chain ([`planes::chain`]) →
-//! handler ([`proxy`]) → transport → backend, calling [`policy`] stages at fixed points.
+//! A request walks in one direction: listener ([`server`]) → the plane's phases
+//! ([`planes::chain`], [`phases`]) → handler ([`proxy`]) → transport → backend, calling
+//! [`policy`] stages at fixed points.
 
 pub mod actor;
 pub mod auth;
@@ -13,8 +14,8 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod metrics;
-pub mod middleware;
 pub mod path;
+pub mod phases;
 pub mod plane;
 pub mod planes;
 pub mod policy;

@@ -52,6 +52,8 @@ pub struct Metrics {
     pub tenant_compile_peak_bytes: prometheus::Histogram,
     /// Unused stored modules collected.
     pub modules_collected: prometheus::IntCounter,
+    /// `ratelimit_decisions` by plane, limiter and decision, looked up once.
+    decisions: std::sync::Arc<[prometheus::IntCounter; 8]>,
 }
 
 impl Metrics {
@@ -221,7 +223,15 @@ impl Metrics {
         ] {
             registry.register(c).expect("registered once");
         }
+        let decisions = std::sync::Arc::new(std::array::from_fn(|i| {
+            ratelimit_decisions.with_label_values(&[
+                ["data", "management"][i >> 2],
+                ["ip", "actor"][(i >> 1) & 1],
+                ["allowed", "limited"][i & 1],
+            ])
+        }));
         Self {
+            decisions,
             registry,
             requests,
             latency,
@@ -244,6 +254,17 @@ impl Metrics {
             tenant_compile_peak_bytes,
             modules_collected,
         }
+    }
+
+    /// The counter of a rate-limit decision (`actor`: the per-actor quota, else per IP).
+    pub fn ratelimit_decision(
+        &self,
+        plane: crate::plane::Plane,
+        actor: bool,
+        allowed: bool,
+    ) -> &prometheus::IntCounter {
+        let plane = usize::from(plane == crate::plane::Plane::Management);
+        &self.decisions[plane << 2 | usize::from(actor) << 1 | usize::from(!allowed)]
     }
 
     /// The Prometheus text exposition of every metric.

@@ -21,13 +21,13 @@ fn reload(
     config: Config,
     stored: &HashMap<String, Vec<u8>>,
 ) -> Result<Vec<StageReport>, String> {
-    let policies = Policies::load_with(&state.runtime, &config, path.parent(), stored)
+    let policies = Policies::load_with(&state.policies.runtime, &config, path.parent(), stored)
         .map_err(|e| e.to_string())?;
     let reports = conformance::check(&policies).map_err(|e| e.to_string())?;
     if !same_apart_from_plugins(&state.config, &config) {
         tracing::warn!("only the plugin sections are reloaded; restart to apply the other changes");
     }
-    state.swap_policies(policies);
+    state.policies.swap(policies);
     Ok(reports)
 }
 

@@ -18,6 +18,25 @@ pub enum RouteGroup {
 }
 
 impl RouteGroup {
+    /// Every group, in [`RouteGroup::index`] order.
+    pub const ALL: [RouteGroup; 10] = [
+        RouteGroup::Auth,
+        RouteGroup::Db,
+        RouteGroup::Storage,
+        RouteGroup::Functions,
+        RouteGroup::Realtime,
+        RouteGroup::Notifications,
+        RouteGroup::Ai,
+        RouteGroup::Control,
+        RouteGroup::Management,
+        RouteGroup::Gateway,
+    ];
+
+    /// The group's position in [`RouteGroup::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The group of `path`.
     pub fn of(path: &str) -> Self {
         let Some(rest) = path.strip_prefix("/v1/") else {
@@ -74,5 +93,8 @@ mod tests {
         assert_eq!(RouteGroup::of("/.well-known/jwks.json"), RouteGroup::Auth);
         assert_eq!(RouteGroup::of("/health"), RouteGroup::Gateway);
         assert_eq!(RouteGroup::of("/v1/functionsx/a"), RouteGroup::Gateway);
+        for (i, g) in RouteGroup::ALL.iter().enumerate() {
+            assert_eq!(g.index(), i);
+        }
     }
 }

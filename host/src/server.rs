@@ -7,9 +7,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
+use crate::config::Config;
+use crate::plane::Plane;
+use crate::planes::chain::PlaneService;
+use crate::planes::{build_data_plane_router, build_management_plane_router};
+use crate::state::AppState;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -17,12 +20,6 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
-use tower::ServiceExt;
-
-use crate::config::Config;
-use crate::plane::Plane;
-use crate::planes::{build_data_plane_router, build_management_plane_router};
-use crate::state::AppState;
 
 /// Binds both listeners. Fails with the address when a port is taken.
 pub async fn bind(config: &Config) -> anyhow::Result<(TcpListener, TcpListener)> {
@@ -73,7 +70,7 @@ pub async fn serve(
 async fn serve_plane(
     plane: Plane,
     listener: TcpListener,
-    router: Router,
+    service: PlaneService,
     state: &AppState,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -115,14 +112,16 @@ async fn serve_plane(
         let _ = stream.set_nodelay(true);
         // Held by the connection and by a tunnel it may open (released when both are done).
         let slot = crate::proxy::tunnels::ConnectionSlot(Arc::new(permit));
-        let router = router.clone();
+        let plane_service = service.clone();
         let in_flight = in_flight.clone();
         let shed = shed.clone();
         let connection_slot = slot.clone();
         let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer));
-            request.extensions_mut().insert(connection_slot.clone());
-            let router = router.clone();
+            // Only an upgrade can outlive its exchange (a WebSocket tunnel): it keeps the slot.
+            if request.headers().contains_key(http::header::UPGRADE) {
+                request.extensions_mut().insert(connection_slot.clone());
+            }
+            let plane_service = plane_service.clone();
             // Load shedding: past `server.max_in_flight` requests in progress, answer at once
             // rather than queue (a queue would only add latency to every request behind it).
             let permit = in_flight.clone().try_acquire_owned();
@@ -132,16 +131,11 @@ async fn serve_plane(
                     shed.inc();
                     let mut response = crate::error::GatewayError::overloaded().into_response();
                     // Answered before the chain: the headers every answer carries, set here.
-                    crate::middleware::security_headers::stamp(response.headers_mut());
-                    crate::middleware::request_id::stamp_if_missing(response.headers_mut());
+                    crate::phases::security_headers::stamp(response.headers_mut());
+                    crate::phases::request_id::stamp_if_missing(response.headers_mut());
                     return Ok(response);
                 };
-                Ok::<_, Infallible>(
-                    router
-                        .oneshot(request.map(Body::new))
-                        .await
-                        .unwrap_or_else(|never| match never {}),
-                )
+                Ok::<_, Infallible>(plane_service.handle(request.map(Body::new), peer).await)
             }
         });
         let builder = builder.clone();

@@ -6,17 +6,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-
 use crate::auth::Authenticator;
 use crate::breaker::table::BreakerTable;
 use crate::breaker::{BreakerSettings, CircuitBreaker};
 use crate::config::{BreakerConfig, Config};
 use crate::control::{self, ControlStore};
-use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::policy::tenants::{TenantCallError, TenantPolicies};
-use crate::policy::{PluginError, Policies, PolicyEngine, PolicySnapshot};
+use crate::policy::registry::PolicyRegistry;
+use crate::policy::tenants::TenantPolicies;
+use crate::policy::{Policies, PolicyEngine};
 use crate::proxy::http::HttpTransport;
 use crate::proxy::nats::NatsTransport;
 use crate::proxy::service::Service;
@@ -34,10 +32,8 @@ pub struct StateInner {
     pub config: Config,
     /// The NATS transport.
     pub nats: NatsTransport,
-    /// The plugin runtime.
-    pub runtime: Arc<PolicyEngine>,
-    policies: ArcSwap<Policies>,
-    previous_policies: arc_swap::ArcSwapOption<Policies>,
+    /// The policy modules in force: both planes' and the projects' own.
+    pub policies: PolicyRegistry,
     /// The config file, for reloads of the plugin sections.
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
     /// Prometheus metrics.
@@ -52,8 +48,6 @@ pub struct StateInner {
     pub ip_limits: [Arc<IpLimiter>; 2],
     /// Per-actor quotas.
     pub quotas: Arc<QuotaLimiter>,
-    /// Modules installed by projects.
-    pub tenants: TenantPolicies,
 }
 
 /// One breaker per service and a table of breakers per dedicated PostgREST target.
@@ -137,14 +131,11 @@ impl AppState {
         let state = Self(Arc::new(StateInner {
             config,
             nats,
-            runtime,
-            policies: ArcSwap::from_pointee(policies),
-            previous_policies: arc_swap::ArcSwapOption::empty(),
+            policies: PolicyRegistry::new(runtime, policies, tenants, metrics.clone()),
             config_path: std::sync::OnceLock::new(),
             metrics,
             ip_limits,
             quotas,
-            tenants,
             http: HttpTransport::new(&config_upstreams),
             breakers: Breakers::new(&config_breaker),
             auth,
@@ -163,7 +154,7 @@ impl AppState {
             loop {
                 let Some(inner) = weak.upgrade() else { break };
                 let state = AppState(inner);
-                state.tenants.refresh(&state.auth.store).await;
+                state.policies.tenants.refresh(&state.auth.store).await;
                 drop(state);
                 tokio::time::sleep(every).await;
             }
@@ -191,7 +182,7 @@ impl AppState {
 
     /// One pass of the stored-module collection (see [`AppState::spawn_module_gc`]).
     pub async fn collect_modules(&self, grace: Duration) {
-        let mut in_use: Vec<String> = self.tenants.digests().into_iter().collect();
+        let mut in_use: Vec<String> = self.policies.tenants.digests().into_iter().collect();
         in_use.extend(
             self.config
                 .stages()
@@ -215,71 +206,11 @@ impl AppState {
         }
     }
 
-    /// The policy modules in force now.
-    pub fn policies(&self) -> Arc<Policies> {
-        self.policies.load_full()
-    }
-
-    /// The policy modules a request started with (see [`PolicySnapshot`]), or the current ones.
-    pub fn policies_of(&self, extensions: &http::Extensions) -> Arc<Policies> {
-        extensions
-            .get::<PolicySnapshot>()
-            .map(|s| s.0.clone())
-            .unwrap_or_else(|| self.policies())
-    }
-
-    /// Puts `policies` in force atomically; the ones replaced are kept for a rollback.
-    pub fn swap_policies(&self, policies: Policies) {
-        policies.reset_health();
-        let old = self.policies.swap(Arc::new(policies));
-        self.previous_policies.store(Some(old));
-    }
-
-    /// Puts the previous policies back in force (automatic rollback). Returns false when there
-    /// is nothing to roll back to.
-    pub fn roll_back_policies(&self) -> bool {
-        match self.previous_policies.swap(None) {
-            Some(previous) => {
-                self.policies.store(previous);
-                true
-            }
-            None => false,
-        }
-    }
-
     /// The per-IP limiter of `plane`.
     pub fn ip_limiter(&self, plane: crate::plane::Plane) -> &Arc<IpLimiter> {
         match plane {
             crate::plane::Plane::Data => &self.ip_limits[0],
             crate::plane::Plane::Management => &self.ip_limits[1],
-        }
-    }
-
-    /// The fail-closed answer to a plugin failure (counted and logged by the runtime). A
-    /// swapped-in module failing too often is replaced by the previous modules here.
-    pub fn plugin_failed(&self, error: &PluginError) -> GatewayError {
-        if self.runtime.take_rollback_request() && self.roll_back_policies() {
-            tracing::error!(
-                error = %error,
-                "a swapped-in policy module fails too often; the previous modules are back in force"
-            );
-            self.metrics
-                .policy_reloads
-                .with_label_values(&["rolled_back"])
-                .inc();
-        }
-        GatewayError::policy_failed(error.stage().map(|s| s.key()).unwrap_or("unknown"))
-    }
-
-    /// The fail-closed answer to a tenant module call that gave no decision: the module failed
-    /// (`500 policy_failed`; a tenant module never rolls back the operator's), or the project's
-    /// modules are saturated (`503 policy_busy`).
-    pub fn tenant_call_failed(&self, error: &TenantCallError) -> GatewayError {
-        match error {
-            TenantCallError::Plugin(e) => {
-                GatewayError::policy_failed(e.stage().map(|s| s.key()).unwrap_or("unknown"))
-            }
-            TenantCallError::Busy(_) => GatewayError::policy_busy(),
         }
     }
 

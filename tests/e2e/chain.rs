@@ -1,9 +1,9 @@
 //! The chain's order, proven on the routers without sockets.
 
 use aura_gateway::config::Config;
+use aura_gateway::planes::chain::PlaneService;
 use aura_gateway::planes::{build_data_plane_router, build_management_plane_router};
 use aura_gateway::state::AppState;
-use axum::Router;
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tower::ServiceExt;
@@ -39,7 +39,7 @@ fn config() -> Config {
     c
 }
 
-async fn send(router: &Router, request: Request<Body>) -> Response<Body> {
+async fn send(router: &PlaneService, request: Request<Body>) -> Response<Body> {
     router.clone().oneshot(request).await.expect("infallible")
 }
 

@@ -346,12 +346,14 @@ async fn prepare_and_apply(
     config: &str,
 ) -> String {
     let prepared = state
+        .policies
         .tenants
         .prepare(project, stage, module, config)
         .await
         .expect("module accepted");
     let digest = prepared.installed.digest.clone();
     state
+        .policies
         .tenants
         .apply(project, stage, Some(prepared.installed));
     digest

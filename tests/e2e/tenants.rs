@@ -182,10 +182,11 @@ async fn a_failing_tenant_module_never_rolls_back_the_operators_modules() {
     config.plugins.rollback_min_calls = 5;
     let gw = InProcess::start_with_store(config, Arc::new(fx.file_store(dir.path()))).await;
     // A reload happened: there is a previous set of modules to roll back to.
-    let reloaded = aura_gateway::policy::Policies::load(&gw.state.runtime, &gw.state.config, None)
-        .expect("policies");
-    gw.state.swap_policies(reloaded);
-    let in_force = gw.state.policies();
+    let reloaded =
+        aura_gateway::policy::Policies::load(&gw.state.policies.runtime, &gw.state.config, None)
+            .expect("policies");
+    gw.state.policies.swap(reloaded);
+    let in_force = gw.state.policies.snapshot();
 
     let client = reqwest::Client::new();
     let r = client
@@ -209,7 +210,7 @@ async fn a_failing_tenant_module_never_rolls_back_the_operators_modules() {
     }
     // …and nothing else changes: the operator's modules stay in force.
     assert!(
-        Arc::ptr_eq(&in_force, &gw.state.policies()),
+        Arc::ptr_eq(&in_force, &gw.state.policies.snapshot()),
         "a tenant module's failures rolled back the plane's modules"
     );
     assert!(

@@ -121,7 +121,7 @@ pub async fn authenticate(
     let token = bearer(&parts.headers)
         .map_err(malformed_authorization)?
         .map(str::to_owned);
-    let metrics = parts.uri.path() == crate::middleware::metrics_auth::METRICS_PATH;
+    let metrics = parts.uri.path() == crate::phases::metrics_auth::METRICS_PATH;
     let public = is_public(&parts.method, parts.uri.path());
     let request = stage.request_of(parts.method.as_str(), &parts.uri, &parts.headers);
     let decision = stage.extract(&request).map_err(|e| on_plugin_error(&e))?;

@@ -1,13 +1,18 @@
-//! The middleware chain of both planes, written once.
+//! The request path of a plane, written once: one tower `Service` per plane runs the phases
+//! below, in this order, as plain async steps over one [`RequestContext`] — no middleware
+//! layers wrapping boxed services, no facts passed around in request extensions.
 //!
-//! In axum the LAST `.layer()` is the OUTERMOST: a request goes through the layers from the
-//! bottom of [`apply`] to its top, and the response back up. The order, outermost first:
+//! A request goes down the phases; the answer comes back up through every phase that ran, so
+//! that an answer made by an inner phase (a `401`, a `429`) still gets the outer phases' work:
+//! its request id, its access-log line, its count, its security and CORS headers. A phase that
+//! answers early stops the way down there.
 //!
-//! | # | layer | why it sits there |
+//! | # | phase | why it sits there |
 //! |---|---|---|
-//! | 1 | CORS | a preflight is answered before any other work; CORS headers go on every response, errors included |
+//! | 0 | path | normalised before anything: routing, every phase and the proxies see one path |
+//! | 1 | CORS | a preflight is answered before any other work (after its per-IP token); CORS headers go on every response, errors included |
 //! | 2 | security headers | stamped on everything produced inside, gateway errors included |
-//! | 3 | request limits | refused paths (400) and oversized bodies (413) are answered before any logging, auth or plugin work |
+//! | 3 | request limits | refused paths and oversized bodies are answered before any logging, auth or plugin work |
 //! | 4 | trace | the request span wraps everything that does work |
 //! | 5 | metrics | counts every request that got past the limits, with its final status |
 //! | 6 | access log | one line per request with its final status and latency |
@@ -16,43 +21,196 @@
 //! | 9 | auth | establishes the actor |
 //! | 10 | per-actor quota | needs the actor |
 //! | 11 | metrics auth | guards `/metrics` only; innermost, next to the handler it protects |
+//! | 12 | route | the handler, under its route group's timeout budget (there is no global timeout) |
 //!
-//! Before all of it, outside the router, the path is normalised ([`crate::middleware::path`]):
-//! routing and every layer see the same path. Timeout budgets are not in the chain: each route
-//! group carries its own ([`super::routes::service_routes`]).
+//! The shape follows Pingora's `ProxyHttp`: each phase is a function of its own module
+//! ([`crate::phases`]); this file is only their order.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::Router;
-use axum::middleware::{from_fn, from_fn_with_state};
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request};
+use axum::response::{IntoResponse, Response};
+use tower::ServiceExt;
+use tracing::Instrument;
 
-use crate::middleware::{
-    PlaneCtx, access_log, auth, body_limit, cors, metrics, metrics_auth, quota, rate_limit,
-    request_id, security_headers, trace,
+use crate::error::GatewayError;
+use crate::phases::context::{RequestContext, RouteContext};
+use crate::phases::cors::{self, Cors};
+use crate::phases::metrics::RequestMetrics;
+use crate::phases::request_id::{self, RequestId};
+use crate::phases::{
+    access_log, auth, metrics_auth, path, per_ip, quota, request_limits, security_headers, trace,
 };
 use crate::plane::Plane;
+use crate::route_group::RouteGroup;
 use crate::state::AppState;
 
-/// Puts `routes` (fallbacks included) under the chain of `plane`.
-pub fn apply(routes: Router<AppState>, state: AppState, plane: Plane) -> Router {
-    let ctx = PlaneCtx {
-        state: state.clone(),
-        plane,
-    };
-    let chained = routes
-        .layer(from_fn_with_state(ctx.clone(), metrics_auth::guard)) // 11, innermost
-        .layer(from_fn_with_state(ctx.clone(), quota::per_actor)) // 10
-        .layer(from_fn_with_state(ctx.clone(), auth::authenticate)) // 9
-        .layer(from_fn_with_state(ctx.clone(), rate_limit::per_ip)) // 8
-        .layer(from_fn(request_id::assign)) // 7
-        .layer(from_fn_with_state(ctx.clone(), access_log::log)) // 6
-        .layer(from_fn_with_state(ctx.clone(), metrics::record)) // 5
-        .layer(trace::layer(plane)) // 4
-        .layer(from_fn_with_state(ctx.clone(), body_limit::limit)) // 3
-        .layer(from_fn(security_headers::apply)) // 2
-        .layer(from_fn_with_state(ctx, cors::cors)) // 1, outermost
-        .with_state(state);
-    // Normalised before routing: the router sees the same path as every layer and handler.
-    Router::new().fallback_service(tower::util::MapRequest::new(
-        chained,
-        crate::middleware::path::normalize_request,
-    ))
+/// The request path of one plane. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct PlaneService(Arc<Pipeline>);
+
+#[derive(Debug)]
+struct Pipeline {
+    state: AppState,
+    plane: Plane,
+    /// The plane's handlers (routes, fallbacks), with nothing around them.
+    router: Router,
+    metrics: RequestMetrics,
+}
+
+impl PlaneService {
+    /// The service of `plane` over `router` (its handlers).
+    pub fn new(state: AppState, plane: Plane, router: Router) -> Self {
+        let metrics = RequestMetrics::new(&state.metrics, plane);
+        Self(Arc::new(Pipeline {
+            state,
+            plane,
+            router,
+            metrics,
+        }))
+    }
+
+    /// Runs one request from `peer` through every phase.
+    pub async fn handle(&self, request: Request, peer: SocketAddr) -> Response {
+        let mut request = request;
+        request.extensions_mut().insert(ConnectInfo(peer));
+        self.0.run(request).await
+    }
+}
+
+impl Pipeline {
+    /// Phases 0 to 2, and their way back.
+    async fn run(&self, mut request: Request) -> Response {
+        let refused = path::normalize_request(&mut request); // 0
+        let group = RouteGroup::of(request.uri().path());
+        let mut cx = RequestContext::new(self.plane, group, self.state.policies.snapshot());
+        let cors = Cors::of(&self.state, self.plane, &request); // 1
+        if let Some(cors) = cors.as_ref().filter(|c| c.is_preflight()) {
+            return cors::preflight(&self.state, &mut cx, request, cors).await;
+        }
+        let mut response = self.limited(&mut cx, request, refused).await; // 3 and in
+        security_headers::stamp(response.headers_mut()); // 2
+        match &cors {
+            Some(cors) => cors::respond(&self.state, &cx, cors, response).await, // 1
+            None => {
+                cors::strip(response.headers_mut());
+                response
+            }
+        }
+    }
+
+    /// Phases 3 and 4.
+    async fn limited(
+        &self,
+        cx: &mut RequestContext,
+        request: Request,
+        refused: Option<path::RefusedPath>,
+    ) -> Response {
+        let request = match request_limits::check(&self.state, cx, refused, request) {
+            Ok(request) => request,
+            Err(error) => return request_limits::refused(error),
+        };
+        let span = trace::span(self.plane, &request);
+        self.observed(cx, request).instrument(span).await
+    }
+
+    /// Phases 5 and 6: the answer counted and logged, whatever produced it.
+    async fn observed(&self, cx: &mut RequestContext, request: Request) -> Response {
+        let logged = tracing::enabled!(target: "aura::access", tracing::Level::INFO)
+            .then(|| (request.method().clone(), request.uri().path().to_owned()));
+        let response = self.identified(cx, request).await;
+        if let Some((method, path)) = &logged {
+            access_log::line(cx, method, path, &response); // 6
+        }
+        self.metrics.record(cx, &response); // 5
+        response
+    }
+
+    /// Phase 7: one id for the request, its backends and its answer.
+    async fn identified(&self, cx: &mut RequestContext, mut request: Request) -> Response {
+        let id = RequestId::mint();
+        request_id::assign(&id, request.headers_mut());
+        cx.id = Some(id.clone());
+        let mut response = self.admitted(cx, request).await;
+        request_id::stamp(&id, response.headers_mut());
+        response
+    }
+
+    /// Phases 8 to 11.
+    async fn admitted(&self, cx: &mut RequestContext, request: Request) -> Response {
+        if let Err(decision) = per_ip::check(&self.state, cx, &request) {
+            return per_ip::limited(&decision); // 8
+        }
+        let request = match auth::authenticate(&self.state, cx, request).await {
+            Ok(request) => request, // 9
+            Err(error) => return error.into_response(),
+        };
+        let quota =
+            match quota::check(&self.state, cx, request.method(), request.uri().path()).await {
+                Ok(decision) => decision, // 10
+                Err(answer) => return answer,
+            };
+        if let Some(answer) = metrics_auth::guard(&self.state, &request) {
+            return answer; // 11
+        }
+        let mut response = self.route(cx, request).await;
+        if let Some(decision) = &quota {
+            per_ip::rate_limit_headers(response.headers_mut(), decision); // 10
+        }
+        response
+    }
+
+    /// Phase 12: the handler, within its route group's budget.
+    async fn route(&self, cx: &RequestContext, mut request: Request) -> Response {
+        let timeouts = &self.state.config.timeouts;
+        let budget = match cx.group {
+            RouteGroup::Functions => timeouts.functions_budget(),
+            _ => timeouts.default_budget(),
+        };
+        let deadline = tokio::time::Instant::now() + budget;
+        let (Some(actor), Some(id)) = (cx.actor.clone(), cx.id.clone()) else {
+            return GatewayError::internal("no actor before the route phase (pipeline misordered)")
+                .into_response();
+        };
+        request.extensions_mut().insert(RouteContext {
+            actor,
+            request_id: id,
+            deadline,
+            policies: cx.policies.clone(),
+        });
+        match tokio::time::timeout_at(deadline, self.router.clone().oneshot(request)).await {
+            Ok(response) => response.unwrap_or_else(|never| match never {}),
+            Err(_) => GatewayError::timeout(
+                "gateway_timeout",
+                format!("the request exceeded its {} ms budget", budget.as_millis()),
+            )
+            .into_response(),
+        }
+    }
+}
+
+impl<B> tower::Service<http::Request<B>> for PlaneService
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let pipeline = self.0.clone();
+        Box::pin(async move { Ok(pipeline.run(request.map(Body::new)).await) })
+    }
 }

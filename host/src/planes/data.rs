@@ -6,15 +6,15 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use http::{HeaderValue, header};
 
-use super::chain;
-use super::routes::{health, service_routes, with_budget, with_fallbacks};
-use crate::middleware::metrics_auth::METRICS_PATH;
+use super::chain::PlaneService;
+use super::routes::{health, service_routes, with_fallbacks};
+use crate::phases::metrics_auth::METRICS_PATH;
 use crate::plane::Plane;
 use crate::proxy::nats_route;
 use crate::proxy::service::Service;
 use crate::state::AppState;
 
-/// The data plane's extra routes, in the default timeout group.
+/// The data plane's extra routes.
 fn extra_routes() -> Router<AppState> {
     Router::new()
         .merge(health())
@@ -34,10 +34,9 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
-/// Builds the data-plane router: service routes plus the data plane's extras, under the chain.
-pub fn build_data_plane_router(state: AppState) -> Router {
-    let timeouts = &state.config.timeouts;
-    let routes =
-        service_routes(timeouts).merge(with_budget(extra_routes(), timeouts.default_budget()));
-    chain::apply(with_fallbacks(routes), state, Plane::Data)
+/// Builds the data plane's service: service routes plus the data plane's extras, behind the
+/// phases of [`super::chain`].
+pub fn build_data_plane_router(state: AppState) -> PlaneService {
+    let routes = with_fallbacks(service_routes().merge(extra_routes())).with_state(state.clone());
+    PlaneService::new(state, Plane::Data, routes)
 }

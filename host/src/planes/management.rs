@@ -3,8 +3,8 @@
 use axum::Router;
 use axum::routing::{get, post};
 
-use super::chain;
-use super::routes::{health, service_routes, with_budget, with_fallbacks};
+use super::chain::PlaneService;
+use super::routes::{health, service_routes, with_fallbacks};
 use crate::plane::Plane;
 use crate::proxy::forward_nats;
 use crate::proxy::service::Service;
@@ -24,7 +24,7 @@ macro_rules! to {
     };
 }
 
-/// The management plane's extra routes, in the default timeout group.
+/// The management plane's extra routes.
 fn extra_routes() -> Router<AppState> {
     Router::new()
         .merge(health())
@@ -85,11 +85,9 @@ async fn ready(
     }
 }
 
-/// Builds the management-plane router: service routes plus the management extras, under the
-/// chain.
-pub fn build_management_plane_router(state: AppState) -> Router {
-    let timeouts = &state.config.timeouts;
-    let routes =
-        service_routes(timeouts).merge(with_budget(extra_routes(), timeouts.default_budget()));
-    chain::apply(with_fallbacks(routes), state, Plane::Management)
+/// Builds the management plane's service: service routes plus the management extras, behind
+/// the phases of [`super::chain`].
+pub fn build_management_plane_router(state: AppState) -> PlaneService {
+    let routes = with_fallbacks(service_routes().merge(extra_routes())).with_state(state.clone());
+    PlaneService::new(state, Plane::Management, routes)
 }

@@ -1,5 +1,6 @@
 //! The two planes: one set of service routes ([`routes`]), each plane's extra routes and router
-//! ([`data`], [`management`]), and the middleware chain both share ([`chain`]).
+//! ([`data`], [`management`]), and the request path both share: one service per plane running
+//! the phases in order ([`chain`]).
 
 pub mod chain;
 pub mod data;

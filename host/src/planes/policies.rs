@@ -63,7 +63,7 @@ pub async fn put(
         Err(e) => return e.into_response(),
     };
     // Bounded before the body is read: uploads cannot pile up bodies and compilations.
-    let Some(_upload) = state.tenants.upload_permit() else {
+    let Some(_upload) = state.policies.tenants.upload_permit() else {
         return GatewayError::unavailable(
             "uploads_busy",
             "too many module uploads are in progress; retry shortly",
@@ -125,6 +125,7 @@ async fn put_inner(
         .unwrap_or_else(|| serde_json::json!({}))
         .to_string();
     let prepared = state
+        .policies
         .tenants
         .prepare(&project, stage, &bytes, &config)
         .await
@@ -141,7 +142,7 @@ async fn put_inner(
     {
         // The store write and the local change together, in request order; a refresh running
         // meanwhile never reverts them.
-        let _write = state.tenants.write_lock().await;
+        let _write = state.policies.tenants.write_lock().await;
         store
             .put_module(&digest, &bytes)
             .await
@@ -156,6 +157,7 @@ async fn put_inner(
             .await
             .map_err(|e| store_failed(&e))?;
         state
+            .policies
             .tenants
             .apply(&project, stage, Some(prepared.installed));
     }
@@ -205,7 +207,7 @@ pub async fn delete(State(state): State<AppState>, path: PolicyPath) -> Response
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    let _write = state.tenants.write_lock().await;
+    let _write = state.policies.tenants.write_lock().await;
     match state
         .auth
         .store
@@ -216,7 +218,7 @@ pub async fn delete(State(state): State<AppState>, path: PolicyPath) -> Response
         Ok(false) => GatewayError::not_found("no module installed for this stage").into_response(),
         Ok(true) => {
             if let Some(stage) = tenant_stage(&stage_key) {
-                state.tenants.apply(&project, stage, None);
+                state.policies.tenants.apply(&project, stage, None);
             }
             StatusCode::NO_CONTENT.into_response()
         }
@@ -233,7 +235,7 @@ pub async fn reload(State(state): State<AppState>, headers: http::HeaderMap) -> 
         .ok()
         .flatten()
         .unwrap_or_default();
-    if !crate::middleware::metrics_auth::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+    if !crate::phases::metrics_auth::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
         return GatewayError::unauthorized(
             "invalid_admin_token",
             "a valid admin bearer token is required",

@@ -13,6 +13,7 @@ pub mod isolation;
 mod limits;
 #[cfg(feature = "native-policies")]
 pub mod native;
+pub mod registry;
 pub mod stages;
 pub mod tenants;
 
@@ -277,11 +278,6 @@ pub async fn fetch_stored_modules(
     }
     Ok(modules)
 }
-
-/// The policies a request started with (request extension, set by the outermost layer): every
-/// stage of that request runs on these modules, even if others are swapped in meanwhile.
-#[derive(Debug, Clone)]
-pub struct PolicySnapshot(pub Arc<Policies>);
 
 /// The loaded policies of both planes.
 #[derive(Debug)]

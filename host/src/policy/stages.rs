@@ -250,6 +250,18 @@ pub struct CorsQuery {
     pub request_headers: Option<String>,
 }
 
+impl From<CorsInput<'_>> for CorsQuery {
+    fn from(input: CorsInput<'_>) -> Self {
+        Self {
+            method: input.method.to_owned(),
+            path: input.path.to_owned(),
+            origin: input.origin.to_owned(),
+            request_method: input.request_method.map(str::to_owned),
+            request_headers: input.request_headers.map(str::to_owned),
+        }
+    }
+}
+
 impl CorsQuery {
     /// The borrowed form.
     pub fn input(&self) -> CorsInput<'_> {

@@ -14,14 +14,11 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, any};
 use http_body_util::LengthLimitError;
-use tokio::time::Instant;
 
 use self::envelope::{EnvelopeRequest, query_without_apikey};
 use self::service::Service;
-use crate::actor::Actor;
 use crate::error::GatewayError;
-use crate::middleware::budget::Deadline;
-use crate::middleware::request_id::RequestId;
+use crate::phases::context::RouteContext;
 use crate::policy::stages::{DbEngine, DbRoute, ProjectDb, Topology};
 use crate::state::AppState;
 
@@ -96,20 +93,16 @@ async fn forward_http(
     uri: ::http::Uri,
     request: Request,
 ) -> Result<Response, GatewayError> {
-    let actor = actor_of(&request)?;
-    let deadline = request
-        .extensions()
-        .get::<Deadline>()
-        .map(|d| d.0)
-        .unwrap_or_else(|| Instant::now() + state.config.timeouts.default_budget());
+    let cx = route_context(&request)?;
     state
         .http
-        .forward(breaker, uri, request, &actor, deadline)
+        .forward(breaker, uri, request, &cx.actor, cx.deadline)
         .await
 }
 
 async fn route_db(state: &AppState, request: Request) -> Result<Response, GatewayError> {
-    let actor = actor_of(&request)?;
+    let cx = route_context(&request)?;
+    let actor = cx.actor.clone();
     let project = match &actor.project {
         Some(project_ref) => state.auth.cached_project(project_ref).await?,
         None => None,
@@ -125,19 +118,17 @@ async fn route_db(state: &AppState, request: Request) -> Result<Response, Gatewa
         },
         postgrest_url: p.postgrest_url.clone(),
     });
-    let route = {
-        let policies = state.policies_of(request.extensions());
-        policies
-            .plane(actor.plane)
-            .db_routing
-            .decide(
-                actor.plane,
-                request.method().as_str(),
-                request.uri().path(),
-                project,
-            )
-            .map_err(|e| state.plugin_failed(&e))?
-    };
+    let route = cx
+        .policies
+        .plane(actor.plane)
+        .db_routing
+        .decide(
+            actor.plane,
+            request.method().as_str(),
+            request.uri().path(),
+            project,
+        )
+        .map_err(|e| state.policies.plugin_failed(&e))?;
     match route {
         DbRoute::Nats => forward_nats(state, Service::Db, request).await,
         // Fail closed: never a fallback to a shared target.
@@ -181,12 +172,13 @@ async fn route_db(state: &AppState, request: Request) -> Result<Response, Gatewa
     }
 }
 
-fn actor_of(request: &Request) -> Result<Actor, GatewayError> {
+/// What the route phase handed the handler.
+fn route_context(request: &Request) -> Result<RouteContext, GatewayError> {
     request
         .extensions()
-        .get::<Actor>()
+        .get::<RouteContext>()
         .cloned()
-        .ok_or_else(|| GatewayError::internal("no actor on the request (chain misconfigured)"))
+        .ok_or_else(|| GatewayError::internal("no route context (pipeline misordered)"))
 }
 
 /// Reads a request body, mapping an exceeded limit to 413.
@@ -220,29 +212,21 @@ pub async fn forward_nats(
     service: Service,
     request: Request,
 ) -> Result<Response, GatewayError> {
-    let actor = actor_of(&request)?;
+    let cx = route_context(&request)?;
+    let actor = &cx.actor;
+    let deadline = cx.deadline;
     let (parts, body) = request.into_parts();
-    let deadline = parts
-        .extensions
-        .get::<Deadline>()
-        .map(|d| d.0)
-        .unwrap_or_else(|| Instant::now() + state.config.timeouts.default_budget());
-    let id = parts
-        .extensions
-        .get::<RequestId>()
-        .map(|r| r.0.clone())
-        .unwrap_or_default();
     let body = read_body(body).await?;
     let mut envelope = EnvelopeRequest {
         v: 1,
-        id: &id,
+        id: cx.request_id.as_str(),
         plane: actor.plane.as_str(),
         method: parts.method.as_str(),
         path: parts.uri.path(),
         query: query_without_apikey(parts.uri.query()),
-        headers: headers::for_envelope(&parts.headers, &actor),
+        headers: headers::for_envelope(&parts.headers, actor),
         body: EnvelopeRequest::encode_body(&body),
-        actor: &actor,
+        actor,
         deadline_ms: 0,
     };
     drop(body);

@@ -1,8 +1,5 @@
-//! Security headers on every response (CONTRACT §7).
+//! Phase 2, security headers on every response (CONTRACT §7), replacing a backend's.
 
-use axum::extract::Request;
-use axum::middleware::Next;
-use axum::response::Response;
 use http::{HeaderMap, HeaderValue, header};
 
 const CSP: &str = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
@@ -27,11 +24,4 @@ pub fn stamp(headers: &mut HeaderMap) {
         HeaderValue::from_static(HSTS),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-}
-
-/// The layer.
-pub async fn apply(request: Request, next: Next) -> Response {
-    let mut response = next.run(request).await;
-    stamp(response.headers_mut());
-    response
 }

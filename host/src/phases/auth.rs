@@ -1,0 +1,40 @@
+//! Phase 9, authentication, after the per-IP limit: establishes the [`Actor`] of the request
+//! (data plane: API key and optional user JWT; management plane: console JWT and org role) and
+//! puts it in the request context, with the client IP of phase 8.
+
+use std::sync::Arc;
+
+use axum::extract::Request;
+
+use super::context::RequestContext;
+use crate::actor::Actor;
+use crate::auth::{data_plane, management};
+use crate::error::GatewayError;
+use crate::plane::Plane;
+use crate::state::AppState;
+
+/// Authenticates `request`, which comes back with the client's credentials removed.
+pub async fn authenticate(
+    state: &AppState,
+    cx: &mut RequestContext,
+    request: Request,
+) -> Result<Request, GatewayError> {
+    let (mut parts, body) = request.into_parts();
+    let mut actor: Actor =
+        match cx.plane {
+            Plane::Data => {
+                let stage =
+                    cx.policies.data.api_key.as_ref().ok_or_else(|| {
+                        GatewayError::internal("the data plane has no api-key stage")
+                    })?;
+                data_plane::authenticate(&state.auth, stage, &mut parts, |e| {
+                    state.policies.plugin_failed(e)
+                })
+                .await?
+            }
+            Plane::Management => management::authenticate(&state.auth, &mut parts).await?,
+        };
+    actor.client_ip = cx.client_ip;
+    cx.actor = Some(Arc::new(actor));
+    Ok(Request::from_parts(parts, body))
+}

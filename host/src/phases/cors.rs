@@ -1,0 +1,224 @@
+//! Phase 1, CORS, decided by the plane's `cors` policy stage (or the project's own module).
+//!
+//! A preflight is answered here, before anything else runs — except the per-IP limit, whose
+//! token it takes first so that a flood of preflights never reaches a module. For other requests
+//! with an `Origin`, the decided headers are put on the response whatever produced it. The host
+//! enforces two rules whatever the plugin answers: credentials are never allowed, and the
+//! management plane never answers `*`.
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+
+use super::context::RequestContext;
+use super::{per_ip, request_id, security_headers};
+use crate::error::GatewayError;
+use crate::plane::Plane;
+use crate::policy::stages::{CorsAllow, CorsDecision, CorsInput};
+use crate::state::AppState;
+
+/// Removes every CORS header a backend may have set: the gateway alone answers CORS.
+pub fn strip(headers: &mut HeaderMap) {
+    let found = headers
+        .keys()
+        .any(|n| n.as_str().starts_with("access-control-"));
+    if !found {
+        return;
+    }
+    let names: Vec<http::HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with("access-control-"))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
+
+fn join(values: &[String]) -> Option<HeaderValue> {
+    (!values.is_empty())
+        .then(|| HeaderValue::from_str(&values.join(", ")).ok())
+        .flatten()
+}
+
+fn add_vary_origin(headers: &mut HeaderMap) {
+    headers.append(header::VARY, HeaderValue::from_static("origin"));
+}
+
+/// Applies an allow decision to response headers. Returns false (and adds nothing) when the
+/// decision is not acceptable for the plane.
+fn apply_allow(plane: Plane, allow: &CorsAllow, preflight: bool, headers: &mut HeaderMap) -> bool {
+    if plane == Plane::Management && allow.allow_origin.trim() == "*" {
+        tracing::error!(
+            plane = plane.as_str(),
+            "the management plane's cors stage answered \"*\"; refused, no CORS header sent"
+        );
+        return false;
+    }
+    let Ok(origin) = HeaderValue::from_str(&allow.allow_origin) else {
+        tracing::error!(
+            plane = plane.as_str(),
+            "the cors stage answered an invalid origin"
+        );
+        return false;
+    };
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    if allow.allow_origin != "*" {
+        add_vary_origin(headers);
+    }
+    if preflight {
+        if let Some(v) = join(&allow.allow_methods) {
+            headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, v);
+        }
+        if let Some(v) = join(&allow.allow_headers) {
+            headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, v);
+        }
+        if let Some(age) = allow.max_age {
+            headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from(age));
+        }
+    } else if let Some(v) = join(&allow.expose_headers) {
+        headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, v);
+    }
+    true
+}
+
+/// Gives a response made here what the later phases would have added.
+fn edge(mut response: Response) -> Response {
+    security_headers::stamp(response.headers_mut());
+    request_id::stamp_if_missing(response.headers_mut());
+    response
+}
+
+/// The CORS facts of a request with an `Origin`.
+#[derive(Debug)]
+pub struct Cors {
+    method: Method,
+    path: String,
+    origin: String,
+    request_method: Option<String>,
+    request_headers: Option<String>,
+    preflight: bool,
+    /// The project named by `Host` (data plane, `data_plane.project_host_suffix`).
+    host_project: Option<String>,
+}
+
+impl Cors {
+    /// The CORS facts of `request`, `None` without an `Origin`.
+    pub fn of(state: &AppState, plane: Plane, request: &Request) -> Option<Self> {
+        let headers = request.headers();
+        let text = |name: header::HeaderName| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let origin = text(header::ORIGIN)?;
+        let request_method = text(header::ACCESS_CONTROL_REQUEST_METHOD);
+        Some(Self {
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+            preflight: request.method() == Method::OPTIONS && request_method.is_some(),
+            request_headers: text(header::ACCESS_CONTROL_REQUEST_HEADERS),
+            request_method,
+            host_project: project_from_host(state, plane, headers),
+            origin,
+        })
+    }
+
+    /// Whether the request is a preflight, answered by [`preflight`].
+    pub fn is_preflight(&self) -> bool {
+        self.preflight
+    }
+
+    fn input(&self) -> CorsInput<'_> {
+        CorsInput {
+            method: self.method.as_str(),
+            path: &self.path,
+            origin: &self.origin,
+            request_method: self.request_method.as_deref(),
+            request_headers: self.request_headers.as_deref(),
+        }
+    }
+}
+
+/// Answers a preflight, after it took its token from the per-IP limit.
+pub async fn preflight(
+    state: &AppState,
+    cx: &mut RequestContext,
+    request: Request,
+    cors: &Cors,
+) -> Response {
+    if let Err(decision) = per_ip::check(state, cx, &request) {
+        return edge(per_ip::limited(&decision));
+    }
+    drop(request);
+    let decision = state
+        .policies
+        .cors(
+            &cx.policies,
+            cx.plane,
+            cors.host_project.as_deref(),
+            cors.input(),
+        )
+        .await;
+    let response = match decision {
+        Err(e) => e.into_response(),
+        Ok(CorsDecision::Allow(allow)) => {
+            let mut response = StatusCode::NO_CONTENT.into_response();
+            if apply_allow(cx.plane, &allow, true, response.headers_mut()) {
+                add_vary_origin(response.headers_mut());
+                response
+            } else {
+                denied()
+            }
+        }
+        Ok(CorsDecision::Deny) => denied(),
+    };
+    edge(response)
+}
+
+/// Puts the decided CORS headers on `response` (which may be an error of any phase). A request
+/// refused by the per-IP limit is decided by the plane's module, never a project's.
+pub async fn respond(
+    state: &AppState,
+    cx: &RequestContext,
+    cors: &Cors,
+    response: Response,
+) -> Response {
+    let project = if cx.ip_limited {
+        None
+    } else {
+        cx.project().or(cors.host_project.as_deref())
+    };
+    let decision = state
+        .policies
+        .cors(&cx.policies, cx.plane, project, cors.input())
+        .await;
+    match decision {
+        Err(e) => edge(e.into_response()),
+        Ok(decision) => {
+            let mut response = response;
+            strip(response.headers_mut());
+            if let CorsDecision::Allow(allow) = &decision {
+                apply_allow(cx.plane, allow, false, response.headers_mut());
+            }
+            response
+        }
+    }
+}
+
+/// The project named by the `Host` header (`<ref><data_plane.project_host_suffix>`).
+fn project_from_host(state: &AppState, plane: Plane, headers: &HeaderMap) -> Option<String> {
+    let suffix = state.config.data_plane.project_host_suffix.as_deref()?;
+    if plane != Plane::Data {
+        return None;
+    }
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    let host = host.split(':').next()?;
+    let project = host.strip_suffix(suffix)?;
+    (!project.is_empty() && !project.contains('.')).then(|| project.to_owned())
+}
+
+fn denied() -> Response {
+    GatewayError::forbidden("cors_origin_denied", "this origin is not allowed").into_response()
+}

@@ -1,0 +1,69 @@
+//! Phase 5, request metrics: every request that got past the request limits is counted by plane,
+//! route group and final status, and its latency observed. The counters are looked up once per
+//! plane, group and status, not on every request.
+
+use std::sync::OnceLock;
+
+use axum::response::Response;
+use prometheus::{Histogram, IntCounter};
+
+use super::context::RequestContext;
+use crate::metrics::Metrics;
+use crate::plane::Plane;
+use crate::route_group::RouteGroup;
+
+/// Statuses with a counter of their own per group (100–599).
+const STATUSES: usize = 500;
+
+/// The request metrics of one plane.
+#[derive(Debug)]
+pub struct RequestMetrics {
+    metrics: Metrics,
+    plane: Plane,
+    counters: Box<[OnceLock<IntCounter>]>,
+    latency: Box<[Histogram]>,
+}
+
+impl RequestMetrics {
+    /// Handles for `plane`.
+    pub fn new(metrics: &Metrics, plane: Plane) -> Self {
+        let latency = RouteGroup::ALL
+            .iter()
+            .map(|g| {
+                metrics
+                    .latency
+                    .with_label_values(&[plane.as_str(), g.as_str()])
+            })
+            .collect();
+        Self {
+            metrics: metrics.clone(),
+            plane,
+            counters: (0..RouteGroup::ALL.len() * STATUSES)
+                .map(|_| OnceLock::new())
+                .collect(),
+            latency,
+        }
+    }
+
+    /// Counts `response` and observes its latency.
+    pub fn record(&self, cx: &RequestContext, response: &Response) {
+        let group = cx.group.index();
+        let status = response.status();
+        let counter = match usize::from(status.as_u16()).checked_sub(100) {
+            Some(i) if i < STATUSES => {
+                self.counters[group * STATUSES + i].get_or_init(|| self.counter(cx.group, status))
+            }
+            _ => &self.counter(cx.group, status),
+        };
+        counter.inc();
+        self.latency[group].observe(cx.started.elapsed().as_secs_f64());
+    }
+
+    fn counter(&self, group: RouteGroup, status: http::StatusCode) -> IntCounter {
+        self.metrics.requests.with_label_values(&[
+            self.plane.as_str(),
+            group.as_str(),
+            status.as_str(),
+        ])
+    }
+}

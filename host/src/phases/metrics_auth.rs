@@ -1,0 +1,47 @@
+//! Phase 11, the `/metrics` guard, next to the handler it protects: a bearer token from the
+//! configuration, compared in constant time. Without a configured token the endpoint does not
+//! exist (404).
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, header};
+
+use crate::error::GatewayError;
+use crate::state::AppState;
+
+/// The metrics path.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// Compares two secrets in constant time.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Phase 11: `None` to go on, or the answer to a `/metrics` request without the token.
+pub fn guard(state: &AppState, request: &Request) -> Option<Response> {
+    if request.uri().path() != METRICS_PATH {
+        return None;
+    }
+    let Some(token) = state.config.metrics.token.as_deref() else {
+        return Some(GatewayError::not_found("no route for this path").into_response());
+    };
+    let presented = crate::auth::bearer::bearer(request.headers())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    if constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+        return None;
+    }
+    let mut response = GatewayError::unauthorized(
+        "invalid_metrics_token",
+        "a valid metrics bearer token is required",
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(response)
+}

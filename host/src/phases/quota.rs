@@ -1,0 +1,91 @@
+//! Phase 10, the per-actor quota, after authentication: the `quota` policy stage names the
+//! bucket and its figures for this actor and route; the host bounds them
+//! ([`crate::ratelimit::rules`]) and enforces the rule (locally, or shared through Redis).
+
+use axum::response::Response;
+use http::Method;
+
+use super::context::RequestContext;
+use super::per_ip::{Limiter, count, too_many};
+use crate::error::GatewayError;
+use crate::policy::stages::QuotaDecision;
+use crate::ratelimit::Decision;
+use crate::ratelimit::rules::{self, Answered};
+use crate::state::AppState;
+
+/// Takes the request's tokens: `Ok(None)` when exempt, the decision (for the response's
+/// `RateLimit-*` headers) when admitted, the answer when refused or when the stage failed.
+pub async fn check(
+    state: &AppState,
+    cx: &RequestContext,
+    method: &Method,
+    path: &str,
+) -> Result<Option<Decision>, Response> {
+    use axum::response::IntoResponse;
+    let Some(actor) = cx.actor.as_deref() else {
+        return Err(GatewayError::internal(
+            "no actor before the quota phase (pipeline misordered)",
+        )
+        .into_response());
+    };
+    let (decision, source) = state
+        .policies
+        .quota(
+            &cx.policies,
+            actor,
+            method.as_str(),
+            path,
+            cx.group.as_str(),
+        )
+        .await
+        .map_err(IntoResponse::into_response)?;
+    let answered = match &decision {
+        QuotaDecision::Exempt => return Ok(None),
+        QuotaDecision::Limit(rule) => Answered {
+            bucket: &rule.bucket,
+            rate_per_second: rule.rate_per_second,
+            burst: rule.burst,
+            cost: rule.cost,
+        },
+    };
+    let plane = cx.plane.as_str();
+    let rule = match rules::bound(
+        &state.config.rate_limit,
+        source,
+        actor.project.as_deref(),
+        answered,
+    ) {
+        Ok(bounded) => {
+            for field in &bounded.clamped {
+                state
+                    .metrics
+                    .quota_rules_clamped
+                    .with_label_values(&[plane, source.as_str(), field.as_str()])
+                    .inc();
+            }
+            bounded.rule
+        }
+        Err(refused) => {
+            state
+                .metrics
+                .quota_rules_refused
+                .with_label_values(&[plane, source.as_str(), refused.as_str()])
+                .inc();
+            tracing::error!(
+                plane,
+                source = source.as_str(),
+                project = actor.project.as_deref().unwrap_or_default(),
+                reason = %refused,
+                "quota decision refused; the request fails closed"
+            );
+            return Err(GatewayError::policy_failed("quota").into_response());
+        }
+    };
+    let decision = state.quotas.check(&rule).await;
+    count(state, cx.plane, Limiter::Actor, &decision);
+    if decision.allowed {
+        Ok(Some(decision))
+    } else {
+        Err(too_many(&decision))
+    }
+}

@@ -1,0 +1,64 @@
+//! Phase 3, request limits, before any logging, auth or plugin work: a path refused by
+//! normalisation ([`super::path`]) is answered `400 invalid_path`; a declared `Content-Length`
+//! over the body limit is refused with 413; any other body is wrapped so that reading past the
+//! limit fails with 413 where it is read.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use http_body::Body as _;
+use http_body_util::Limited;
+
+use super::context::RequestContext;
+use super::path::RefusedPath;
+use super::request_id;
+use crate::error::GatewayError;
+use crate::route_group::RouteGroup;
+use crate::state::AppState;
+
+/// Applies the limits to `request`, or says why it is refused (answered by [`refused`]).
+pub fn check(
+    state: &AppState,
+    cx: &RequestContext,
+    refused: Option<RefusedPath>,
+    request: Request,
+) -> Result<Request, GatewayError> {
+    if let Some(refused) = refused {
+        state
+            .metrics
+            .paths_refused
+            .with_label_values(&[cx.plane.as_str(), refused.reason()])
+            .inc();
+        return Err(GatewayError::bad_request(
+            "invalid_path",
+            format!("the request path is refused: {}", refused.0),
+        ));
+    }
+    // Storage has its own limit: uploads stream through and may be far larger.
+    let limit = match cx.group {
+        RouteGroup::Storage => state.config.upstreams.storage_max_body_bytes as usize,
+        _ => state.config.server.max_body_bytes,
+    };
+    let declared = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(GatewayError::payload_too_large(format!(
+            "the request body is over the {limit} byte limit"
+        )));
+    }
+    // A request without a body has nothing to limit.
+    if request.body().is_end_stream() {
+        return Ok(request);
+    }
+    Ok(request.map(|body| Body::new(Limited::new(body, limit))))
+}
+
+/// The answer to a refused request: made before the request-id phase, it gets an id of its own.
+pub fn refused(error: GatewayError) -> Response {
+    let mut response = error.into_response();
+    request_id::stamp_if_missing(response.headers_mut());
+    response
+}

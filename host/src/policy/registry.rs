@@ -1,0 +1,158 @@
+//! The one owner of the policy modules in force: both planes' module sets, the projects' own
+//! modules, the snapshot a request pins, swap and rollback.
+//!
+//! Every stage decision of a request goes through here, so the choice between a project's own
+//! module and the plane's is made in one place, and so is the fail-closed answer to a module
+//! that fails: a swapped-in operator module failing too often is replaced by the previous set
+//! (automatic rollback); a project's module never rolls back the operator's.
+
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+
+use super::stages::{CorsDecision, CorsInput, CorsQuery, QuotaDecision};
+use super::tenants::{TenantCallError, TenantPolicies};
+use super::{PluginError, Policies, PolicyEngine};
+use crate::actor::Actor;
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
+use crate::plane::Plane;
+use crate::ratelimit::rules::RuleSource;
+
+/// The policy modules in force.
+#[derive(Debug)]
+pub struct PolicyRegistry {
+    /// The plugin runtime.
+    pub runtime: Arc<PolicyEngine>,
+    current: ArcSwap<Policies>,
+    previous: ArcSwapOption<Policies>,
+    /// Modules installed by projects.
+    pub tenants: TenantPolicies,
+    metrics: Metrics,
+}
+
+impl PolicyRegistry {
+    /// A registry with `policies` in force.
+    pub fn new(
+        runtime: Arc<PolicyEngine>,
+        policies: Policies,
+        tenants: TenantPolicies,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            runtime,
+            current: ArcSwap::from_pointee(policies),
+            previous: ArcSwapOption::empty(),
+            tenants,
+            metrics,
+        }
+    }
+
+    /// The modules in force now: a request pins these for its whole life, so that every stage
+    /// of it runs on the modules it started with.
+    pub fn snapshot(&self) -> Arc<Policies> {
+        self.current.load_full()
+    }
+
+    /// Puts `policies` in force atomically; the ones replaced are kept for a rollback.
+    pub fn swap(&self, policies: Policies) {
+        policies.reset_health();
+        let old = self.current.swap(Arc::new(policies));
+        self.previous.store(Some(old));
+    }
+
+    /// Puts the previous modules back in force. False when there is nothing to roll back to.
+    pub fn roll_back(&self) -> bool {
+        match self.previous.swap(None) {
+            Some(previous) => {
+                self.current.store(previous);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The fail-closed answer to a failed call of an operator module (counted and logged by the
+    /// runtime). A swapped-in module failing too often is replaced by the previous set here.
+    pub fn plugin_failed(&self, error: &PluginError) -> GatewayError {
+        if self.runtime.take_rollback_request() && self.roll_back() {
+            tracing::error!(
+                error = %error,
+                "a swapped-in policy module fails too often; the previous modules are back in force"
+            );
+            self.metrics
+                .policy_reloads
+                .with_label_values(&["rolled_back"])
+                .inc();
+        }
+        GatewayError::policy_failed(error.stage().map(|s| s.key()).unwrap_or("unknown"))
+    }
+
+    /// The fail-closed answer to a project's module call that gave no decision: the module
+    /// failed (`500 policy_failed`), or the project's modules are saturated (`503 policy_busy`).
+    pub fn tenant_call_failed(&self, error: &TenantCallError) -> GatewayError {
+        match error {
+            TenantCallError::Plugin(e) => {
+                GatewayError::policy_failed(e.stage().map(|s| s.key()).unwrap_or("unknown"))
+            }
+            TenantCallError::Busy(_) => GatewayError::policy_busy(),
+        }
+    }
+
+    /// The CORS decision for a request of `project` (when known): the project's own module on
+    /// the data plane when it installed one (run on the tenant pool), the plane's otherwise.
+    pub async fn cors(
+        &self,
+        pinned: &Policies,
+        plane: Plane,
+        project: Option<&str>,
+        input: CorsInput<'_>,
+    ) -> Result<CorsDecision, GatewayError> {
+        if let (Plane::Data, Some(project)) = (plane, project)
+            && let Some(result) = self
+                .tenants
+                .decide_cors(project, plane, CorsQuery::from(input))
+                .await
+        {
+            return result.map_err(|e| self.tenant_call_failed(&e));
+        }
+        pinned
+            .plane(plane)
+            .cors
+            .decide(plane, input)
+            .map_err(|e| self.plugin_failed(&e))
+    }
+
+    /// The quota rule of a request, and whose module answered it.
+    pub async fn quota(
+        &self,
+        pinned: &Policies,
+        actor: &Actor,
+        method: &str,
+        path: &str,
+        route_group: &'static str,
+    ) -> Result<(QuotaDecision, RuleSource), GatewayError> {
+        if let (Plane::Data, Some(project)) = (actor.plane, actor.project.as_deref())
+            && let Some(result) = self
+                .tenants
+                .decide_quota(
+                    project,
+                    method.to_owned(),
+                    path.to_owned(),
+                    route_group,
+                    actor.clone(),
+                )
+                .await
+        {
+            return result
+                .map(|d| (d, RuleSource::Tenant))
+                .map_err(|e| self.tenant_call_failed(&e));
+        }
+        pinned
+            .plane(actor.plane)
+            .quota
+            .decide(method, path, route_group, actor)
+            .map(|d| (d, RuleSource::Operator))
+            .map_err(|e| self.plugin_failed(&e))
+    }
+}
