@@ -7,7 +7,8 @@
 //! this thread's allocations are counted. Not a test: it prints figures.
 //!
 //! `cargo bench -p aura-gateway --bench allocations` (the NATS route needs `nats-server` on the
-//! PATH or in /usr/sbin; without one it is skipped).
+//! PATH or in /usr/sbin; without one it is skipped). With `AURA_ALLOC_SAMPLE=N` it also samples
+//! every Nth counted allocation's call stack and prints the most frequent sites.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -25,15 +26,56 @@ struct Counting;
 
 thread_local! {
     static COUNTED: Cell<bool> = const { Cell::new(false) };
+    static SAMPLING: Cell<bool> = const { Cell::new(false) };
 }
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
+/// Sample every Nth allocation (0: off).
+static SAMPLE_EVERY: AtomicU64 = AtomicU64::new(0);
+static SAMPLES: std::sync::Mutex<Option<std::collections::HashMap<String, u64>>> =
+    std::sync::Mutex::new(None);
 
 fn count(size: usize) {
-    if COUNTED.with(Cell::get) {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    if COUNTED.with(Cell::get) && !SAMPLING.with(Cell::get) {
+        let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         BYTES.fetch_add(size as u64, Ordering::Relaxed);
+        let every = SAMPLE_EVERY.load(Ordering::Relaxed);
+        if every > 0 && n.is_multiple_of(every) {
+            sample();
+        }
     }
+}
+
+/// Records the call site of the current allocation (its first frames outside the allocator and
+/// the standard library).
+fn sample() {
+    SAMPLING.with(|s| s.set(true));
+    let trace = std::backtrace::Backtrace::force_capture().to_string();
+    // Frames read `  12: function` then `at file:line`: the site is the first line outside the
+    // standard library and this file, shortened to the crate's folder.
+    let frames: Vec<String> = trace
+        .lines()
+        .map(str::trim)
+        .filter_map(|l| l.strip_prefix("at "))
+        .filter(|at| !at.contains("/rustc/") && !at.contains("benches/allocations.rs"))
+        .map(|at| {
+            at.split_once("index.crates.io-")
+                .and_then(|(_, rest)| rest.split_once('/').map(|(_, r)| r.to_owned()))
+                .unwrap_or_else(|| at.to_owned())
+        })
+        .take(2)
+        .collect();
+    if std::env::var_os("AURA_ALLOC_RAW").is_some() {
+        eprintln!("{trace}");
+    }
+    let key = frames.join(" <- ");
+    if let Ok(mut samples) = SAMPLES.lock() {
+        *samples
+            .get_or_insert_with(Default::default)
+            .entry(key)
+            .or_default() += 1;
+    }
+    SAMPLING.with(|s| s.set(false));
 }
 
 #[expect(
@@ -307,6 +349,12 @@ fn main() {
         tokio::spawn(server::serve(state, data, management, async move {
             let _ = stop_rx.await;
         }));
+        if let Some(every) = std::env::var("AURA_ALLOC_SAMPLE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            SAMPLE_EVERY.store(every, Ordering::Relaxed);
+        }
         COUNTED.with(|c| c.set(true));
         println!(
             "allocations per request, gateway thread only ({REQUESTS} requests after {WARM_UP}, 12-header SDK request, one keep-alive connection):"
@@ -321,6 +369,17 @@ fn main() {
         }
         COUNTED.with(|c| c.set(false));
     });
+    if let Ok(samples) = SAMPLES.lock()
+        && let Some(samples) = samples.as_ref()
+    {
+        let total: u64 = samples.values().sum();
+        let mut sites: Vec<_> = samples.iter().collect();
+        sites.sort_by(|a, b| b.1.cmp(a.1));
+        println!("\nallocation sites, {total} samples (both routes, warm-up included):");
+        for (site, n) in sites.into_iter().take(40) {
+            println!("{:5.1}%  {site}", *n as f64 * 100.0 / total as f64);
+        }
+    }
     if let Some((mut child, _)) = nats {
         let _ = child.kill();
         let _ = child.wait();

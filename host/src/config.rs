@@ -185,6 +185,9 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// A tracing filter (`info`, `aura_gateway=debug,info`).
     pub level: String,
+    /// Log lines queued for the writer at most; when stderr cannot keep up, further lines are
+    /// dropped (and counted) rather than making a request wait.
+    pub buffer_lines: usize,
 }
 
 impl Default for LogConfig {
@@ -192,6 +195,7 @@ impl Default for LogConfig {
         Self {
             format: LogFormat::Text,
             level: "info".to_owned(),
+            buffer_lines: 65_536,
         }
     }
 }
@@ -879,6 +883,9 @@ impl Config {
         }
         if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.log.level) {
             return Err(problem("log.level", format!("not a valid filter: {e}")));
+        }
+        if self.log.buffer_lines == 0 {
+            return Err(problem("log.buffer_lines", "must be at least 1"));
         }
         if let Some(endpoint) = &self.tracing.otlp_endpoint
             && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))

@@ -94,6 +94,11 @@ impl GatewayError {
         )
     }
 
+    /// 409: the request conflicts with how the gateway runs.
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, code, message, Side::Client)
+    }
+
     /// 413: the request body is over a limit.
     pub fn payload_too_large(message: impl Into<String>) -> Self {
         Self::new(

@@ -76,7 +76,8 @@ pub fn envelope(data: &[u8]) {
     let headers = header_map(&f[3]);
     let mut actor = Actor::unauthenticated(Plane::Data);
     actor.client_ip = Some(IpAddr::from([192, 0, 2, 1]));
-    let pairs = headers::for_envelope(&headers, &actor);
+    let sent = headers::EnvelopeHeaders::new(&headers, &actor);
+    let pairs = sent.pairs();
     let named = headers::connection_named(&headers);
     for (name, value) in &pairs {
         assert!(
@@ -109,7 +110,7 @@ pub fn envelope(data: &[u8]) {
         method: &f[0],
         path: &f[1],
         query,
-        headers: pairs,
+        headers: sent,
         body: EnvelopeRequest::encode_body(body),
         actor: &actor,
         deadline_ms: 1,

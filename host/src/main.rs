@@ -306,9 +306,7 @@ async fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {
         .any(|(_, s)| s.module_digest().is_some())
     {
         let store = control::open(&config.control, base).await?;
-        aura_gateway::policy::fetch_stored_modules(&config, store.as_ref())
-            .await
-            .map_err(anyhow::Error::msg)?
+        aura_gateway::policy::fetch_stored_modules(&config, store.as_ref()).await?
     } else {
         Default::default()
     };

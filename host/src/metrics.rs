@@ -52,6 +52,8 @@ pub struct Metrics {
     pub tenant_compile_peak_bytes: prometheus::Histogram,
     /// Unused stored modules collected.
     pub modules_collected: prometheus::IntCounter,
+    /// Log lines dropped because the log writer could not keep up.
+    pub log_lines_dropped: prometheus::IntCounter,
     /// `ratelimit_decisions` by plane, limiter and decision, looked up once.
     decisions: std::sync::Arc<[prometheus::IntCounter; 8]>,
 }
@@ -199,8 +201,14 @@ impl Metrics {
             "Stored policy modules removed because no project or instance used them",
         )
         .expect("valid metric");
+        let log_lines_dropped = prometheus::IntCounter::new(
+            "log_lines_dropped_total",
+            "Log lines dropped because the log writer could not keep up (log.buffer_lines)",
+        )
+        .expect("valid metric");
         for c in [
-            Box::new(paths_refused.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(log_lines_dropped.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(paths_refused.clone()),
             Box::new(postgrest_targets_refused.clone()),
             Box::new(quota_rules_clamped.clone()),
             Box::new(quota_rules_refused.clone()),
@@ -231,6 +239,7 @@ impl Metrics {
             ])
         }));
         Self {
+            log_lines_dropped,
             decisions,
             registry,
             requests,

@@ -9,10 +9,55 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use crate::config::{self, Config};
-use crate::policy::conformance::{self, StageReport};
-use crate::policy::{Policies, fetch_stored_modules};
+use crate::config::{self, Config, ConfigError};
+use crate::error::GatewayError;
+use crate::policy::conformance::{self, ConformanceError, StageReport};
+use crate::policy::{PluginError, Policies, StoredModuleError, fetch_stored_modules};
 use crate::state::AppState;
+
+/// Why a reload was refused; the modules in force keep serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// Nothing to reload from.
+    #[error("the gateway was started without a config file")]
+    NoConfigFile,
+    /// The config file does not load.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A module named by digest is missing, or the store cannot be asked.
+    #[error(transparent)]
+    Stored(#[from] StoredModuleError),
+    /// A module does not load (file, exports, configuration).
+    #[error(transparent)]
+    Module(#[from] PluginError),
+    /// A module fails its stage's conformance vectors.
+    #[error(transparent)]
+    Conformance(#[from] ConformanceError),
+    /// The reload task itself failed.
+    #[error("reload task: {0}")]
+    Task(String),
+}
+
+impl ReloadError {
+    /// The answer of `POST /v1/policies/reload`: each kind its own status.
+    pub fn into_gateway_error(self) -> GatewayError {
+        let message = self.to_string();
+        match self {
+            ReloadError::NoConfigFile => GatewayError::conflict("no_config_file", message),
+            ReloadError::Config(_) | ReloadError::Stored(StoredModuleError::Missing { .. }) => {
+                GatewayError::bad_request("config_refused", message)
+            }
+            ReloadError::Stored(StoredModuleError::Store { .. }) => {
+                GatewayError::unavailable("control_store_unavailable", message)
+                    .retry_after(Duration::from_secs(1))
+            }
+            ReloadError::Module(_) | ReloadError::Conformance(_) => {
+                GatewayError::bad_request("policy_refused", message)
+            }
+            ReloadError::Task(_) => GatewayError::internal(message),
+        }
+    }
+}
 
 /// Loads and checks the policy modules of `config` and swaps them in, or says why not.
 fn reload(
@@ -20,10 +65,9 @@ fn reload(
     path: &Path,
     config: Config,
     stored: &HashMap<String, Vec<u8>>,
-) -> Result<Vec<StageReport>, String> {
-    let policies = Policies::load_with(&state.policies.runtime, &config, path.parent(), stored)
-        .map_err(|e| e.to_string())?;
-    let reports = conformance::check(&policies).map_err(|e| e.to_string())?;
+) -> Result<Vec<StageReport>, ReloadError> {
+    let policies = Policies::load_with(&state.policies.runtime, &config, path.parent(), stored)?;
+    let reports = conformance::check(&policies)?;
     if !same_apart_from_plugins(&state.config, &config) {
         tracing::warn!("only the plugin sections are reloaded; restart to apply the other changes");
     }
@@ -43,19 +87,19 @@ fn same_apart_from_plugins(a: &Config, b: &Config) -> bool {
 
 /// Reads the config file again and swaps in its policy modules (compiled off the async
 /// threads), logging and counting the result.
-pub async fn reload_and_log(state: &AppState, trigger: &str) -> Result<(), String> {
+pub async fn reload_and_log(state: &AppState, trigger: &str) -> Result<(), ReloadError> {
     let result = async {
         let path = state
             .config_path
             .get()
             .cloned()
-            .ok_or_else(|| "the gateway was started without a config file".to_owned())?;
-        let config = Config::load(Some(&path)).map_err(|e| e.to_string())?;
+            .ok_or(ReloadError::NoConfigFile)?;
+        let config = Config::load(Some(&path))?;
         let stored = fetch_stored_modules(&config, state.auth.store.as_ref()).await?;
         let worker = state.clone();
         tokio::task::spawn_blocking(move || reload(&worker, &path, config, &stored))
             .await
-            .map_err(|e| format!("reload task: {e}"))?
+            .map_err(|e| ReloadError::Task(e.to_string()))?
     }
     .await;
     match &result {

@@ -121,9 +121,7 @@ impl AppState {
         let quotas = QuotaLimiter::new(rl, metrics.clone());
         let runtime = PolicyEngine::new(&config.plugins)?;
         runtime.set_metrics(metrics.clone());
-        let stored = crate::policy::fetch_stored_modules(&config, store.as_ref())
-            .await
-            .map_err(anyhow::Error::msg)?;
+        let stored = crate::policy::fetch_stored_modules(&config, store.as_ref()).await?;
         let policies = Policies::load_with(&runtime, &config, base, &stored)?;
         crate::policy::conformance::check(&policies)?;
         let nats = NatsTransport::connect(&config.nats).await?;
@@ -216,6 +214,11 @@ impl AppState {
 
     /// Brings the gauges that are read rather than counted up to date (before a scrape).
     pub fn refresh_gauges(&self) {
+        let dropped = crate::telemetry::dropped_log_lines();
+        let counted = self.metrics.log_lines_dropped.get();
+        if dropped > counted {
+            self.metrics.log_lines_dropped.inc_by(dropped - counted);
+        }
         self.metrics
             .nats_connected
             .set(i64::from(self.nats.is_connected()));

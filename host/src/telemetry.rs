@@ -1,6 +1,10 @@
 //! Logging and trace export: text or JSON lines on stderr, filtered by `log.level`, and, with
 //! `tracing.otlp_endpoint`, every span (the `request` span carries the request id) exported over
 //! OTLP/HTTP.
+//!
+//! Log lines never block a request: they go through a bounded queue (`log.buffer_lines`) to a
+//! writer thread; when stderr cannot keep up (a slow collector, a full pipe) the lines that do
+//! not fit are dropped and counted (`aura_log_lines_dropped_total`).
 
 use std::io::IsTerminal;
 
@@ -13,10 +17,20 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{LogConfig, LogFormat, TracingConfig};
 
-/// Flushes exported spans when dropped (keep it until the process ends).
+/// Flushes exported spans and queued log lines when dropped (keep it until the process ends).
 #[derive(Debug, Default)]
 pub struct TelemetryGuard {
     provider: Option<SdkTracerProvider>,
+    _writer: Option<tracing_appender::non_blocking::WorkerGuard>,
+}
+
+/// Log lines dropped because the writer could not keep up, since the process started.
+static DROPPED: std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter> =
+    std::sync::OnceLock::new();
+
+/// How many log lines were dropped so far.
+pub fn dropped_log_lines() -> u64 {
+    DROPPED.get().map_or(0, |c| c.dropped_lines() as u64)
 }
 
 impl Drop for TelemetryGuard {
@@ -58,12 +72,18 @@ pub fn init(log: &LogConfig, tracing_config: &TracingConfig) -> anyhow::Result<T
         .as_ref()
         .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("aura-gateway")));
     let ansi = std::io::stderr().is_terminal();
+    let (writer, writer_guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(log.buffer_lines)
+        .lossy(true)
+        .thread_name("aura-log")
+        .finish(std::io::stderr());
+    let _ = DROPPED.set(writer.error_counter());
     let registry = tracing_subscriber::registry().with(filter).with(otel);
     let _ = match log.format {
         LogFormat::Text => registry
             .with(
                 tracing_subscriber::fmt::layer()
-                    .with_writer(std::io::stderr)
+                    .with_writer(writer)
                     .with_ansi(ansi),
             )
             .try_init(),
@@ -72,9 +92,12 @@ pub fn init(log: &LogConfig, tracing_config: &TracingConfig) -> anyhow::Result<T
                 tracing_subscriber::fmt::layer()
                     .json()
                     .flatten_event(true)
-                    .with_writer(std::io::stderr),
+                    .with_writer(writer),
             )
             .try_init(),
     };
-    Ok(TelemetryGuard { provider })
+    Ok(TelemetryGuard {
+        provider,
+        _writer: Some(writer_guard),
+    })
 }

@@ -162,8 +162,18 @@ async fn a_module_failing_its_checks_is_refused_and_the_old_one_keeps_serving() 
         .await
         .expect_err("refused");
     assert!(
-        err.contains("does not export the cors stage world"),
+        matches!(err, aura_gateway::reload::ReloadError::Module(_)),
+        "a module refusal: {err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("does not export the cors stage world"),
         "{err}"
+    );
+    let answer = err.into_gateway_error();
+    assert_eq!(
+        (answer.status.as_u16(), answer.code),
+        (400, "policy_refused")
     );
     assert_eq!(
         preflight_origin(&gw, "https://a.example")

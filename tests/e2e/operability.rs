@@ -92,3 +92,75 @@ async fn ready_reports_dependencies_and_fails_while_a_required_one_is_down() {
         StatusCode::OK
     );
 }
+
+/// A log reader that stops reading (a stuck collector, a full pipe) never stalls requests: the
+/// lines that do not fit the writer's queue are dropped and counted.
+#[tokio::test]
+async fn a_stalled_log_reader_never_stalls_requests_and_dropped_lines_are_counted() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = crate::support::fixture::Fixture::new();
+    let config = crate::support::gateway::binary_config(
+        dir.path(),
+        &fx,
+        "",
+        "nats://127.0.0.1:1",
+        "logs",
+        "",
+    );
+    let (port, management) = (crate::support::free_port(), crate::support::free_port());
+    // stderr is a pipe this test never reads: once its buffer is full, every write blocks.
+    let mut child = Command::new(crate::support::gateway::binary())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("AURA_PORT", port.to_string())
+        .env("AURA_MANAGEMENT_PORT", management.to_string())
+        .env("AURA_LOG__BUFFER_LINES", "100")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let _unread = child.stderr.take();
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60)
+                && child.try_wait().ok().flatten().is_none(),
+            "gateway did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/health");
+    // Far more access lines than a pipe holds (about 64 KiB, a few hundred lines).
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..3_000 {
+        let t = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(5), client.get(&url).send())
+            .await
+            .expect("a request stalled behind the log")
+            .expect("answered");
+        assert_eq!(r.status(), StatusCode::OK);
+        slowest = slowest.max(t.elapsed());
+    }
+    let took = started.elapsed();
+    let text = client
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let dropped = crate::support::gateway::metric(&text, "aura_log_lines_dropped_total", &[]);
+    println!(
+        "3,000 requests with an unread log pipe in {took:?} (slowest {slowest:?}); {dropped} lines dropped"
+    );
+    assert!(dropped > 0.0, "lines that did not fit were counted");
+    let _ = child.kill();
+    let _ = child.wait();
+}

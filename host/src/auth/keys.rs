@@ -173,7 +173,8 @@ impl<V: Clone + Send + Sync + 'static> LastKnown<V> {
 #[derive(Debug, Clone)]
 pub struct KeyResolver {
     store: Arc<dyn ControlStore>,
-    cache: Cache<String, Option<Arc<ApiKeyRecord>>>,
+    /// By the SHA-256 of the key, held as its 32 bytes (no text per lookup).
+    cache: Cache<[u8; 32], Option<Arc<ApiKeyRecord>>>,
     last_known: LastKnown<Arc<ApiKeyRecord>>,
 }
 
@@ -200,12 +201,16 @@ impl KeyResolver {
     /// The record of `key`, or `None` when no key has that hash. Store failures are not cached;
     /// while the store is unavailable a key found before is answered from memory.
     pub async fn resolve(&self, key: &str) -> Result<Option<Arc<ApiKeyRecord>>, StoreError> {
-        let hash = hash_key(key);
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        if let Some(found) = self.cache.get(&digest).await {
+            return Ok(found);
+        }
+        let hash = hex::encode(digest);
         let store = self.store.clone();
         let lookup = hash.clone();
         let last_known = self.last_known.clone();
         self.cache
-            .try_get_with(hash.clone(), async move {
+            .try_get_with(digest, async move {
                 let found = last_known
                     .fetch(store.api_key_by_hash(&lookup))
                     .await

@@ -84,6 +84,9 @@ impl Authenticator {
         &self,
         project_ref: &str,
     ) -> Result<Option<Arc<ProjectRecord>>, GatewayError> {
+        if let Some(found) = self.projects.get(project_ref).await {
+            return Ok(found);
+        }
         let store = self.store.clone();
         let lookup = project_ref.to_owned();
         let last_known = self.last_known_projects.clone();

@@ -40,6 +40,7 @@ use axum::response::{IntoResponse, Response};
 use tower::ServiceExt;
 use tracing::Instrument;
 
+use super::routes;
 use crate::error::GatewayError;
 use crate::phases::context::{RequestContext, RouteContext};
 use crate::phases::cors::{self, Cors};
@@ -60,7 +61,8 @@ pub struct PlaneService(Arc<Pipeline>);
 struct Pipeline {
     state: AppState,
     plane: Plane,
-    /// The plane's handlers (routes, fallbacks), with nothing around them.
+    /// The plane's own routes and fallbacks (service routes are dispatched by
+    /// [`routes::service_route`]), with nothing around them.
     router: Router,
     metrics: RequestMetrics,
 }
@@ -185,8 +187,19 @@ impl Pipeline {
             deadline,
             policies: cx.policies.clone(),
         });
-        match tokio::time::timeout_at(deadline, self.router.clone().oneshot(request)).await {
-            Ok(response) => response.unwrap_or_else(|never| match never {}),
+        let handled = async {
+            match routes::service_route(request.uri().path()) {
+                Some(route) => route.serve(&self.state, request).await,
+                None => self
+                    .router
+                    .clone()
+                    .oneshot(request)
+                    .await
+                    .unwrap_or_else(|never| match never {}),
+            }
+        };
+        match tokio::time::timeout_at(deadline, handled).await {
+            Ok(response) => response,
             Err(_) => GatewayError::timeout(
                 "gateway_timeout",
                 format!("the request exceeded its {} ms budget", budget.as_millis()),

@@ -7,7 +7,7 @@ use axum::routing::get;
 use http::{HeaderValue, header};
 
 use super::chain::PlaneService;
-use super::routes::{health, service_routes, with_fallbacks};
+use super::routes::{health, with_fallbacks};
 use crate::phases::metrics_auth::METRICS_PATH;
 use crate::plane::Plane;
 use crate::proxy::nats_route;
@@ -19,7 +19,6 @@ fn extra_routes() -> Router<AppState> {
     Router::new()
         .merge(health())
         .route("/.well-known/jwks.json", nats_route(Service::Auth))
-        .route("/v1/auth/signup", nats_route(Service::Auth))
         .route(METRICS_PATH, get(metrics))
 }
 
@@ -37,6 +36,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 /// Builds the data plane's service: service routes plus the data plane's extras, behind the
 /// phases of [`super::chain`].
 pub fn build_data_plane_router(state: AppState) -> PlaneService {
-    let routes = with_fallbacks(service_routes().merge(extra_routes())).with_state(state.clone());
+    // `POST /v1/auth/signup` is a service route (auth); it needs no key (auth::data_plane).
+    let routes = with_fallbacks(extra_routes()).with_state(state.clone());
     PlaneService::new(state, Plane::Data, routes)
 }

@@ -4,7 +4,7 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use super::chain::PlaneService;
-use super::routes::{health, service_routes, with_fallbacks};
+use super::routes::{health, with_fallbacks};
 use crate::plane::Plane;
 use crate::proxy::forward_nats;
 use crate::proxy::service::Service;
@@ -88,6 +88,6 @@ async fn ready(
 /// Builds the management plane's service: service routes plus the management extras, behind
 /// the phases of [`super::chain`].
 pub fn build_management_plane_router(state: AppState) -> PlaneService {
-    let routes = with_fallbacks(service_routes().merge(extra_routes())).with_state(state.clone());
+    let routes = with_fallbacks(extra_routes()).with_state(state.clone());
     PlaneService::new(state, Plane::Management, routes)
 }

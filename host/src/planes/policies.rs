@@ -244,6 +244,6 @@ pub async fn reload(State(state): State<AppState>, headers: http::HeaderMap) -> 
     }
     match crate::reload::reload_and_log(&state, "management API").await {
         Ok(()) => Json(serde_json::json!({ "status": "applied" })).into_response(),
-        Err(reason) => refused(reason).into_response(),
+        Err(error) => error.into_gateway_error().into_response(),
     }
 }

@@ -257,11 +257,25 @@ pub struct PlanePolicies {
     pub db_routing: DbRoutingStage,
 }
 
+/// Why the modules a configuration names by digest could not be fetched.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoredModuleError {
+    /// The configuration names a digest the store does not hold: the configuration is wrong.
+    #[error("{key}.module: {digest} is not in the control store's module store")]
+    Missing { key: String, digest: String },
+    /// The store could not be asked: retrying later may work.
+    #[error("{key}.module: {error}")]
+    Store {
+        key: String,
+        error: crate::control::StoreError,
+    },
+}
+
 /// Fetches the modules a configuration names by digest (`sha256:…`) from the control store.
 pub async fn fetch_stored_modules(
     config: &Config,
     store: &dyn crate::control::ControlStore,
-) -> Result<HashMap<String, Vec<u8>>, String> {
+) -> Result<HashMap<String, Vec<u8>>, StoredModuleError> {
     let mut modules = HashMap::new();
     for (key, stage) in config.stages() {
         let Some(digest) = stage.module_digest() else {
@@ -270,9 +284,13 @@ pub async fn fetch_stored_modules(
         let bytes = store
             .module(digest)
             .await
-            .map_err(|e| format!("{key}.module: {e}"))?
-            .ok_or_else(|| {
-                format!("{key}.module: {digest} is not in the control store's module store")
+            .map_err(|error| StoredModuleError::Store {
+                key: key.to_owned(),
+                error,
+            })?
+            .ok_or_else(|| StoredModuleError::Missing {
+                key: key.to_owned(),
+                digest: digest.to_owned(),
             })?;
         modules.insert(digest.to_owned(), bytes);
     }

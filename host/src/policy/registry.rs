@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 
-use super::stages::{CorsDecision, CorsInput, CorsQuery, QuotaDecision};
+use super::stages::{CorsDecision, CorsInput, QuotaDecision};
 use super::tenants::{TenantCallError, TenantPolicies};
 use super::{PluginError, Policies, PolicyEngine};
 use crate::actor::Actor;
@@ -109,10 +109,7 @@ impl PolicyRegistry {
         input: CorsInput<'_>,
     ) -> Result<CorsDecision, GatewayError> {
         if let (Plane::Data, Some(project)) = (plane, project)
-            && let Some(result) = self
-                .tenants
-                .decide_cors(project, plane, CorsQuery::from(input))
-                .await
+            && let Some(result) = self.tenants.decide_cors(project, plane, input).await
         {
             return result.map_err(|e| self.tenant_call_failed(&e));
         }
@@ -135,13 +132,7 @@ impl PolicyRegistry {
         if let (Plane::Data, Some(project)) = (actor.plane, actor.project.as_deref())
             && let Some(result) = self
                 .tenants
-                .decide_quota(
-                    project,
-                    method.to_owned(),
-                    path.to_owned(),
-                    route_group,
-                    actor.clone(),
-                )
+                .decide_quota(project, method, path, route_group, actor)
                 .await
         {
             return result

@@ -27,7 +27,7 @@ use wasmtime::component::Component;
 use super::compile::{CompileError, CompileReport, Compiler};
 use super::conformance::{self, StageReport};
 use super::isolation::{Busy, TenantPool};
-use super::stages::{CorsDecision, CorsQuery, QuotaDecision};
+use super::stages::{CorsDecision, CorsInput, CorsQuery, QuotaDecision};
 use super::{CorsStage, PluginError, PolicyEngine, QuotaStage, Stage};
 use crate::actor::Actor;
 use crate::config::PluginRuntimeConfig;
@@ -274,9 +274,11 @@ impl TenantPolicies {
         &self,
         project: &str,
         plane: Plane,
-        query: CorsQuery,
+        input: CorsInput<'_>,
     ) -> Option<Result<CorsDecision, TenantCallError>> {
         let (installed, gate) = self.lookup(project, Stage::Cors)?;
+        // Owned only for a project that has a module: the call runs on another thread.
+        let query = CorsQuery::from(input);
         let result = self
             .pool
             .run(&gate, move || match &installed.module {
@@ -294,12 +296,13 @@ impl TenantPolicies {
     pub async fn decide_quota(
         &self,
         project: &str,
-        method: String,
-        path: String,
+        method: &str,
+        path: &str,
         route_group: &'static str,
-        actor: Actor,
+        actor: &Actor,
     ) -> Option<Result<QuotaDecision, TenantCallError>> {
         let (installed, gate) = self.lookup(project, Stage::Quota)?;
+        let (method, path, actor) = (method.to_owned(), path.to_owned(), actor.clone());
         let result = self
             .pool
             .run(&gate, move || match &installed.module {

@@ -74,7 +74,7 @@ pub struct EnvelopeRequest<'a> {
     pub path: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub query: Option<String>,
-    pub headers: Vec<(String, String)>,
+    pub headers: super::headers::EnvelopeHeaders<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
     pub actor: &'a Actor,

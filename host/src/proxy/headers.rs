@@ -78,18 +78,26 @@ pub fn drop_client_headers(headers: &mut HeaderMap) {
     }
 }
 
-/// The `x-aura-*` headers describing the actor, and the client IP, for HTTP backends.
-pub fn identity_headers(actor: &Actor) -> Vec<(&'static str, HeaderValue)> {
-    let mut out = vec![("x-aura-role", HeaderValue::from_static(actor.role.as_str()))];
-    let mut push = |name: &'static str, value: &Option<String>| {
+static X_AURA_ROLE: HeaderName = HeaderName::from_static("x-aura-role");
+static X_AURA_PROJECT: HeaderName = HeaderName::from_static("x-aura-project");
+static X_AURA_USER_ID: HeaderName = HeaderName::from_static("x-aura-user-id");
+static X_AURA_ORG_ROLE: HeaderName = HeaderName::from_static("x-aura-org-role");
+
+/// Sets the `x-aura-*` headers describing the actor, for HTTP backends.
+pub fn set_identity_headers(headers: &mut HeaderMap, actor: &Actor) {
+    headers.insert(
+        X_AURA_ROLE.clone(),
+        HeaderValue::from_static(actor.role.as_str()),
+    );
+    for (name, value) in [
+        (&X_AURA_PROJECT, &actor.project),
+        (&X_AURA_USER_ID, &actor.user_id),
+        (&X_AURA_ORG_ROLE, &actor.org_role),
+    ] {
         if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
-            out.push((name, v));
+            headers.insert(name.clone(), v);
         }
-    };
-    push("x-aura-project", &actor.project);
-    push("x-aura-user-id", &actor.user_id);
-    push("x-aura-org-role", &actor.org_role);
-    out
+    }
 }
 
 fn ip_value(ip: IpAddr) -> HeaderValue {
@@ -101,9 +109,7 @@ fn ip_value(ip: IpAddr) -> HeaderValue {
 pub fn for_http_backend(headers: &mut HeaderMap, actor: &Actor) {
     drop_client_headers(headers);
     headers.remove(header::HOST);
-    for (name, value) in identity_headers(actor) {
-        headers.insert(HeaderName::from_static(name), value);
-    }
+    set_identity_headers(headers, actor);
     if let Some(ip) = actor.client_ip {
         let value = ip_value(ip);
         headers.insert(X_FORWARDED_FOR.clone(), value.clone());
@@ -113,23 +119,62 @@ pub fn for_http_backend(headers: &mut HeaderMap, actor: &Actor) {
 
 /// The request headers as envelope pairs: lower-case names, order kept, client headers
 /// dropped, `x-forwarded-for` set to the client IP. Values that are not UTF-8 are passed
-/// lossily.
-pub fn for_envelope(headers: &HeaderMap, actor: &Actor) -> Vec<(String, String)> {
-    let named = connection_named(headers);
-    let mut out: Vec<(String, String)> = headers
-        .iter()
-        .filter(|(name, _)| !is_dropped(name.as_str(), &named))
-        .map(|(name, value)| {
-            (
-                name.as_str().to_owned(),
-                String::from_utf8_lossy(value.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
-    if let Some(ip) = actor.client_ip {
-        out.push((X_FORWARDED_FOR.as_str().to_owned(), ip.to_string()));
+/// lossily. Serialised straight from the request's header map, without copying it.
+#[derive(Debug)]
+pub struct EnvelopeHeaders<'a> {
+    headers: &'a HeaderMap,
+    named: Vec<String>,
+    client_ip: Option<IpAddr>,
+}
+
+impl<'a> EnvelopeHeaders<'a> {
+    /// The envelope headers of a request with `headers` from `actor`.
+    pub fn new(headers: &'a HeaderMap, actor: &Actor) -> Self {
+        Self {
+            named: connection_named(headers),
+            headers,
+            client_ip: actor.client_ip,
+        }
     }
-    out
+
+    /// The client's headers that are kept, in order.
+    pub fn kept(&self) -> impl Iterator<Item = (&'a str, std::borrow::Cow<'a, str>)> + '_ {
+        self.headers
+            .iter()
+            .filter(|(name, _)| !is_dropped(name.as_str(), &self.named))
+            .map(|(name, value)| (name.as_str(), String::from_utf8_lossy(value.as_bytes())))
+    }
+
+    /// Every pair as it is sent (the kept headers, then the gateway's `x-forwarded-for`).
+    pub fn pairs(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .kept()
+            .map(|(n, v)| (n.to_owned(), v.into_owned()))
+            .collect();
+        if let Some(ip) = self.client_ip {
+            out.push((X_FORWARDED_FOR.as_str().to_owned(), ip.to_string()));
+        }
+        out
+    }
+}
+
+impl serde::Serialize for EnvelopeHeaders<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(None)?;
+        for pair in self.kept() {
+            seq.serialize_element(&pair)?;
+        }
+        if let Some(ip) = self.client_ip {
+            seq.serialize_element(&(X_FORWARDED_FOR.as_str(), ip))?;
+        }
+        seq.end()
+    }
+}
+
+/// The request headers as envelope pairs (see [`EnvelopeHeaders`]).
+pub fn for_envelope(headers: &HeaderMap, actor: &Actor) -> Vec<(String, String)> {
+    EnvelopeHeaders::new(headers, actor).pairs()
 }
 
 #[cfg(test)]

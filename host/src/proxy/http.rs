@@ -152,7 +152,8 @@ impl HttpTransport {
         let mut upstream = http::Request::builder()
             .method(parts.method)
             .uri(uri)
-            .body(if upgrade {
+            .body(if upgrade || http_body::Body::is_end_stream(&body) {
+                // Nothing to send (or, for an upgrade, the bytes go through the tunnel).
                 Body::empty()
             } else {
                 Body::new(IdleBody::new(body, self.idle))

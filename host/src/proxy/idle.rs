@@ -17,12 +17,15 @@ use tokio::time::{Instant, Sleep};
 #[error("stream idle for {0:?}; closed")]
 pub struct IdleTimeout(pub Duration);
 
-/// A body that fails once no frame arrived for `idle`.
+/// A body that fails once no frame arrived for `idle`. The timer is armed only when the body
+/// first has to wait: a body that is ready at once (most small answers) never makes one.
 #[derive(Debug)]
 pub struct IdleBody<B> {
     inner: B,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    timer: Option<Pin<Box<Sleep>>>,
+    /// Whether the timer's deadline counts from the current wait.
+    armed: bool,
 }
 
 impl<B> IdleBody<B> {
@@ -31,7 +34,8 @@ impl<B> IdleBody<B> {
         Self {
             inner,
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
+            timer: None,
+            armed: false,
         }
     }
 }
@@ -51,14 +55,24 @@ where
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let deadline = Instant::now() + this.idle;
-                this.timer.as_mut().reset(deadline);
+                // Traffic: the idle time starts again when the body next has to wait.
+                this.armed = false;
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle))))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                let idle = this.idle;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                if !this.armed {
+                    timer.as_mut().reset(Instant::now() + idle);
+                    this.armed = true;
+                }
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(IdleTimeout(idle))))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 

@@ -33,30 +33,8 @@ pub fn nats_route(service: Service) -> MethodRouter<AppState> {
     )
 }
 
-/// The `/v1/db/*` handler: the db-routing stage decides the transport per request.
-pub fn db_route() -> MethodRouter<AppState> {
-    any(
-        |State(state): State<AppState>, request: Request| async move {
-            route_db(&state, request)
-                .await
-                .unwrap_or_else(IntoResponse::into_response)
-        },
-    )
-}
-
-/// A route handler for a service reached over HTTP (storage, realtime): the path after
-/// `/v1/{service}` is appended to the service's base URL.
-pub fn http_route(service: Service) -> MethodRouter<AppState> {
-    any(
-        move |State(state): State<AppState>, request: Request| async move {
-            forward_http_service(&state, service, request)
-                .await
-                .unwrap_or_else(IntoResponse::into_response)
-        },
-    )
-}
-
-async fn forward_http_service(
+/// Forwards a request of an HTTP service (storage, realtime).
+pub async fn forward_http_service(
     state: &AppState,
     service: Service,
     request: Request,
@@ -100,7 +78,8 @@ async fn forward_http(
         .await
 }
 
-async fn route_db(state: &AppState, request: Request) -> Result<Response, GatewayError> {
+/// The `/v1/db/*` handler: the db-routing stage decides the transport per request.
+pub async fn route_db(state: &AppState, request: Request) -> Result<Response, GatewayError> {
     let cx = route_context(&request)?;
     let actor = cx.actor.clone();
     let project = match &actor.project {
@@ -224,7 +203,7 @@ pub async fn forward_nats(
         method: parts.method.as_str(),
         path: parts.uri.path(),
         query: query_without_apikey(parts.uri.query()),
-        headers: headers::for_envelope(&parts.headers, actor),
+        headers: headers::EnvelopeHeaders::new(&parts.headers, actor),
         body: EnvelopeRequest::encode_body(&body),
         actor,
         deadline_ms: 0,
@@ -242,18 +221,12 @@ pub async fn forward_nats(
     match &result {
         Ok(reply) if self::http::is_failure_status(reply.status) => probe.record_failure(),
         Ok(_) => probe.record_success(),
-        // Delivery unknown (timeout) or the request's own fault: the probe goes back.
-        Err(e)
-            if matches!(
-                e.code,
-                "upstream_timeout" | "payload_too_large" | "internal_error"
-            ) =>
-        {
-            drop(probe)
-        }
-        Err(_) => probe.record_failure(),
+        Err(e) if e.counts_against_the_service() => probe.record_failure(),
+        // Delivery unknown (timeout), the request's or the gateway's own fault: the probe goes
+        // back unconsumed.
+        Err(_) => drop(probe),
     }
-    let reply = result?;
+    let reply = result.map_err(|e| e.into_gateway_error(service))?;
     let mut response = Response::new(Body::from(reply.body));
     *response.status_mut() = reply.status;
     *response.headers_mut() = reply.headers;

@@ -18,6 +18,69 @@ use super::service::Service;
 use crate::config::NatsConfig;
 use crate::error::GatewayError;
 
+/// Why a NATS request got no usable reply. What the service's breaker makes of it follows from
+/// the kind ([`NatsError::counts_against_the_service`]), not from an error code.
+#[derive(Debug)]
+pub enum NatsError {
+    /// The connection is down: nothing was sent.
+    Disconnected,
+    /// No responders after the replays: the service is not there.
+    NoResponders,
+    /// No reply within the budget: delivery unknown, the request may be running.
+    Timeout,
+    /// The request is too large for the server: the caller's fault.
+    TooLarge(String),
+    /// The reply is not an envelope of the contract's shape.
+    BadReply(GatewayError),
+    /// The request failed in the client in another way.
+    Failed(String),
+    /// The gateway's own fault (encoding, subject).
+    Internal(String),
+}
+
+impl NatsError {
+    /// Whether the failure is the service's (a breaker failure); `false` when it says nothing
+    /// about the service — a timeout (delivery unknown), the caller's or the gateway's fault —
+    /// and the breaker's probe goes back unconsumed.
+    pub fn counts_against_the_service(&self) -> bool {
+        match self {
+            NatsError::Disconnected
+            | NatsError::NoResponders
+            | NatsError::BadReply(_)
+            | NatsError::Failed(_) => true,
+            NatsError::Timeout | NatsError::TooLarge(_) | NatsError::Internal(_) => false,
+        }
+    }
+
+    /// The answer to the client.
+    pub fn into_gateway_error(self, service: Service) -> GatewayError {
+        let name = service.name();
+        match self {
+            NatsError::Disconnected => GatewayError::unavailable(
+                "backend_unavailable",
+                format!("the {name} service cannot be reached (NATS connection down)"),
+            )
+            .retry_after(Duration::from_secs(1)),
+            NatsError::NoResponders => GatewayError::unavailable(
+                "no_responders",
+                format!("no {name} service instance is available"),
+            )
+            .retry_after(Duration::from_secs(1)),
+            NatsError::Timeout => GatewayError::timeout(
+                "upstream_timeout",
+                format!("the {name} service did not answer within the route's budget"),
+            ),
+            NatsError::TooLarge(message) => GatewayError::payload_too_large(message),
+            NatsError::BadReply(error) => error,
+            NatsError::Failed(reason) => GatewayError::bad_gateway(
+                "backend_error",
+                format!("the request to the {name} service failed: {reason}"),
+            ),
+            NatsError::Internal(message) => GatewayError::internal(message),
+        }
+    }
+}
+
 /// The NATS transport shared by every NATS route.
 #[derive(Debug, Clone)]
 pub struct NatsTransport {
@@ -81,16 +144,9 @@ impl NatsTransport {
         service: Service,
         envelope: &mut EnvelopeRequest<'_>,
         deadline: Instant,
-    ) -> Result<Reply, GatewayError> {
+    ) -> Result<Reply, NatsError> {
         if !self.is_connected() {
-            return Err(GatewayError::unavailable(
-                "backend_unavailable",
-                format!(
-                    "the {} service cannot be reached (NATS connection down)",
-                    service.name()
-                ),
-            )
-            .retry_after(Duration::from_secs(1)));
+            return Err(NatsError::Disconnected);
         }
         let subject = self.subject(service);
         let max_payload = self.client.server_info().max_payload;
@@ -101,15 +157,15 @@ impl NatsTransport {
                 .checked_duration_since(now)
                 .filter(|d| !d.is_zero())
             else {
-                return Err(timeout(service));
+                return Err(NatsError::Timeout);
             };
             envelope.deadline_ms = left.as_millis() as u64;
             let payload = Bytes::from(
                 serde_json::to_vec(&*envelope)
-                    .map_err(|e| GatewayError::internal(format!("envelope encoding: {e}")))?,
+                    .map_err(|e| NatsError::Internal(format!("envelope encoding: {e}")))?,
             );
             if max_payload > 0 && payload.len() > max_payload {
-                return Err(GatewayError::payload_too_large(format!(
+                return Err(NatsError::TooLarge(format!(
                     "the request is too large for the {} service ({} bytes encoded, at most {max_payload})",
                     service.name(),
                     payload.len()
@@ -124,16 +180,14 @@ impl NatsTransport {
             )
             .await;
             match sent {
-                Err(_) => return Err(timeout(service)),
-                Ok(Ok(message)) => return parse_reply(&message.payload),
+                Err(_) => return Err(NatsError::Timeout),
+                Ok(Ok(message)) => {
+                    return parse_reply(&message.payload).map_err(NatsError::BadReply);
+                }
                 Ok(Err(e)) => match e.kind() {
                     RequestErrorKind::NoResponders => {
                         if attempt >= self.retries {
-                            return Err(GatewayError::unavailable(
-                                "no_responders",
-                                format!("no {} service instance is available", service.name()),
-                            )
-                            .retry_after(Duration::from_secs(1)));
+                            return Err(NatsError::NoResponders);
                         }
                         // Proof of non-delivery: safe to replay, after a backoff that stays
                         // inside the deadline.
@@ -145,39 +199,24 @@ impl NatsTransport {
                             "no responders; replaying"
                         );
                         if Instant::now() + wait >= deadline {
-                            return Err(timeout(service));
+                            return Err(NatsError::Timeout);
                         }
                         tokio::time::sleep(wait).await;
                     }
                     // Delivery unknown: the request may be running; never replay.
-                    RequestErrorKind::TimedOut => return Err(timeout(service)),
+                    RequestErrorKind::TimedOut => return Err(NatsError::Timeout),
                     RequestErrorKind::MaxPayloadExceeded => {
-                        return Err(GatewayError::payload_too_large(format!(
+                        return Err(NatsError::TooLarge(format!(
                             "the request is too large for the {} service",
                             service.name()
                         )));
                     }
                     RequestErrorKind::InvalidSubject => {
-                        return Err(GatewayError::internal(format!("invalid subject {subject}")));
+                        return Err(NatsError::Internal(format!("invalid subject {subject}")));
                     }
-                    RequestErrorKind::Other => {
-                        return Err(GatewayError::bad_gateway(
-                            "backend_error",
-                            format!("the request to the {} service failed: {e}", service.name()),
-                        ));
-                    }
+                    RequestErrorKind::Other => return Err(NatsError::Failed(e.to_string())),
                 },
             }
         }
     }
-}
-
-fn timeout(service: Service) -> GatewayError {
-    GatewayError::timeout(
-        "upstream_timeout",
-        format!(
-            "the {} service did not answer within the route's budget",
-            service.name()
-        ),
-    )
 }

@@ -100,6 +100,9 @@ type Direct<C> = RateLimiter<NotKeyed, InMemoryState, C, StateInformationMiddlew
 struct Bucket<C: Clock> {
     limiter: Direct<C>,
     idle: Duration,
+    /// The figures the limiter was made with: a rule with other figures gets a new bucket.
+    rate: u32,
+    burst: u32,
 }
 
 struct IdleExpiry;
@@ -174,18 +177,26 @@ where
 
     /// Takes `rule.cost` tokens from `rule.bucket` (a cost above the burst is taken as the burst).
     pub fn check(&self, rule: &Rule) -> Decision {
-        let key = format!("{}|{}|{}", rule.bucket, rule.rate_per_second, rule.burst);
-        let bucket = self.buckets.get_with(key, || {
-            let refill = f64::from(rule.burst) / f64::from(rule.rate_per_second.max(1));
-            Arc::new(Bucket {
-                limiter: RateLimiter::direct_with_clock(
-                    quota(rule.rate_per_second, rule.burst),
-                    self.clock.clone(),
-                )
-                .with_middleware::<StateInformationMiddleware>(),
-                idle: Duration::from_secs_f64(refill + 1.0).min(self.max_idle),
-            })
-        });
+        // Looked up by the name as it is (no key built per request); a bucket whose rule changed
+        // figures starts afresh.
+        let bucket = match self.buckets.get(rule.bucket.as_str()) {
+            Some(b) if b.rate == rule.rate_per_second && b.burst == rule.burst => b,
+            _ => {
+                let refill = f64::from(rule.burst) / f64::from(rule.rate_per_second.max(1));
+                let b = Arc::new(Bucket {
+                    limiter: RateLimiter::direct_with_clock(
+                        quota(rule.rate_per_second, rule.burst),
+                        self.clock.clone(),
+                    )
+                    .with_middleware::<StateInformationMiddleware>(),
+                    idle: Duration::from_secs_f64(refill + 1.0).min(self.max_idle),
+                    rate: rule.rate_per_second,
+                    burst: rule.burst,
+                });
+                self.buckets.insert(rule.bucket.clone(), b.clone());
+                b
+            }
+        };
         let cost = NonZeroU32::new(rule.cost.clamp(1, rule.burst.max(1))).expect("at least 1");
         match bucket.limiter.check_n(cost) {
             Ok(Ok(snapshot)) => {
