@@ -48,6 +48,7 @@ fn main() {
         workspace.join("Cargo.lock").display()
     );
 
+    git_revision(&workspace);
     ensure_target();
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut cmd = Command::new(cargo);
@@ -127,4 +128,34 @@ fn ensure_target() {
 fn copy(from: &Path, to: &Path) {
     std::fs::copy(from, to)
         .unwrap_or_else(|e| panic!("copy {} to {}: {e}", from.display(), to.display()));
+}
+
+/// `BUILD_GIT_REVISION` (not `AURA_…`: cargo also sets it when running tests, where the
+/// configuration would read it) for `/v1/admin/status`: the commit the binary is built from, when built
+/// in a git checkout (rebuilt when the checked-out commit changes).
+fn git_revision(workspace: &Path) {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(workspace)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let Some(revision) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return;
+    };
+    println!("cargo:rustc-env=BUILD_GIT_REVISION={revision}");
+    // Only files that exist: a missing one would rerun this script on every build.
+    let mut watched = vec![".git/HEAD".to_owned(), ".git/packed-refs".to_owned()];
+    if let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watched.push(format!(".git/{reference}"));
+    }
+    for path in watched {
+        let path = workspace.join(path);
+        if path.is_file() {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    }
 }

@@ -6,6 +6,10 @@
 //!
 //! `bench_peers nats URL SUBJECT`: a NATS responder answering every envelope on SUBJECT with
 //! the same 13-byte `200` reply.
+//!
+//! `bench_peers proxy ADDR UPSTREAM`: the floor of the gateway's stack, a bare reverse proxy
+//! with nothing of the gateway in it: hyper's server, hyper-util's pooled client (as the
+//! gateway's HTTP route uses them), on a multi-thread runtime sized like the gateway's.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -87,6 +91,53 @@ async fn http(addr: SocketAddr) -> anyhow::Result<()> {
     }
 }
 
+async fn proxy(addr: SocketAddr, upstream: &str) -> anyhow::Result<()> {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    let upstream: http::Uri = upstream.parse()?;
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<HttpConnector, Incoming> =
+        Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_max_idle_per_host(64)
+            .build(connector);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let client = client.clone();
+        let upstream = upstream.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let client = client.clone();
+                let upstream = upstream.clone();
+                async move {
+                    let (mut parts, body) = request.into_parts();
+                    let mut uri = upstream.into_parts();
+                    uri.path_and_query = parts.uri.path_and_query().cloned();
+                    parts.uri = http::Uri::from_parts(uri).expect("uri");
+                    parts.headers.remove(http::header::HOST);
+                    match client.request(Request::from_parts(parts, body)).await {
+                        Ok(response) => Ok::<_, Infallible>(response.map(BodyExt::boxed_unsync)),
+                        Err(_) => Ok(Response::builder()
+                            .status(502)
+                            .body(
+                                Full::new(Bytes::new())
+                                    .map_err(|never| match never {})
+                                    .boxed_unsync(),
+                            )
+                            .expect("response")),
+                    }
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
 async fn nats(url: &str, subject: &str) -> anyhow::Result<()> {
     use base64::Engine as _;
     let client = async_nats::connect(url).await?;
@@ -121,6 +172,13 @@ fn main() -> anyhow::Result<()> {
     {
         ["http", addr] => runtime.block_on(http(addr.parse()?)),
         ["nats", url, subject] => runtime.block_on(nats(url, subject)),
-        _ => anyhow::bail!("usage: bench_peers http ADDR | bench_peers nats URL SUBJECT"),
+        ["proxy", addr, upstream] => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(proxy(addr.parse()?, upstream)),
+        _ => anyhow::bail!(
+            "usage: bench_peers http ADDR | bench_peers nats URL SUBJECT | \
+             bench_peers proxy ADDR UPSTREAM"
+        ),
     }
 }

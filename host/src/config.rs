@@ -52,6 +52,8 @@ pub struct Config {
     pub data_plane: DataPlaneConfig,
     /// Management-plane settings.
     pub management_plane: ManagementPlaneConfig,
+    /// Introspection routes (`/v1/admin/*`).
+    pub admin: AdminConfig,
 }
 
 impl Default for Config {
@@ -74,6 +76,7 @@ impl Default for Config {
             rate_limit: RateLimitConfig::default(),
             data_plane: DataPlaneConfig::default(),
             management_plane: ManagementPlaneConfig::default(),
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -94,6 +97,10 @@ pub struct ServerConfig {
     pub max_in_flight: usize,
     /// On SIGINT/SIGTERM, how long in-flight requests may take to finish, in seconds.
     pub shutdown_grace_secs: u64,
+    /// On SIGTERM, how long the instance keeps serving while `/ready` answers `503`, before
+    /// the listeners stop accepting (so that load balancers stop sending first), in seconds.
+    /// SIGINT does not wait.
+    pub drain_delay_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -104,6 +111,7 @@ impl Default for ServerConfig {
             max_connections: 20_000,
             max_in_flight: 10_000,
             shutdown_grace_secs: 30,
+            drain_delay_secs: 0,
         }
     }
 }
@@ -760,6 +768,73 @@ pub struct ManagementPlaneConfig {
     pub plugins: ManagementPlaneStages,
 }
 
+/// Introspection routes of the management plane (`/v1/admin/*`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Bearer token of `/v1/admin/*` (at least 16 characters). Without it,
+    /// `plugins.admin_token` guards them; without either, the routes do not exist.
+    pub token: Option<String>,
+}
+
+/// What replaces a secret in [`Config::redacted`].
+pub const REDACTED: &str = "[redacted]";
+
+/// Whether a configuration key holds a secret (by its name, wherever it is: plugin
+/// configurations included).
+fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [
+        "secret",
+        "token",
+        "password",
+        "passwd",
+        "credentials",
+        "private_key",
+    ]
+    .iter()
+    .any(|s| key == *s || key.ends_with(&format!("_{s}")) || key.starts_with(&format!("{s}_")))
+}
+
+/// A URL with its password (or a user that is a token) replaced.
+fn redact_url(value: &str) -> Option<String> {
+    let (scheme, rest) = value.split_once("://")?;
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let (userinfo, host) = authority.rsplit_once('@')?;
+    let user = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:{REDACTED}"),
+        None => REDACTED.to_owned(),
+    };
+    Some(format!("{scheme}://{user}@{host}{path}"))
+}
+
+fn redact(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                if is_secret_key(key) && !v.is_null() {
+                    *v = serde_json::Value::String(REDACTED.to_owned());
+                } else {
+                    redact(v);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact),
+        // Comma-separated URL lists (`nats.url`) too.
+        serde_json::Value::String(s) if s.contains("://") && s.contains('@') => {
+            *s = s
+                .split(',')
+                .map(|part| redact_url(part.trim()).unwrap_or_else(|| part.trim().to_owned()))
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+        _ => {}
+    }
+}
+
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]
 #[error("configuration error: {key}: {problem}")]
@@ -814,6 +889,23 @@ impl Config {
         Ok(config)
     }
 
+    /// SHA-256 of the effective configuration (hex): equal on two instances when they run the
+    /// same configuration.
+    pub fn digest(&self) -> String {
+        use sha2::Digest as _;
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        hex::encode(sha2::Sha256::digest(&bytes))
+    }
+
+    /// The effective configuration as JSON, every secret replaced by [`REDACTED`]: values under
+    /// a key named like a secret (`*_secret`, `*token`, `*password`…, plugin configurations
+    /// included) and passwords in URLs (`redis://user:pw@host`).
+    pub fn redacted(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        redact(&mut value);
+        value
+    }
+
     /// Checks every value that the types alone cannot. `base` resolves relative module paths.
     pub fn validate(&self, base: Option<&Path>) -> Result<(), ConfigError> {
         if self.host.parse::<IpAddr>().is_err() {
@@ -846,6 +938,12 @@ impl Config {
         }
         if s.max_in_flight == 0 {
             return Err(problem("server.max_in_flight", "must be at least 1"));
+        }
+        if s.drain_delay_secs > 3_600 {
+            return Err(problem(
+                "server.drain_delay_secs",
+                "must be at most 3600 (an hour)",
+            ));
         }
         if self.timeouts.default_ms == 0 {
             return Err(problem("timeouts.default_ms", "must be at least 1"));
@@ -897,10 +995,16 @@ impl Config {
         {
             return Err(problem("metrics.token", "must be at least 16 characters"));
         }
-        // Both are presented as `Authorization: Bearer <token>`, which only carries a token68.
+        if let Some(token) = &self.admin.token
+            && token.len() < 16
+        {
+            return Err(problem("admin.token", "must be at least 16 characters"));
+        }
+        // All are presented as `Authorization: Bearer <token>`, which only carries a token68.
         for (key, token) in [
             ("metrics.token", &self.metrics.token),
             ("plugins.admin_token", &self.plugins.admin_token),
+            ("admin.token", &self.admin.token),
         ] {
             if let Some(token) = token
                 && !is_token68(token)
@@ -1351,5 +1455,56 @@ mod tests {
         let e = load("[auth]\nstale_if_error_secs = 31\n", &[]).expect_err("past 30 s");
         assert_eq!(e.key, "auth.stale_if_error_secs");
         assert!(load("[auth]\nstale_if_error_secs = 30\n", &[]).is_ok());
+    }
+
+    #[test]
+    fn secrets_are_redacted_wherever_they_are() {
+        let mut config = Config::default();
+        config.metrics.token = Some("metrics-token-0123456789".into());
+        config.admin.token = Some("admin-token-0123456789".into());
+        config.auth.user_jwt.hs256_secret = Some("user-secret-0123456789abcdef0123456789".into());
+        config.control.database_url = Some("postgres://aura:pg-password@db:5432/aura".into());
+        config.rate_limit.redis_url = Some("redis://:redis-password@cache:6379/0".into());
+        config.nats.url = "nats://a:4222, nats://user:nats-password@b:4222".into();
+        config.data_plane.plugins.cors.config =
+            serde_json::json!({ "allow": ["*"], "upstream_token": "plugin-token" });
+        let text = serde_json::to_string(&config.redacted()).expect("json");
+        for secret in [
+            "metrics-token-0123456789",
+            "admin-token-0123456789",
+            "user-secret-0123456789",
+            "pg-password",
+            "redis-password",
+            "nats-password",
+            "plugin-token",
+        ] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        let value = config.redacted();
+        assert_eq!(
+            value["control"]["database_url"],
+            "postgres://aura:[redacted]@db:5432/aura"
+        );
+        assert_eq!(
+            value["rate_limit"]["redis_url"],
+            "redis://:[redacted]@cache:6379/0"
+        );
+        assert_eq!(
+            value["nats"]["url"],
+            "nats://a:4222,nats://user:[redacted]@b:4222"
+        );
+        assert_eq!(
+            value["data_plane"]["plugins"]["cors"]["config"]["allow"][0],
+            "*"
+        );
+        // Not secrets: names that merely contain a secret word.
+        assert_eq!(value["auth"]["key_cache_ttl_secs"], 30);
+        assert_eq!(value["metrics"]["token"], REDACTED);
+        // Unset secrets stay null.
+        assert!(value["plugins"]["admin_token"].is_null());
+        assert_eq!(config.digest(), Config { ..config.clone() }.digest());
+        let mut other = config.clone();
+        other.port += 1;
+        assert_ne!(config.digest(), other.digest());
     }
 }

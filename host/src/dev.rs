@@ -331,7 +331,8 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
     println!("Ctrl-C stops the gateway and what it started.");
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
-    let result = server::serve(state, data, management, server::shutdown_signal()).await;
+    let drain = server::drain_on_signal(state.clone());
+    let result = server::serve(state, data, management, drain).await;
     drop(nats);
     let _ = std::fs::remove_dir_all(&dir);
     result

@@ -21,6 +21,7 @@ pub mod planes;
 pub mod policy;
 pub mod proxy;
 pub mod ratelimit;
+pub mod readiness;
 pub mod reload;
 pub mod route_group;
 pub mod server;

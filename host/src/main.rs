@@ -191,7 +191,8 @@ async fn serve(path: Option<PathBuf>, config: Config) -> anyhow::Result<()> {
     }
     aura_gateway::reload::spawn_triggers(&state);
     let (data, management) = server::bind(&config).await?;
-    server::serve(state, data, management, server::shutdown_signal()).await
+    let drain = server::drain_on_signal(state.clone());
+    server::serve(state, data, management, drain).await
 }
 
 fn dev_config(path: Option<PathBuf>, port: u16, management_port: u16) -> anyhow::Result<Config> {

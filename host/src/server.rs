@@ -186,8 +186,32 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await.map(|_| ());
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+/// The signal that asked the gateway to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopSignal {
+    /// SIGINT (Ctrl-C): stop accepting at once.
+    Interrupt,
+    /// SIGTERM (an orchestrator): drain first (`server.drain_delay_secs`).
+    Terminate,
+}
+
+/// Resolves on SIGINT or SIGTERM, marks the instance as draining (`/ready` answers `503`), and
+/// on SIGTERM keeps serving for `server.drain_delay_secs` before the listeners stop accepting.
+pub async fn drain_on_signal(state: AppState) {
+    let signal = shutdown_signal().await;
+    state.readiness.start_draining();
+    let delay = Duration::from_secs(state.config.server.drain_delay_secs);
+    if signal == StopSignal::Terminate && !delay.is_zero() {
+        tracing::info!(
+            delay_secs = delay.as_secs(),
+            "draining: /ready answers 503 while requests are still served"
+        );
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM, with which one arrived.
+pub async fn shutdown_signal() -> StopSignal {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -203,7 +227,13 @@ pub async fn shutdown_signal() {
     #[cfg(not(unix))]
     let terminate = std::future::pending::<()>();
     tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received"),
-        _ = terminate => tracing::info!("SIGTERM received"),
+        _ = ctrl_c => {
+            tracing::info!("SIGINT received");
+            StopSignal::Interrupt
+        }
+        _ = terminate => {
+            tracing::info!("SIGTERM received");
+            StopSignal::Terminate
+        }
     }
 }

@@ -48,6 +48,10 @@ pub struct StateInner {
     pub ip_limits: [Arc<IpLimiter>; 2],
     /// Per-actor quotas.
     pub quotas: Arc<QuotaLimiter>,
+    /// What `/ready` answers from.
+    pub readiness: crate::readiness::Readiness,
+    /// When this instance started (`/v1/admin/status`).
+    pub started_at: std::time::SystemTime,
 }
 
 /// One breaker per service and a table of breakers per dedicated PostgREST target.
@@ -137,6 +141,8 @@ impl AppState {
             http: HttpTransport::new(&config_upstreams),
             breakers: Breakers::new(&config_breaker),
             auth,
+            readiness: crate::readiness::Readiness::default(),
+            started_at: std::time::SystemTime::now(),
         }));
         state.spawn_tenant_refresh();
         state.spawn_module_gc();
@@ -152,7 +158,10 @@ impl AppState {
             loop {
                 let Some(inner) = weak.upgrade() else { break };
                 let state = AppState(inner);
-                state.policies.tenants.refresh(&state.auth.store).await;
+                if state.policies.tenants.refresh(&state.auth.store).await {
+                    state.readiness.store_answered();
+                    state.readiness.tenant_modules_loaded();
+                }
                 drop(state);
                 tokio::time::sleep(every).await;
             }

@@ -28,6 +28,24 @@ pub struct TelemetryGuard {
 static DROPPED: std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter> =
     std::sync::OnceLock::new();
 
+/// The filter in force, replaceable at run time (`PUT /v1/admin/log-level`).
+static FILTER: std::sync::OnceLock<
+    tracing_subscriber::reload::Handle<EnvFilter, tracing_subscriber::Registry>,
+> = std::sync::OnceLock::new();
+
+/// Replaces the log filter (`log.level` syntax) until the process ends.
+pub fn set_level(level: &str) -> Result<(), String> {
+    let filter = EnvFilter::builder()
+        .parse(level)
+        .map_err(|e| format!("not a valid filter: {e}"))?;
+    let handle = FILTER
+        .get()
+        .ok_or_else(|| "this process has no log filter to change".to_owned())?;
+    handle
+        .reload(filter)
+        .map_err(|e| format!("the filter could not be changed: {e}"))
+}
+
 /// How many log lines were dropped so far.
 pub fn dropped_log_lines() -> u64 {
     DROPPED.get().map_or(0, |c| c.dropped_lines() as u64)
@@ -78,6 +96,8 @@ pub fn init(log: &LogConfig, tracing_config: &TracingConfig) -> anyhow::Result<T
         .thread_name("aura-log")
         .finish(std::io::stderr());
     let _ = DROPPED.set(writer.error_counter());
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let _ = FILTER.set(handle);
     let registry = tracing_subscriber::registry().with(filter).with(otel);
     let _ = match log.format {
         LogFormat::Text => registry

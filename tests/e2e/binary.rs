@@ -215,14 +215,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
     let in_flight =
         tokio::spawn(async move { crate::support::gateway::client().get(url).send().await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let pid = gw.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    crate::support::gateway::terminate(&gw.child);
     let response = in_flight
         .await
         .expect("task")
@@ -446,14 +439,7 @@ async fn dev_prints_requests_that_work_exactly_as_printed() {
             assert_eq!(out, "200", "{command}");
         }
     }
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    crate::support::gateway::terminate(&child);
     let status = tokio::task::spawn_blocking(move || child.wait())
         .await
         .expect("join")
@@ -488,14 +474,7 @@ async fn spans_are_exported_over_otlp_with_the_request_id() {
     let mut gw = Process::serve(&path, dir.path());
     let r = reqwest::get(gw.data_url("/health")).await.expect("health");
     let id = r.headers()["x-request-id"].to_str().expect("id").to_owned();
-    let pid = gw.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    crate::support::gateway::terminate(&gw.child);
     let status = tokio::task::spawn_blocking(move || gw.child.wait())
         .await
         .expect("join")

@@ -775,13 +775,8 @@ async fn a_module_refused_at_refresh_is_compiled_once_not_every_refresh() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
     let module = wasm::slow_to_compile();
-    let digest = aura_gateway::policy::tenants::digest_of(&module);
-    std::fs::create_dir_all(dir.path().join("modules")).expect("dir");
-    std::fs::write(dir.path().join(format!("modules/{digest}.wasm")), &module).expect("module");
     // Written into the store directly, as another instance with other limits could have.
-    let record = format!(
-        "[[project_policies]]\nproject_ref = \"alpha\"\nstage = \"cors\"\ndigest = \"{digest}\"\nconfig = \"{{}}\"\n"
-    );
+    let record = crate::support::gateway::stored_cors_module(dir.path(), "alpha", &module);
     let config = binary_config(
         dir.path(),
         &fx,

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod admin;
 mod backends;
 mod binary;
 mod chain;
@@ -19,5 +20,6 @@ mod nats;
 mod operability;
 mod plugins;
 mod ratelimit;
+mod readiness;
 mod tenants;
 mod timeouts;

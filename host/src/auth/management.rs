@@ -42,7 +42,12 @@ const SERVICE_PREFIXES: &[&str] = &[
 /// The scope of a path.
 pub fn scope_of(path: &str) -> Scope {
     // `/v1/policies/reload` has its own guard (the admin token).
-    if path == "/health" || path == "/ready" || path == "/v1/policies/reload" {
+    // `/v1/admin/*` too.
+    if path == "/health"
+        || path == "/ready"
+        || path == "/v1/policies/reload"
+        || path.starts_with("/v1/admin/")
+    {
         return Scope::Public;
     }
     if let Some(rest) = path.strip_prefix("/v1/organizations/") {

@@ -69,6 +69,20 @@ struct Inner {
     state: State,
     /// Bumped on every transition: outcomes of calls admitted in an earlier state are ignored.
     generation: u64,
+    /// When the state last changed (`None`: closed since it was created).
+    changed_at: Option<std::time::SystemTime>,
+}
+
+/// What a breaker looks like now (`/v1/admin/breakers`).
+#[derive(Debug, Clone)]
+pub struct BreakerSnapshot {
+    /// Service name, or `postgrest:<target>`.
+    pub name: String,
+    pub state: BreakerState,
+    /// Consecutive failures counted while closed (0 otherwise).
+    pub failures: u32,
+    /// When the state last changed; `None` when closed since it was created.
+    pub changed_at: Option<std::time::SystemTime>,
 }
 
 /// One breaker.
@@ -106,6 +120,7 @@ impl CircuitBreaker {
             inner: Mutex::new(Inner {
                 state: State::Closed { failures: 0 },
                 generation: 0,
+                changed_at: None,
             }),
         })
     }
@@ -132,6 +147,21 @@ impl CircuitBreaker {
         }
     }
 
+    /// The breaker's name, state, failures and last change.
+    pub fn snapshot(&self) -> BreakerSnapshot {
+        let state = self.state();
+        let inner = self.lock();
+        BreakerSnapshot {
+            name: self.name.clone(),
+            state,
+            failures: match inner.state {
+                State::Closed { failures } => failures,
+                _ => 0,
+            },
+            changed_at: inner.changed_at,
+        }
+    }
+
     /// Whether a half-open probe is out.
     pub fn has_probe_in_flight(&self) -> bool {
         matches!(self.lock().state, State::HalfOpen { in_flight } if in_flight > 0)
@@ -149,6 +179,7 @@ impl CircuitBreaker {
             }
             inner.state = State::HalfOpen { in_flight: 0 };
             inner.generation += 1;
+            inner.changed_at = Some(std::time::SystemTime::now());
         }
         let generation = inner.generation;
         match &mut inner.state {
@@ -219,6 +250,7 @@ impl CircuitBreaker {
             }
             inner.state = next;
             inner.generation += 1;
+            inner.changed_at = Some(std::time::SystemTime::now());
         }
     }
 }

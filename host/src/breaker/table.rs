@@ -97,6 +97,11 @@ impl BreakerTable {
             .collect()
     }
 
+    /// Every breaker held, as it is now.
+    pub fn snapshots(&self) -> Vec<super::BreakerSnapshot> {
+        self.lock().values().map(|e| e.breaker.snapshot()).collect()
+    }
+
     /// Entries held.
     pub fn len(&self) -> usize {
         self.lock().len()

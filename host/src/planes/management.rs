@@ -43,6 +43,7 @@ fn extra_routes() -> Router<AppState> {
             to!(get, Service::Control),
         )
         .route("/v1/policies/reload", post(super::policies::reload))
+        .merge(super::admin::routes())
         .route(
             "/v1/projects/{project_ref}/policies/{stage}",
             axum::routing::put(super::policies::put)
@@ -51,17 +52,19 @@ fn extra_routes() -> Router<AppState> {
         )
 }
 
-/// `GET /ready`: which dependencies are up. 503 while a required one (NATS, the control store)
-/// is down; Redis is reported but not required (quotas fall back to local limits).
+/// `GET /ready`: whether this instance should get traffic ([`crate::readiness`]). `503` until
+/// the control store answered once, NATS is connected and every project's modules are loaded,
+/// and from SIGTERM on (the drain delay). Redis is reported but not required (quotas fall back
+/// to local limits); a store outage after the first answer is reported but not required either.
 async fn ready(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let nats = state.nats.is_connected();
-    let store = matches!(
+    let store_up = matches!(
         tokio::time::timeout(std::time::Duration::from_secs(1), state.auth.store.ping()).await,
         Ok(Ok(()))
     );
+    let report = state.readiness.report(store_up, state.nats.is_connected());
     let redis = match state.quotas.redis_up().await {
         None => "not_configured",
         Some(true) => "up",
@@ -69,19 +72,29 @@ async fn ready(
     };
     let up = |ok: bool| if ok { "up" } else { "down" };
     let checks = serde_json::json!({
-        "nats": up(nats),
-        "control_store": up(store),
+        "nats": up(report.nats_up),
+        "control_store": up(report.store_up),
         "redis": redis,
+        "tenant_modules": if report.tenant_modules_loaded { "loaded" } else { "loading" },
+        "draining": report.draining,
     });
-    if nats && store {
-        axum::Json(serde_json::json!({ "status": "ready", "checks": checks })).into_response()
-    } else {
-        let body = serde_json::json!({
-            "error": { "code": "not_ready", "message": "a required dependency is down" },
-            "status": "not_ready",
-            "checks": checks,
-        });
-        (http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+    match report.reason() {
+        None => {
+            axum::Json(serde_json::json!({ "status": "ready", "checks": checks })).into_response()
+        }
+        Some(reason) => {
+            let code = if report.draining {
+                "draining"
+            } else {
+                "not_ready"
+            };
+            let body = serde_json::json!({
+                "error": { "code": code, "message": reason },
+                "status": code,
+                "checks": checks,
+            });
+            (http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! ([`data`], [`management`]), and the request path both share: one service per plane running
 //! the phases in order ([`chain`]).
 
+pub mod admin;
 pub mod chain;
 pub mod data;
 pub mod management;

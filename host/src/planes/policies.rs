@@ -228,19 +228,10 @@ pub async fn delete(State(state): State<AppState>, path: PolicyPath) -> Response
 /// `POST /v1/policies/reload`: reloads the plugin sections of the config file, like SIGHUP.
 /// Guarded by `plugins.admin_token`; without one the route does not exist.
 pub async fn reload(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
-    let Some(token) = state.config.plugins.admin_token.as_deref() else {
-        return GatewayError::not_found("no route for this path").into_response();
-    };
-    let presented = crate::auth::bearer::bearer(&headers)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    if !crate::phases::metrics_auth::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-        return GatewayError::unauthorized(
-            "invalid_admin_token",
-            "a valid admin bearer token is required",
-        )
-        .into_response();
+    if let Err(error) =
+        super::admin::check_token(state.config.plugins.admin_token.as_deref(), &headers)
+    {
+        return error.into_response();
     }
     match crate::reload::reload_and_log(&state, "management API").await {
         Ok(()) => Json(serde_json::json!({ "status": "applied" })).into_response(),

@@ -22,8 +22,17 @@ use super::{FailureKind, PluginError, Stage};
 use crate::config::{InstanceReuse, PluginRuntimeConfig};
 use crate::plane::Plane;
 
-/// Resolution of the epoch ticker: deadlines are enforced to within about this much.
-const EPOCH_TICK: Duration = Duration::from_millis(1);
+/// The period of the epoch ticker for a call deadline: a quarter of the deadline, between 1 and
+/// 10 ms. A call is stopped between its deadline and one tick later; the ticker wakes only as
+/// often as that precision needs (each wake-up costs the request workers a context switch).
+fn epoch_tick(call_deadline_ms: u64) -> Duration {
+    Duration::from_millis((call_deadline_ms / 4).clamp(1, 10))
+}
+
+fn deadline_ticks(call_deadline_ms: u64) -> u64 {
+    let tick = epoch_tick(call_deadline_ms).as_millis() as u64;
+    call_deadline_ms.div_ceil(tick) + 1
+}
 
 /// Per-store data of a plugin instance.
 #[derive(Debug)]
@@ -55,11 +64,12 @@ impl PolicyEngine {
         let ticker = {
             let engine = engine.clone();
             let stop = ticker_stop.clone();
+            let tick = epoch_tick(settings.call_deadline_ms);
             std::thread::Builder::new()
                 .name("aura-epoch".into())
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(EPOCH_TICK);
+                        std::thread::sleep(tick);
                         engine.increment_epoch();
                     }
                 })
@@ -146,8 +156,10 @@ impl PolicyEngine {
             .map_err(|e| format!("not a valid component: {e:#}"))
     }
 
+    /// Ticks until a call's deadline: the deadline in whole ticks, plus the tick in progress
+    /// when the call started (so a call is never stopped before its deadline).
     fn deadline_ticks(&self) -> u64 {
-        self.settings.call_deadline_ms + 1
+        deadline_ticks(self.settings.call_deadline_ms)
     }
 
     fn new_store(&self) -> Store<PluginState> {
@@ -528,5 +540,34 @@ fn classify(store: &Store<PluginState>, error: &wasmtime::Error) -> FailureKind 
         FailureKind::Deadline
     } else {
         FailureKind::Trap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_is_stopped_between_its_deadline_and_one_tick_later() {
+        for deadline in 1..=10_000u64 {
+            let tick = epoch_tick(deadline).as_millis() as u64;
+            assert!((1..=10).contains(&tick), "tick {tick} ms for {deadline} ms");
+            assert!(tick <= deadline.max(4) / 4 || tick == 1);
+            // The call starts somewhere within a tick: it runs at least (ticks - 1) whole ticks
+            // and at most `ticks` ticks.
+            let ticks = deadline_ticks(deadline);
+            let shortest = (ticks - 1) * tick;
+            let longest = ticks * tick;
+            assert!(
+                shortest >= deadline,
+                "{deadline} ms stopped after {shortest} ms"
+            );
+            assert!(
+                longest <= deadline + 2 * tick,
+                "{deadline} ms stopped as late as {longest} ms"
+            );
+        }
+        assert_eq!(epoch_tick(20), Duration::from_millis(5));
+        assert_eq!(deadline_ticks(20), 5);
     }
 }

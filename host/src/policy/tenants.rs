@@ -407,15 +407,16 @@ impl TenantPolicies {
 
     /// Brings the modules in force in line with the store: loads new or changed ones (off the
     /// request path), drops removed ones. A module that no longer loads is dropped with an
-    /// error log (the project then uses the plane's module) and remembered.
-    pub async fn refresh(&self, store: &Arc<dyn ControlStore>) {
+    /// error log (the project then uses the plane's module) and remembered. Returns whether
+    /// the store answered (every project's modules were then decided).
+    pub async fn refresh(&self, store: &Arc<dyn ControlStore>) -> bool {
         let _one_at_a_time = self.refreshing.lock().await;
         let started_at = self.changes.lock().unwrap_or_else(|p| p.into_inner()).seq;
         let records = match store.project_policies().await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "tenant policies: store unavailable; keeping the modules in force");
-                return;
+                return false;
             }
         };
         let current = self.map.load_full();
@@ -486,6 +487,7 @@ impl TenantPolicies {
         }
         self.map.store(Arc::new(self.group(&current, next)));
         changes.touched.retain(|_, seq| *seq > started_at);
+        true
     }
 }
 

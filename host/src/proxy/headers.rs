@@ -100,8 +100,14 @@ pub fn set_identity_headers(headers: &mut HeaderMap, actor: &Actor) {
     }
 }
 
+/// An IP address as a header value, written on the stack (an address is at most 45 bytes).
 fn ip_value(ip: IpAddr) -> HeaderValue {
-    HeaderValue::from_str(&ip.to_string()).expect("an IP address is a valid header value")
+    use std::io::Write as _;
+    let mut buf = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    let _ = write!(cursor, "{ip}");
+    let len = cursor.position() as usize;
+    HeaderValue::from_bytes(&buf[..len]).expect("an IP address is a valid header value")
 }
 
 /// Rewrites a request's headers for an HTTP backend: client headers dropped, identity and

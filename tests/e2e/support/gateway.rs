@@ -194,6 +194,29 @@ impl Drop for Process {
     }
 }
 
+/// Sends SIGTERM to a gateway process.
+pub fn terminate(child: &Child) {
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+}
+
+/// Puts `module` in the file store's module directory under `dir` and returns the control-file
+/// record installing it as `project`'s `cors` module, as another instance would have written it.
+pub fn stored_cors_module(dir: &Path, project: &str, module: &[u8]) -> String {
+    let digest = aura_gateway::policy::tenants::digest_of(module);
+    std::fs::create_dir_all(dir.join("modules")).expect("dir");
+    std::fs::write(dir.join(format!("modules/{digest}.wasm")), module).expect("module");
+    format!(
+        "[[project_policies]]\nproject_ref = \"{project}\"\nstage = \"cors\"\ndigest = \"{digest}\"\nconfig = \"{{}}\"\n"
+    )
+}
+
 /// An anon key of [`TEST_PROJECT`] in the standard e2e records.
 pub const TEST_KEY: &str = "aura_pk_e2e_0123456789abcdefghijklmnopqrstuvwxyz";
 /// The project of the standard e2e records.

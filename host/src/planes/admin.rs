@@ -1,0 +1,154 @@
+//! Introspection of one instance, on the management plane only: what is in force here.
+//!
+//! Every route needs `Authorization: Bearer <admin.token>` (or `plugins.admin_token` when no
+//! `admin.token` is set); without either configured the routes do not exist (`404`).
+//!
+//! - `GET /v1/admin/status`: version, git revision, build profile, uptime, config digest;
+//! - `GET /v1/admin/breakers`: every circuit breaker, its state, failures and last change;
+//! - `GET /v1/admin/config`: the effective configuration, secrets redacted;
+//! - `PUT /v1/admin/log-level` `{"level": "…"}`: a new tracing filter until the next restart.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use serde_json::{Value, json};
+
+use crate::breaker::{BreakerSnapshot, BreakerState};
+use crate::error::GatewayError;
+use crate::state::AppState;
+
+/// The admin routes (management plane).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/admin/status", get(status))
+        .route("/v1/admin/breakers", get(breakers))
+        .route("/v1/admin/config", get(config))
+        .route("/v1/admin/log-level", put(log_level))
+}
+
+/// The token that guards the admin routes, if any.
+fn admin_token(state: &AppState) -> Option<&str> {
+    state
+        .config
+        .admin
+        .token
+        .as_deref()
+        .or(state.config.plugins.admin_token.as_deref())
+}
+
+/// `Ok` when the request carries the admin token; the error to answer otherwise.
+fn guard(state: &AppState, headers: &http::HeaderMap) -> Result<(), GatewayError> {
+    check_token(admin_token(state), headers)
+}
+
+/// `Ok` when `headers` carry `Authorization: Bearer <token>`; `404` when no token is configured
+/// (the guarded route does not exist), `401 invalid_admin_token` otherwise.
+pub fn check_token(token: Option<&str>, headers: &http::HeaderMap) -> Result<(), GatewayError> {
+    let Some(token) = token else {
+        return Err(GatewayError::not_found("no route for this path"));
+    };
+    let presented = crate::auth::bearer::bearer(headers)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    if crate::phases::metrics_auth::constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+        Ok(())
+    } else {
+        Err(GatewayError::unauthorized(
+            "invalid_admin_token",
+            "a valid admin bearer token is required",
+        ))
+    }
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+async fn status(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
+    if let Err(error) = guard(&state, &headers) {
+        return error.into_response();
+    }
+    let uptime = state.started_at.elapsed().unwrap_or_default();
+    Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "git_revision": option_env!("BUILD_GIT_REVISION").unwrap_or("unknown"),
+        "build_profile": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "started_at": unix_secs(state.started_at),
+        "uptime_secs": uptime.as_secs(),
+        "config_digest": state.config.digest(),
+    }))
+    .into_response()
+}
+
+fn breaker_json(b: &BreakerSnapshot) -> Value {
+    json!({
+        "name": b.name,
+        "state": match b.state {
+            BreakerState::Closed => "closed",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Open => "open",
+        },
+        "failures": b.failures,
+        "last_change": b.changed_at.map(unix_secs),
+    })
+}
+
+async fn breakers(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
+    if let Err(error) = guard(&state, &headers) {
+        return error.into_response();
+    }
+    let mut services: Vec<BreakerSnapshot> = state
+        .breakers
+        .services()
+        .map(|(_, b)| b.snapshot())
+        .collect();
+    services.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut targets = state.breakers.postgrest.snapshots();
+    targets.sort_by(|a, b| a.name.cmp(&b.name));
+    Json(json!({
+        "services": services.iter().map(breaker_json).collect::<Vec<_>>(),
+        "postgrest_targets": targets.iter().map(breaker_json).collect::<Vec<_>>(),
+    }))
+    .into_response()
+}
+
+async fn config(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
+    if let Err(error) = guard(&state, &headers) {
+        return error.into_response();
+    }
+    Json(state.config.redacted()).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct LogLevel {
+    level: String,
+}
+
+async fn log_level(
+    State(state): State<AppState>,
+    headers: http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(error) = guard(&state, &headers) {
+        return error.into_response();
+    }
+    let Ok(LogLevel { level }) = serde_json::from_slice::<LogLevel>(&body) else {
+        return GatewayError::bad_request(
+            "invalid_body",
+            "expected a JSON object {\"level\": \"<tracing filter>\"}",
+        )
+        .into_response();
+    };
+    match crate::telemetry::set_level(&level) {
+        Ok(()) => {
+            tracing::warn!(%level, "log level changed through the admin API (until restart)");
+            Json(json!({ "level": level, "until": "restart" })).into_response()
+        }
+        Err(problem) => GatewayError::bad_request("invalid_log_level", problem).into_response(),
+    }
+}
