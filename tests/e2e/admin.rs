@@ -36,10 +36,14 @@ async fn call(
 async fn admin_routes_answer_the_admin_token_only_and_only_on_the_management_plane() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
+    // Project alpha has a CORS module of its own.
+    let module =
+        std::fs::read(aura_gateway::policy::builtin::TESTING_PLUGIN_PATH).expect("testing plugin");
+    let record = crate::support::gateway::stored_cors_module(dir.path(), "alpha", &module);
     let config = binary_config(
         dir.path(),
         &fx,
-        "",
+        &record,
         &shared().url(),
         &unique_prefix(),
         // Storage refuses connections: its breaker opens after five failures.
@@ -50,6 +54,7 @@ async fn admin_routes_answer_the_admin_token_only_and_only_on_the_management_pla
     let gw = Process::serve(&config, dir.path());
     let routes = [
         (Method::GET, "/v1/admin/status", None),
+        (Method::GET, "/v1/admin/policies", None),
         (Method::GET, "/v1/admin/breakers", None),
         (Method::GET, "/v1/admin/config", None),
         (
@@ -112,6 +117,55 @@ async fn admin_routes_answer_the_admin_token_only_and_only_on_the_management_pla
     );
     let revision = answer["git_revision"].as_str().expect("revision");
     assert!(!revision.is_empty(), "{answer}");
+
+    // Policies: each stage's module with its figures, and alpha's own module.
+    for _ in 0..20 {
+        let r = reqwest::Client::new()
+            .get(gw.data_url("/health"))
+            .header("apikey", &fx.anon_key)
+            .header("origin", "https://a.example")
+            .send()
+            .await
+            .expect("r");
+        assert_eq!(r.status(), StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, answer) = call(
+        &gw.mgmt_url("/v1/admin/policies"),
+        Method::GET,
+        Some(ADMIN_TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let data = &answer["planes"]["data"];
+    for stage in ["api_key", "cors", "quota", "db_routing"] {
+        let m = &data[stage];
+        assert_eq!(m["name"], "builtin", "{stage}: {answer}");
+        assert_eq!(m["digest"].as_str().map(str::len), Some(64), "{stage}");
+        assert_eq!(m["failures"], 0, "{stage}");
+        assert!(m["loaded_at"].as_u64().is_some(), "{stage}");
+    }
+    let api_key = &data["api_key"];
+    assert!(api_key["calls"].as_u64().expect("calls") >= 20, "{answer}");
+    let (p50, p99) = (
+        api_key["p50_us"].as_f64().expect("p50"),
+        api_key["p99_us"].as_f64().expect("p99"),
+    );
+    assert!(p50 > 0.0 && p99 >= p50, "{answer}");
+    assert!(
+        answer["planes"]["management"]["api_key"].is_null(),
+        "{answer}"
+    );
+    assert!(answer["rollback_candidate"].is_null(), "{answer}");
+    let alpha = &answer["projects"]["alpha"]["cors"];
+    assert_eq!(
+        alpha["digest"],
+        aura_gateway::policy::tenants::digest_of(&module),
+        "{answer}"
+    );
+    assert_eq!(alpha["name"], "tenant:alpha", "{answer}");
+    assert!(alpha["calls"].as_u64().expect("calls") >= 1, "{answer}");
 
     // Breakers: every service listed, storage opened by five refused connections.
     let breakers_url = gw.mgmt_url("/v1/admin/breakers");

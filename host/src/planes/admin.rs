@@ -4,6 +4,8 @@
 //! `admin.token` is set); without either configured the routes do not exist (`404`).
 //!
 //! - `GET /v1/admin/status`: version, git revision, build profile, uptime, config digest;
+//! - `GET /v1/admin/policies`: per plane and stage the module in force (name, digest, loaded at,
+//!   calls, failures, p50/p99 call time), the rollback candidate, every project's modules;
 //! - `GET /v1/admin/breakers`: every circuit breaker, its state, failures and last change;
 //! - `GET /v1/admin/config`: the effective configuration, secrets redacted;
 //! - `PUT /v1/admin/log-level` `{"level": "…"}`: a new tracing filter until the next restart.
@@ -19,12 +21,15 @@ use serde_json::{Value, json};
 
 use crate::breaker::{BreakerSnapshot, BreakerState};
 use crate::error::GatewayError;
+use crate::policy::stats::ModuleReport;
+use crate::policy::{PlanePolicies, Policies};
 use crate::state::AppState;
 
 /// The admin routes (management plane).
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/admin/status", get(status))
+        .route("/v1/admin/policies", get(policies))
         .route("/v1/admin/breakers", get(breakers))
         .route("/v1/admin/config", get(config))
         .route("/v1/admin/log-level", put(log_level))
@@ -81,6 +86,50 @@ async fn status(State(state): State<AppState>, headers: http::HeaderMap) -> Resp
         "started_at": unix_secs(state.started_at),
         "uptime_secs": uptime.as_secs(),
         "config_digest": state.config.digest(),
+    }))
+    .into_response()
+}
+
+fn module_json(m: &ModuleReport) -> Value {
+    let round = |v: Option<f64>| v.map(|v| (v * 100.0).round() / 100.0);
+    json!({
+        "name": m.name,
+        "digest": m.digest,
+        "loaded_at": unix_secs(m.loaded_at),
+        "calls": m.calls,
+        "failures": m.failures,
+        "p50_us": round(m.p50_us),
+        "p99_us": round(m.p99_us),
+    })
+}
+
+fn planes_json(policies: &Policies) -> Value {
+    let plane = |p: &PlanePolicies| {
+        p.reports()
+            .iter()
+            .map(|(stage, report)| (stage.key().to_owned(), module_json(report)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    json!({ "data": plane(&policies.data), "management": plane(&policies.management) })
+}
+
+async fn policies(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
+    if let Err(error) = guard(&state, &headers) {
+        return error.into_response();
+    }
+    let mut projects = serde_json::Map::new();
+    for (project, stage, report) in state.policies.tenants.reports() {
+        let entry = projects
+            .entry(project)
+            .or_insert_with(|| Value::Object(serde_json::Map::new()));
+        if let Value::Object(stages) = entry {
+            stages.insert(stage.key().to_owned(), module_json(&report));
+        }
+    }
+    Json(json!({
+        "planes": planes_json(&state.policies.snapshot()),
+        "rollback_candidate": state.policies.rollback_candidate().map(|p| planes_json(&p)),
+        "projects": projects,
     }))
     .into_response()
 }

@@ -255,6 +255,7 @@ pub(crate) struct StageModule<W: StageWorld> {
     idle: Mutex<Vec<Slot<W>>>,
     call_metrics: std::sync::OnceLock<(prometheus::IntCounter, prometheus::Histogram)>,
     health: Mutex<Health>,
+    stats: super::stats::CallStats,
 }
 
 /// Calls and failures of a module in the current window.
@@ -338,6 +339,7 @@ impl<W: StageWorld> StageModule<W> {
                 calls: 0,
                 failures: 0,
             }),
+            stats: super::stats::CallStats::default(),
         };
         if module.runtime.settings.instance_reuse == InstanceReuse::Pooled {
             module.put_back(Slot { store, bindings });
@@ -353,6 +355,11 @@ impl<W: StageWorld> StageModule<W> {
     /// SHA-256 of the module bytes, hex.
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// Calls, failures and call times since the module was loaded.
+    pub fn report(&self) -> super::stats::ModuleReport {
+        self.stats.report(&self.name, &self.digest)
     }
 
     /// The largest linear memory any idle instance of this module has had, in bytes.
@@ -499,10 +506,12 @@ impl<W: StageWorld> StageModule<W> {
         slot.store.set_epoch_deadline(self.runtime.deadline_ticks());
         let started = Instant::now();
         let result = f(&slot.bindings, &mut slot.store);
+        let took = started.elapsed();
         if let Some((calls, latency)) = self.call_metrics() {
             calls.inc();
-            latency.observe(started.elapsed().as_secs_f64());
+            latency.observe(took.as_secs_f64());
         }
+        self.stats.record(took, result.is_err());
         self.record_outcome(result.is_err());
         match result {
             Ok(value) => {

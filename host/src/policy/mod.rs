@@ -15,6 +15,7 @@ mod limits;
 pub mod native;
 pub mod registry;
 pub mod stages;
+pub mod stats;
 pub mod tenants;
 
 use std::collections::HashMap;
@@ -255,6 +256,20 @@ pub struct PlanePolicies {
     pub quota: QuotaStage,
     /// `/v1/db/*` routing.
     pub db_routing: DbRoutingStage,
+}
+
+impl PlanePolicies {
+    /// Each stage's module and what it did: (stage, report).
+    pub fn reports(&self) -> Vec<(Stage, stats::ModuleReport)> {
+        let mut out = Vec::new();
+        if let Some(api_key) = &self.api_key {
+            out.push((Stage::ApiKey, api_key.report()));
+        }
+        out.push((Stage::Cors, self.cors.report()));
+        out.push((Stage::Quota, self.quota.report()));
+        out.push((Stage::DbRouting, self.db_routing.report()));
+        out
+    }
 }
 
 /// Why the modules a configuration names by digest could not be fetched.

@@ -54,6 +54,11 @@ impl PolicyRegistry {
         self.current.load_full()
     }
 
+    /// The modules a rollback would put back, if any.
+    pub fn rollback_candidate(&self) -> Option<Arc<Policies>> {
+        self.previous.load_full()
+    }
+
     /// Puts `policies` in force atomically; the ones replaced are kept for a rollback.
     pub fn swap(&self, policies: Policies) {
         policies.reset_health();

@@ -128,6 +128,11 @@ macro_rules! wrapper {
                 self.module.digest()
             }
 
+            /// Calls, failures and call times since the module was loaded.
+            pub fn report(&self) -> super::stats::ModuleReport {
+                self.module.report()
+            }
+
             /// Starts a new failure window for the automatic rollback.
             pub fn reset_health(&self) {
                 self.module.reset_health()

@@ -360,6 +360,24 @@ impl TenantPolicies {
     }
 
     /// Puts a module in force for a project (`None` removes it), as a change of this instance.
+    /// Every project's modules in force: (project, stage, report), sorted.
+    pub fn reports(&self) -> Vec<(String, Stage, super::stats::ModuleReport)> {
+        let mut out = Vec::new();
+        for (project, modules) in self.map.load().iter() {
+            for stage in [Stage::Cors, Stage::Quota] {
+                if let Some(installed) = modules.get(stage) {
+                    let report = match &installed.module {
+                        TenantModule::Cors(m) => m.report(),
+                        TenantModule::Quota(m) => m.report(),
+                    };
+                    out.push((project.clone(), stage, report));
+                }
+            }
+        }
+        out.sort_by(|a, b| (&a.0, a.1.to_string()).cmp(&(&b.0, b.1.to_string())));
+        out
+    }
+
     pub fn apply(&self, project: &str, stage: Stage, installed: Option<Installed>) {
         let installed = installed.map(Arc::new);
         let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
