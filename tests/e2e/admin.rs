@@ -120,13 +120,7 @@ async fn admin_routes_answer_the_admin_token_only_and_only_on_the_management_pla
 
     // Policies: each stage's module with its figures, and alpha's own module.
     for _ in 0..20 {
-        let r = reqwest::Client::new()
-            .get(gw.data_url("/health"))
-            .header("apikey", &fx.anon_key)
-            .header("origin", "https://a.example")
-            .send()
-            .await
-            .expect("r");
+        let r = crate::support::gateway::cors_probe(&gw, &fx.anon_key).await;
         assert_eq!(r.status(), StatusCode::OK);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

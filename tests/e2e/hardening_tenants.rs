@@ -790,13 +790,7 @@ async fn a_module_refused_at_refresh_is_compiled_once_not_every_refresh() {
     let text = gw.metrics().await;
     let compiled = metric(&text, "aura_tenant_compiles_total", &["result=\"timeout\""]);
     assert_eq!(compiled, 1.0, "compiled once in five refreshes");
-    let r = reqwest::Client::new()
-        .get(gw.data_url("/health"))
-        .header("apikey", &fx.anon_key)
-        .header("origin", "https://a.example")
-        .send()
-        .await
-        .expect("r");
+    let r = crate::support::gateway::cors_probe(&gw, &fx.anon_key).await;
     assert_eq!(
         r.status(),
         StatusCode::OK,

@@ -23,13 +23,7 @@ async fn ready(gw: &Process) -> (StatusCode, serde_json::Value) {
 
 /// Whether alpha's own CORS module (the testing plugin) answered this request.
 async fn alphas_module_answers(gw: &Process, fx: &Fixture) -> bool {
-    let r = reqwest::Client::new()
-        .get(gw.data_url("/health"))
-        .header("apikey", &fx.anon_key)
-        .header("origin", "https://a.example")
-        .send()
-        .await
-        .expect("r");
+    let r = crate::support::gateway::cors_probe(gw, &fx.anon_key).await;
     assert_eq!(r.status(), StatusCode::OK);
     r.headers()
         .get("access-control-expose-headers")

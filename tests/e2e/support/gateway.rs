@@ -194,6 +194,18 @@ impl Drop for Process {
     }
 }
 
+/// `GET /health` on the data plane of `gw` with `key` and a CORS `Origin`: what a project's
+/// CORS decision looks like.
+pub async fn cors_probe(gw: &Process, key: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(gw.data_url("/health"))
+        .header("apikey", key)
+        .header("origin", "https://a.example")
+        .send()
+        .await
+        .expect("answer")
+}
+
 /// Sends SIGTERM to a gateway process.
 pub fn terminate(child: &Child) {
     let pid = child.id().to_string();
