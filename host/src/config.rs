@@ -15,7 +15,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 /// The whole gateway configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Address both listeners bind to.
@@ -82,7 +82,7 @@ impl Default for Config {
 }
 
 /// Listener and HTTP settings, shared by both planes.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Largest request body accepted on the NATS routes, in bytes (413 above).
@@ -117,7 +117,7 @@ impl Default for ServerConfig {
 }
 
 /// Timeout budgets, one per route group. There is no global timeout.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TimeoutConfig {
     /// Budget of every route outside the functions group, in milliseconds.
@@ -148,7 +148,7 @@ impl TimeoutConfig {
 }
 
 /// NATS settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsConfig {
     /// Server URL(s), comma-separated (`nats://host:4222`).
@@ -176,7 +176,7 @@ impl Default for NatsConfig {
 }
 
 /// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -186,7 +186,7 @@ pub enum LogFormat {
 }
 
 /// Logging settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// `text` or `json`.
@@ -209,7 +209,7 @@ impl Default for LogConfig {
 }
 
 /// Trace export.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TracingConfig {
     /// OTLP/HTTP endpoint of a collector (`http://collector:4318`); spans go to
@@ -229,7 +229,7 @@ impl Default for TracingConfig {
 }
 
 /// `/metrics` settings.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Bearer token required on `GET /metrics`. Without one, `/metrics` answers 404.
@@ -237,7 +237,7 @@ pub struct MetricsConfig {
 }
 
 /// Which control store implementation to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     /// A declarative TOML file (DB-less mode).
@@ -247,7 +247,7 @@ pub enum StoreKind {
 }
 
 /// The control store.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ControlConfig {
     /// `file` (default) or `postgres`.
@@ -278,7 +278,7 @@ impl Default for ControlConfig {
 }
 
 /// Verification of one kind of JWT.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct JwtConfig {
     /// HS256 shared secret (at least 32 bytes).
@@ -366,7 +366,7 @@ impl JwtConfig {
 }
 
 /// Credentials.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Lifetime of cached API key lookups, positive and negative, in seconds (1–30: a revoked
@@ -404,7 +404,7 @@ impl Default for AuthConfig {
 }
 
 /// Circuit breakers: one per service, one per dedicated PostgREST target.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BreakerConfig {
     /// Consecutive failures that open a breaker.
@@ -432,7 +432,7 @@ impl Default for BreakerConfig {
 }
 
 /// HTTP backends.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamsConfig {
     /// Base URL of the storage service (`http://host:port[/path]`); none: storage answers 503.
@@ -469,7 +469,7 @@ impl Default for UpstreamsConfig {
 }
 
 /// A token bucket: sustained rate and burst.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BucketConfig {
     /// Off: no limit of this kind on this plane.
@@ -491,7 +491,7 @@ impl Default for BucketConfig {
 }
 
 /// Rate limits.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RateLimitConfig {
     /// Per client IP on the data plane, before authentication.
@@ -500,6 +500,7 @@ pub struct RateLimitConfig {
     pub management_plane_per_ip: BucketConfig,
     /// Peers (CIDR) whose `X-Forwarded-For` is believed: the client IP is then the rightmost
     /// address of the header that is not itself a trusted proxy.
+    #[schemars(with = "Vec<String>")]
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// `redis://host:port/db`: per-actor quotas shared by every instance. None: local only.
     pub redis_url: Option<String>,
@@ -530,7 +531,7 @@ pub struct RateLimitConfig {
 }
 
 /// The largest figures a `quota` module's rule may have; larger ones are lowered to these.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuleCeilings {
     /// Largest sustained rate, per second.
@@ -589,7 +590,7 @@ impl Default for RateLimitConfig {
 }
 
 /// How plugin instances are used across calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum InstanceReuse {
     /// Configured instances are kept per module and reused, one call at a time; an instance
@@ -600,7 +601,7 @@ pub enum InstanceReuse {
 }
 
 /// The WebAssembly policy runtime.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PluginRuntimeConfig {
     /// `pooled` (default, measured faster) or `fresh`.
@@ -695,7 +696,7 @@ impl Default for PluginRuntimeConfig {
 }
 
 /// Which module runs a stage, and its configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StageConfig {
     /// `builtin` for the default plugin embedded in the binary, a path to a `.wasm` component,
@@ -733,7 +734,7 @@ impl StageConfig {
 }
 
 /// Data-plane stage modules.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataPlaneStages {
     pub api_key: StageConfig,
@@ -743,7 +744,7 @@ pub struct DataPlaneStages {
 }
 
 /// Management-plane stage modules (there are no API keys on this plane).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ManagementPlaneStages {
     pub cors: StageConfig,
@@ -752,7 +753,7 @@ pub struct ManagementPlaneStages {
 }
 
 /// Data-plane settings.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataPlaneConfig {
     pub plugins: DataPlaneStages,
@@ -762,14 +763,14 @@ pub struct DataPlaneConfig {
 }
 
 /// Management-plane settings.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ManagementPlaneConfig {
     pub plugins: ManagementPlaneStages,
 }
 
 /// Introspection routes of the management plane (`/v1/admin/*`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Bearer token of `/v1/admin/*` (at least 16 characters). Without it,

@@ -24,6 +24,7 @@ pub mod ratelimit;
 pub mod readiness;
 pub mod reload;
 pub mod route_group;
+pub mod schema;
 pub mod server;
 pub mod state;
 pub mod telemetry;

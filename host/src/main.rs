@@ -56,6 +56,11 @@ enum Command {
         #[arg(long, default_value_t = 8001)]
         management_port: u16,
     },
+    /// The configuration file's JSON Schema.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Tools for plugin authors.
     Plugin {
         #[command(subcommand)]
@@ -78,7 +83,19 @@ enum Command {
 }
 
 #[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print the JSON Schema of the configuration (every key, its type, default and meaning).
+    Schema,
+}
+
+#[derive(Debug, Subcommand)]
 enum PluginCommand {
+    /// Print the JSON Schema of a default plugin's `config` table.
+    Schema {
+        /// api_key, cors, quota or db_routing.
+        #[arg(long, value_parser = ["api_key", "cors", "quota", "db_routing"])]
+        stage: String,
+    },
     /// Load a component as a stage's module — exports, configuration, conformance vectors —
     /// and print per-call time and memory. Exit 0 when it passes.
     Check {
@@ -164,6 +181,14 @@ fn main() -> ExitCode {
                     config,
                 },
         } => plugin_check(&file, &stage, &plane, config.as_deref()),
+        Command::Config {
+            command: ConfigCommand::Schema,
+        } => print_json(&aura_gateway::schema::config_schema()),
+        Command::Plugin {
+            command: PluginCommand::Schema { stage },
+        } => aura_gateway::policy::Stage::parse(&stage)
+            .ok_or_else(|| anyhow::anyhow!("unknown stage {stage}"))
+            .and_then(|stage| print_json(&aura_gateway::schema::plugin_config_schema(stage))),
         Command::Migrate { database_url } => runtime.block_on(migrate(database_url)),
         Command::Keys { command, config } => runtime.block_on(keys(command, config)),
     };
@@ -204,6 +229,11 @@ fn dev_config(path: Option<PathBuf>, port: u16, management_port: u16) -> anyhow:
         config.log.level = "warn".into();
     }
     Ok(config)
+}
+
+fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
 }
 
 async fn migrate(database_url: String) -> anyhow::Result<()> {

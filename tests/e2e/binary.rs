@@ -490,6 +490,32 @@ async fn spans_are_exported_over_otlp_with_the_request_id() {
 }
 
 #[test]
+fn the_config_and_each_default_plugin_print_their_json_schema() {
+    let run = |args: &[&str]| {
+        let out = Command::new(binary()).args(args).output().expect("run");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (ok, text) = run(&["config", "schema"]);
+    assert!(ok);
+    let schema: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    for key in ["server", "nats", "plugins", "rate_limit", "admin"] {
+        assert!(schema["properties"].get(key).is_some(), "{key}");
+    }
+    let (ok, text) = run(&["plugin", "schema", "--stage", "cors"]);
+    assert!(ok);
+    let schema: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert!(
+        schema["properties"].get("allow_origins").is_some(),
+        "{schema}"
+    );
+    let (ok, _) = run(&["plugin", "schema", "--stage", "teapot"]);
+    assert!(!ok, "an unknown stage is refused");
+}
+
+#[test]
 fn plugin_check_passes_a_good_module_and_names_what_is_wrong_with_a_bad_one() {
     let ok = Command::new(binary())
         .args(["plugin", "check", TESTING_PLUGIN_PATH, "--stage", "cors"])

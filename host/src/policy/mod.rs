@@ -41,6 +41,13 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// The stage of a configuration key (`api_key`, `cors`, `quota`, `db_routing`).
+    pub fn parse(key: &str) -> Option<Stage> {
+        [Stage::ApiKey, Stage::Cors, Stage::Quota, Stage::DbRouting]
+            .into_iter()
+            .find(|s| s.key() == key)
+    }
+
     /// The stage's configuration key (`api_key`, `cors`, `quota`, `db_routing`).
     pub fn key(self) -> &'static str {
         match self {

@@ -4,6 +4,7 @@ use serde::Deserialize;
 
 /// The stage configuration (`[data_plane.plugins.api_key.config]`).
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(not(target_arch = "wasm32"), derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Headers that may carry the key, in order of preference. Default `["apikey", "x-api-key"]`.

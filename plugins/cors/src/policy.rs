@@ -11,6 +11,7 @@ pub enum Plane {
 
 /// The stage configuration (`[<plane>.plugins.cors.config]`).
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(not(target_arch = "wasm32"), derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Allowed origins. Data plane default `["*"]`; management plane default: none.

@@ -4,6 +4,7 @@ use serde::Deserialize;
 
 /// The stage configuration (`[<plane>.plugins.db_routing.config]`).
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(not(target_arch = "wasm32"), derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Path prefixes always sent over NATS (rule 1). Default: `/v1/db/schema`,

@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 /// Figures of one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(not(target_arch = "wasm32"), derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     pub rate_per_second: u32,
@@ -14,6 +15,7 @@ pub struct Limits {
 
 /// The stage configuration (`[<plane>.plugins.quota.config]`).
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(not(target_arch = "wasm32"), derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Sustained rate for every actor. Default 100.
