@@ -101,6 +101,16 @@ pub struct ServerConfig {
     /// the listeners stop accepting (so that load balancers stop sending first), in seconds.
     /// SIGINT does not wait.
     pub drain_delay_secs: u64,
+    /// Serve HTTP/2 with prior knowledge (h2c) on the plain-text listeners, besides HTTP/1.1
+    /// (for internal hops: load balancers and meshes speaking h2c). Off: HTTP/1.1 only.
+    pub http2: bool,
+    /// HTTP/2 streams one connection may have open at once (advertised in SETTINGS; a stream
+    /// past it is refused by the protocol). Every stream is a request and counts against
+    /// `max_in_flight` too.
+    pub http2_max_concurrent_streams: u32,
+    /// Largest request head accepted, in bytes: the HTTP/1.1 request line and headers
+    /// (`431` above), the decoded HTTP/2 header list (the stream is refused above).
+    pub max_header_bytes: u32,
 }
 
 impl Default for ServerConfig {
@@ -112,6 +122,9 @@ impl Default for ServerConfig {
             max_in_flight: 10_000,
             shutdown_grace_secs: 30,
             drain_delay_secs: 0,
+            http2: true,
+            http2_max_concurrent_streams: 100,
+            max_header_bytes: 64 * 1024,
         }
     }
 }
@@ -939,6 +952,18 @@ impl Config {
         }
         if s.max_in_flight == 0 {
             return Err(problem("server.max_in_flight", "must be at least 1"));
+        }
+        if !(1..=10_000).contains(&s.http2_max_concurrent_streams) {
+            return Err(problem(
+                "server.http2_max_concurrent_streams",
+                "must be between 1 and 10000",
+            ));
+        }
+        if !(8192..=1 << 20).contains(&s.max_header_bytes) {
+            return Err(problem(
+                "server.max_header_bytes",
+                "must be between 8192 and 1048576",
+            ));
         }
         if s.drain_delay_secs > 3_600 {
             return Err(problem(

@@ -82,9 +82,18 @@ async fn serve_plane(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
-    builder.http2().timer(TokioTimer::new());
+        .header_read_timeout(header_timeout)
+        // Validated at least 8192, hyper's least.
+        .max_buf_size(config.server.max_header_bytes as usize);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(config.server.http2_max_concurrent_streams)
+        .max_header_list_size(config.server.max_header_bytes);
     let builder = Arc::new(builder);
+    // With `server.http2` off, a connection opening with the HTTP/2 preface is closed (the
+    // builder's own HTTP/1-only switch does not apply to connections served with upgrades).
+    let http2 = config.server.http2;
     let permits = Arc::new(Semaphore::new(config.server.max_connections));
     let in_flight = Arc::new(Semaphore::new(config.server.max_in_flight));
     let shed = state
@@ -144,12 +153,25 @@ async fn serve_plane(
             // The protocol detection reads the first bytes before hyper's header-read timeout
             // runs: a connection that sends nothing at all would hold its slot under
             // `server.max_connections` forever. It gets the same time to start as to finish.
-            let mut first = [0u8; 1];
-            if !matches!(
-                tokio::time::timeout(header_timeout, stream.peek(&mut first)).await,
-                Ok(Ok(1..))
-            ) {
+            // Without HTTP/2, the first three bytes tell its preface (`PRI`) from a request.
+            let wanted = if http2 { 1 } else { 3 };
+            let deadline = tokio::time::Instant::now() + header_timeout;
+            let mut first = [0u8; 3];
+            let peeked = loop {
+                match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+                    Ok(Ok(n)) if n >= wanted => break n,
+                    // Fewer bytes so far: wait for the rest (rare: a first segment of 1–2 bytes).
+                    Ok(Ok(1..)) => tokio::time::sleep(Duration::from_millis(5)).await,
+                    _ => break 0,
+                }
+            };
+            if peeked == 0 {
                 tracing::debug!(%peer, "connection sent nothing within the header timeout; closed");
+                drop(slot);
+                return;
+            }
+            if !http2 && &first == b"PRI" {
+                tracing::debug!(%peer, "HTTP/2 connection refused (server.http2 is off)");
                 drop(slot);
                 return;
             }

@@ -450,3 +450,91 @@ async fn idle_keep_alive_connections_are_closed_after_the_idle_limit() {
         "closed only after {idle_for:?} idle"
     );
 }
+
+/// One HTTP/2 request with prior knowledge (h2c) to `port`: the status, and the streams the
+/// server allows at once (from its SETTINGS), or the error.
+async fn h2c_get(
+    port: u16,
+    path: &str,
+    header: Option<(&str, String)>,
+) -> Result<(u16, usize), String> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let (send, connection) = h2::client::handshake(tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let mut send = send.ready().await.map_err(|e| e.to_string())?;
+    let mut request = http::Request::get(format!("http://127.0.0.1:{port}{path}"));
+    if let Some((name, value)) = header {
+        request = request.header(name, value);
+    }
+    let (response, _) = send
+        .send_request(request.body(()).expect("request"), true)
+        .map_err(|e| e.to_string())?;
+    let response = response.await.map_err(|e| e.to_string())?;
+    Ok((response.status().as_u16(), send.current_max_send_streams()))
+}
+
+#[tokio::test]
+async fn http2_prior_knowledge_is_served_on_both_planes_within_its_limits_and_can_be_turned_off() {
+    use crate::support::fixture::Fixture;
+    use crate::support::gateway::{Process, binary_config};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let config = binary_config(
+        dir.path(),
+        &fx,
+        "",
+        &shared().url(),
+        &unique_prefix(),
+        "[server]\nhttp2_max_concurrent_streams = 8\nmax_header_bytes = 16384\n",
+    );
+    let gw = Process::serve(&config, dir.path());
+    for port in [gw.port, gw.management_port] {
+        let (status, streams) = h2c_get(port, "/health", None).await.expect("h2c");
+        assert_eq!(status, 200);
+        assert_eq!(streams, 8, "the stream limit is advertised");
+    }
+    // A header list over `server.max_header_bytes` is refused on both protocols.
+    let big = "a".repeat(20_000);
+    let refused = h2c_get(gw.port, "/health", Some(("x-big", big.clone()))).await;
+    assert!(
+        !matches!(refused, Ok((200, _))),
+        "an oversized header list was served over HTTP/2: {refused:?}"
+    );
+    let r = reqwest::Client::new()
+        .get(gw.data_url("/health"))
+        .header("x-big", &big)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    // Just under the limit is served.
+    let r = reqwest::Client::new()
+        .get(gw.data_url("/health"))
+        .header("x-big", "a".repeat(12_000))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::OK);
+    drop(gw);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = binary_config(
+        dir.path(),
+        &fx,
+        "",
+        &shared().url(),
+        &unique_prefix(),
+        "[server]\nhttp2 = false\n",
+    );
+    let gw = Process::serve(&config, dir.path());
+    let refused = h2c_get(gw.port, "/health", None).await;
+    assert!(refused.is_err(), "HTTP/2 served while off: {refused:?}");
+    let r = reqwest::get(gw.data_url("/health"))
+        .await
+        .expect("HTTP/1.1");
+    assert_eq!(r.status(), StatusCode::OK);
+}
