@@ -6,9 +6,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use crate::support::fixture::{CONSOLE_SECRET, Fixture, USER_SECRET, console_token};
-use crate::support::gateway::{METRICS_TOKEN, Process, binary_config};
-use crate::support::nats_server::shared;
-use crate::support::unique_prefix;
+use crate::support::gateway::{METRICS_TOKEN, serve_binary};
 
 const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
 
@@ -40,18 +38,15 @@ async fn admin_routes_answer_the_admin_token_only_and_only_on_the_management_pla
     let module =
         std::fs::read(aura_gateway::policy::builtin::TESTING_PLUGIN_PATH).expect("testing plugin");
     let record = crate::support::gateway::stored_cors_module(dir.path(), "alpha", &module);
-    let config = binary_config(
+    // Storage refuses connections: its breaker opens after five failures.
+    let gw = serve_binary(
         dir.path(),
         &fx,
         &record,
-        &shared().url(),
-        &unique_prefix(),
-        // Storage refuses connections: its breaker opens after five failures.
         &format!(
             "[admin]\ntoken = \"{ADMIN_TOKEN}\"\n\n[upstreams]\nstorage_url = \"http://127.0.0.1:1\"\n\n[breaker]\nfailure_threshold = 5\nopen_ms = 60000\n"
         ),
     );
-    let gw = Process::serve(&config, dir.path());
     let routes = [
         (Method::GET, "/v1/admin/status", None),
         (Method::GET, "/v1/admin/policies", None),
@@ -272,8 +267,7 @@ async fn admin_routes_answer_the_admin_token_only_and_only_on_the_management_pla
 async fn without_a_token_configured_the_admin_routes_do_not_exist() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
-    let config = binary_config(dir.path(), &fx, "", &shared().url(), &unique_prefix(), "");
-    let gw = Process::serve(&config, dir.path());
+    let gw = serve_binary(dir.path(), &fx, "", "");
     let (status, answer) = call(
         &gw.mgmt_url("/v1/admin/status"),
         Method::GET,

@@ -480,18 +480,15 @@ async fn h2c_get(
 #[tokio::test]
 async fn http2_prior_knowledge_is_served_on_both_planes_within_its_limits_and_can_be_turned_off() {
     use crate::support::fixture::Fixture;
-    use crate::support::gateway::{Process, binary_config};
+    use crate::support::gateway::serve_binary;
     let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
-    let config = binary_config(
+    let gw = serve_binary(
         dir.path(),
         &fx,
         "",
-        &shared().url(),
-        &unique_prefix(),
         "[server]\nhttp2_max_concurrent_streams = 8\nmax_header_bytes = 16384\n",
     );
-    let gw = Process::serve(&config, dir.path());
     for port in [gw.port, gw.management_port] {
         let (status, streams) = h2c_get(port, "/health", None).await.expect("h2c");
         assert_eq!(status, 200);
@@ -522,15 +519,7 @@ async fn http2_prior_knowledge_is_served_on_both_planes_within_its_limits_and_ca
     drop(gw);
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = binary_config(
-        dir.path(),
-        &fx,
-        "",
-        &shared().url(),
-        &unique_prefix(),
-        "[server]\nhttp2 = false\n",
-    );
-    let gw = Process::serve(&config, dir.path());
+    let gw = serve_binary(dir.path(), &fx, "", "[server]\nhttp2 = false\n");
     let refused = h2c_get(gw.port, "/health", None).await;
     assert!(refused.is_err(), "HTTP/2 served while off: {refused:?}");
     let r = reqwest::get(gw.data_url("/health"))

@@ -206,6 +206,25 @@ pub async fn cors_probe(gw: &Process, key: &str) -> reqwest::Response {
         .expect("answer")
 }
 
+/// A gateway binary over `fx`'s records (plus `extra_records`) in `dir`, on the shared NATS
+/// server under a fresh subject prefix, with `extra_toml` appended to its configuration.
+pub fn serve_binary(
+    dir: &Path,
+    fx: &super::fixture::Fixture,
+    extra_records: &str,
+    extra_toml: &str,
+) -> Process {
+    let config = binary_config(
+        dir,
+        fx,
+        extra_records,
+        &super::nats_server::shared().url(),
+        &super::unique_prefix(),
+        extra_toml,
+    );
+    Process::serve(&config, dir)
+}
+
 /// Sends SIGTERM to a gateway process.
 pub fn terminate(child: &Child) {
     let pid = child.id().to_string();
