@@ -100,6 +100,16 @@ impl GatewayError {
     }
 
     /// 413: the request body is over a limit.
+    /// `431 request_headers_too_large`: the request head is over `server.max_header_bytes`.
+    pub fn headers_too_large(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request_headers_too_large",
+            message,
+            Side::Client,
+        )
+    }
+
     pub fn payload_too_large(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,

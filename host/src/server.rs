@@ -83,13 +83,14 @@ async fn serve_plane(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
-        // Validated at least 8192, hyper's least.
-        .max_buf_size(config.server.max_header_bytes as usize);
+        // Heads up to twice the limit reach the request-limits phase, which answers them with
+        // the contract's JSON `431`; larger ones are cut here (at least 8192, hyper's least).
+        .max_buf_size(2 * config.server.max_header_bytes as usize);
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(config.server.http2_max_concurrent_streams)
-        .max_header_list_size(config.server.max_header_bytes);
+        .max_header_list_size(2 * config.server.max_header_bytes);
     let builder = Arc::new(builder);
     // With `server.http2` off, a connection opening with the HTTP/2 preface is closed (the
     // builder's own HTTP/1-only switch does not apply to connections served with upgrades).

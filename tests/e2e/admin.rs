@@ -6,7 +6,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use crate::support::fixture::{CONSOLE_SECRET, Fixture, USER_SECRET, console_token};
-use crate::support::gateway::{METRICS_TOKEN, serve_binary};
+use crate::support::gateway::{METRICS_TOKEN, Process, serve_binary};
 
 const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
 
@@ -28,6 +28,13 @@ async fn call(
     let r = request.send().await.expect("answer");
     let status = r.status();
     (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// `GET path` on the management plane with the admin token: the JSON of its `200`.
+async fn admin_get(gw: &Process, path: &str) -> serde_json::Value {
+    let (status, answer) = call(&gw.mgmt_url(path), Method::GET, Some(ADMIN_TOKEN), None).await;
+    assert_eq!(status, StatusCode::OK, "{path}: {answer}");
+    answer
 }
 
 #[tokio::test]
@@ -94,14 +101,7 @@ async fn admin_routes_answer_the_admin_token_only_and_only_on_the_management_pla
     }
 
     // Status.
-    let (status, answer) = call(
-        &gw.mgmt_url("/v1/admin/status"),
-        Method::GET,
-        Some(ADMIN_TOKEN),
-        None,
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{answer}");
+    let answer = admin_get(&gw, "/v1/admin/status").await;
     assert_eq!(answer["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(answer["build_profile"], "debug");
     assert!(answer["uptime_secs"].as_u64().is_some(), "{answer}");
@@ -119,14 +119,7 @@ async fn admin_routes_answer_the_admin_token_only_and_only_on_the_management_pla
         assert_eq!(r.status(), StatusCode::OK);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (status, answer) = call(
-        &gw.mgmt_url("/v1/admin/policies"),
-        Method::GET,
-        Some(ADMIN_TOKEN),
-        None,
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{answer}");
+    let answer = admin_get(&gw, "/v1/admin/policies").await;
     let data = &answer["planes"]["data"];
     for stage in ["api_key", "cors", "quota", "db_routing"] {
         let m = &data[stage];
@@ -157,13 +150,7 @@ async fn admin_routes_answer_the_admin_token_only_and_only_on_the_management_pla
     assert!(alpha["calls"].as_u64().expect("calls") >= 1, "{answer}");
 
     // Breakers: every service listed, storage opened by five refused connections.
-    let breakers_url = gw.mgmt_url("/v1/admin/breakers");
-    let breakers = || async {
-        let (status, answer) = call(&breakers_url, Method::GET, Some(ADMIN_TOKEN), None).await;
-        assert_eq!(status, StatusCode::OK, "{answer}");
-        answer
-    };
-    let before = breakers().await;
+    let before = admin_get(&gw, "/v1/admin/breakers").await;
     let storage = |answer: &serde_json::Value| {
         answer["services"]
             .as_array()
@@ -193,7 +180,7 @@ async fn admin_routes_answer_the_admin_token_only_and_only_on_the_management_pla
             .expect("r");
         assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
     }
-    let after = breakers().await;
+    let after = admin_get(&gw, "/v1/admin/breakers").await;
     let opened = storage(&after);
     assert_eq!(opened["state"], "open", "{after}");
     assert!(opened["last_change"].as_u64().is_some(), "{after}");

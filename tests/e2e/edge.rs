@@ -494,16 +494,34 @@ async fn http2_prior_knowledge_is_served_on_both_planes_within_its_limits_and_ca
         assert_eq!(status, 200);
         assert_eq!(streams, 8, "the stream limit is advertised");
     }
-    // A header list over `server.max_header_bytes` is refused on both protocols.
+    // A head over `server.max_header_bytes` gets the contract's JSON 431, with the request id
+    // and the security headers, on both protocols.
     let big = "a".repeat(20_000);
-    let refused = h2c_get(gw.port, "/health", Some(("x-big", big.clone()))).await;
+    let over_h2 = h2c_get(gw.port, "/health", Some(("x-big", big.clone()))).await;
     assert!(
-        !matches!(refused, Ok((200, _))),
-        "an oversized header list was served over HTTP/2: {refused:?}"
+        matches!(over_h2, Ok((431, _))),
+        "an oversized header list over HTTP/2: {over_h2:?}"
     );
     let r = reqwest::Client::new()
         .get(gw.data_url("/health"))
         .header("x-big", &big)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    assert!(r.headers().contains_key("x-request-id"));
+    for name in crate::support::SECURITY_HEADERS {
+        assert!(r.headers().contains_key(*name), "{name}");
+    }
+    let body: serde_json::Value = r.json().await.expect("JSON error");
+    assert_eq!(body["error"]["code"], "request_headers_too_large");
+    // Past twice the limit the listener cuts the head before it is parsed: never served.
+    let huge = "a".repeat(40_000);
+    let cut_h2 = h2c_get(gw.port, "/health", Some(("x-big", huge.clone()))).await;
+    assert!(!matches!(cut_h2, Ok((200, _))), "{cut_h2:?}");
+    let r = reqwest::Client::new()
+        .get(gw.data_url("/health"))
+        .header("x-big", &huge)
         .send()
         .await
         .expect("answer");

@@ -1,5 +1,6 @@
 //! Phase 3, request limits, before any logging, auth or plugin work: a path refused by
-//! normalisation ([`super::path`]) is answered `400 invalid_path`; a declared `Content-Length`
+//! normalisation ([`super::path`]) is answered `400 invalid_path`; a request head (request line
+//! and headers) over `server.max_header_bytes` is answered `431`; a declared `Content-Length`
 //! over the body limit is refused with 413; any other body is wrapped so that reading past the
 //! limit fails with 413 where it is read.
 
@@ -34,6 +35,12 @@ pub fn check(
             format!("the request path is refused: {}", refused.0),
         ));
     }
+    let max_head = state.config.server.max_header_bytes as usize;
+    if head_bytes(&request) > max_head {
+        return Err(GatewayError::headers_too_large(format!(
+            "the request line and headers are over the {max_head} byte limit"
+        )));
+    }
     // Storage has its own limit: uploads stream through and may be far larger.
     let limit = match cx.group {
         RouteGroup::Storage => state.config.upstreams.storage_max_body_bytes as usize,
@@ -54,6 +61,18 @@ pub fn check(
         return Ok(request);
     }
     Ok(request.map(|body| Body::new(Limited::new(body, limit))))
+}
+
+/// The size of a request's head as HTTP/1.1 writes it: the request line and every header line.
+/// (The listener cuts heads over twice `server.max_header_bytes` before they get here.)
+fn head_bytes(request: &Request) -> usize {
+    let uri = request.uri();
+    let target = uri.path_and_query().map_or(1, |p| p.as_str().len())
+        + uri.authority().map_or(0, |a| a.as_str().len());
+    let line = request.method().as_str().len() + target + 12;
+    request.headers().iter().fold(line, |sum, (name, value)| {
+        sum + name.as_str().len() + value.len() + 4
+    })
 }
 
 /// The answer to a refused request: made before the request-id phase, it gets an id of its own.
