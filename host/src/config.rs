@@ -111,6 +111,9 @@ pub struct ServerConfig {
     /// Largest request head accepted, in bytes: the HTTP/1.1 request line and headers
     /// (`431` above), the decoded HTTP/2 header list (the stream is refused above).
     pub max_header_bytes: u32,
+    /// How often the listeners' certificate files are checked for a change, in milliseconds
+    /// (SIGHUP reloads them at once).
+    pub tls_watch_interval_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -125,6 +128,7 @@ impl Default for ServerConfig {
             http2: true,
             http2_max_concurrent_streams: 100,
             max_header_bytes: 64 * 1024,
+            tls_watch_interval_ms: 2_000,
         }
     }
 }
@@ -174,6 +178,19 @@ pub struct NatsConfig {
     pub no_responder_retries: u32,
     /// Wait before the first replay, in milliseconds; doubled for each further one.
     pub retry_backoff_ms: u64,
+    /// TLS to NATS: when set, TLS is required (whatever the URL's scheme says); its CA bundle
+    /// replaces the system roots, and its client certificate answers servers with `verify`.
+    pub tls: Option<ClientTlsConfig>,
+    /// User name (with `password`).
+    pub user: Option<String>,
+    /// Password of `user`.
+    pub password: Option<String>,
+    /// Authentication token.
+    pub token: Option<String>,
+    /// NKey seed (`SU…`) of the gateway's user.
+    pub nkey_seed: Option<String>,
+    /// A `.creds` file: the user JWT and its NKey seed (decentralised authentication).
+    pub credentials_file: Option<String>,
 }
 
 impl Default for NatsConfig {
@@ -184,6 +201,12 @@ impl Default for NatsConfig {
             connect_timeout_ms: 2_000,
             no_responder_retries: 3,
             retry_backoff_ms: 25,
+            tls: None,
+            user: None,
+            password: None,
+            token: None,
+            nkey_seed: None,
+            credentials_file: None,
         }
     }
 }
@@ -230,6 +253,22 @@ pub struct TracingConfig {
     pub otlp_endpoint: Option<String>,
     /// `service.name` of the exported spans.
     pub service_name: String,
+    /// Trust for an `https://` endpoint: a CA bundle added to the public roots, a client
+    /// certificate.
+    pub otlp_tls: Option<ClientTlsConfig>,
+}
+
+/// TLS settings of a connection the gateway opens. Relative paths are resolved against the
+/// config file's directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientTlsConfig {
+    /// PEM bundle of the CAs that may sign the server's certificate.
+    pub ca_file: Option<String>,
+    /// PEM client certificate chain (with `key_file`), for servers that ask for one.
+    pub cert_file: Option<String>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<String>,
 }
 
 impl Default for TracingConfig {
@@ -237,6 +276,7 @@ impl Default for TracingConfig {
         Self {
             otlp_endpoint: None,
             service_name: "aura-gateway".to_owned(),
+            otlp_tls: None,
         }
     }
 }
@@ -269,8 +309,16 @@ pub struct ControlConfig {
     pub file: Option<String>,
     /// How often the control file is checked for changes, in milliseconds.
     pub reload_interval_ms: u64,
-    /// `postgres://…` (postgres store).
+    /// `postgres://…` (postgres store). TLS settings may go in the URL too
+    /// (`?sslmode=verify-full&sslrootcert=/path/ca.pem`).
     pub database_url: Option<String>,
+    /// TLS to PostgreSQL: when set, `sslmode=verify-full` (the server's certificate must be
+    /// signed by `ca_file`, or a public CA without it, and name the URL's host), with an
+    /// optional client certificate.
+    pub tls: Option<ClientTlsConfig>,
+    /// Listen to the tables' change notifications (postgres store; `migrate` installs the
+    /// triggers): a change made by anyone applies on every instance at once.
+    pub notifications: bool,
     /// Pool size (postgres store).
     pub max_connections: u32,
     /// Time allowed to get a pooled connection, in milliseconds (postgres store).
@@ -284,6 +332,8 @@ impl Default for ControlConfig {
             file: None,
             reload_interval_ms: 1_000,
             database_url: None,
+            tls: None,
+            notifications: true,
             max_connections: 10,
             acquire_timeout_ms: 2_000,
         }
@@ -465,6 +515,10 @@ pub struct UpstreamsConfig {
     /// host names (`pg.internal`) or suffixes (`.pg.internal`). A project's `postgrest_url`
     /// outside the list is answered `503 db_target_not_allowed`. Empty: none allowed.
     pub postgrest_allowed_targets: Vec<String>,
+    /// Trust for `https://` backends: a CA bundle added to the public roots, a client
+    /// certificate. `http://` backends stay allowed (`check-config` warns when one that
+    /// receives credentials is not on loopback).
+    pub tls: Option<ClientTlsConfig>,
 }
 
 impl Default for UpstreamsConfig {
@@ -477,6 +531,7 @@ impl Default for UpstreamsConfig {
             stream_idle_timeout_secs: 300,
             pool_max_idle_per_host: 64,
             postgrest_allowed_targets: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -517,6 +572,9 @@ pub struct RateLimitConfig {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// `redis://host:port/db`: per-actor quotas shared by every instance. None: local only.
     pub redis_url: Option<String>,
+    /// Trust for a `rediss://` URL: a CA bundle replacing the system roots, a client
+    /// certificate (for `tls-auth-clients yes`).
+    pub redis_tls: Option<ClientTlsConfig>,
     /// Time allowed for one Redis call, in milliseconds; slower calls fall back to local.
     pub redis_timeout_ms: u64,
     /// Prefix of the Redis keys.
@@ -588,6 +646,7 @@ impl Default for RateLimitConfig {
             management_plane_per_ip: BucketConfig::default(),
             trusted_proxies: Vec::new(),
             redis_url: None,
+            redis_tls: None,
             redis_timeout_ms: 50,
             redis_key_prefix: "aura:rl:".to_owned(),
             redis_failure_threshold: 3,
@@ -773,6 +832,8 @@ pub struct DataPlaneConfig {
     /// When set (`.api.example.com`), a request whose `Host` is `<ref><suffix>` belongs to
     /// project `<ref>` before any key is seen: its preflights follow the project's CORS module.
     pub project_host_suffix: Option<String>,
+    /// HTTPS on the data-plane listener (absent: plain HTTP).
+    pub tls: Option<ListenerTlsConfig>,
 }
 
 /// Management-plane settings.
@@ -780,6 +841,24 @@ pub struct DataPlaneConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ManagementPlaneConfig {
     pub plugins: ManagementPlaneStages,
+    /// HTTPS on the management-plane listener (absent: plain HTTP).
+    pub tls: Option<ListenerTlsConfig>,
+}
+
+/// HTTPS on one listener: TLS 1.2 or 1.3, ALPN `h2` (with `server.http2`) and `http/1.1`.
+/// The files are read again when they change and on SIGHUP; relative paths are resolved
+/// against the config file's directory.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsConfig {
+    /// PEM certificate chain, the leaf first.
+    pub cert_file: String,
+    /// PEM private key of the leaf (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+    /// PEM bundle of the CAs whose client certificates are accepted; when set, a client
+    /// without such a certificate fails the handshake (mTLS).
+    #[serde(default)]
+    pub client_ca_file: Option<String>,
 }
 
 /// Introspection routes of the management plane (`/v1/admin/*`).
@@ -805,9 +884,30 @@ fn is_secret_key(key: &str) -> bool {
         "passwd",
         "credentials",
         "private_key",
+        "seed",
     ]
     .iter()
     .any(|s| key == *s || key.ends_with(&format!("_{s}")) || key.starts_with(&format!("{s}_")))
+}
+
+/// The host of a URL (`scheme://[user@]host[:port]/…`), without brackets or port.
+fn url_host(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next()?
+    } else {
+        host_port.split(':').next()?
+    };
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
+/// `localhost` or a loopback address.
+fn is_loopback_host(host: &str) -> bool {
+    host == "localhost"
+        || host.ends_with(".localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A URL with its password (or a user that is a token) replaced.
@@ -899,6 +999,8 @@ impl Config {
                 .unwrap_or_default();
             problem(&key, format!("{}{source}", e.kind))
         })?;
+        let mut config = config;
+        config.resolve_tls_paths(file.and_then(Path::parent));
         config.validate(file.and_then(Path::parent))?;
         Ok(config)
     }
@@ -920,8 +1022,230 @@ impl Config {
         value
     }
 
+    /// Warnings for hops that carry secrets in plain text to a host that is not loopback
+    /// (allowed: internal networks may be trusted; `check-config` prints them and the gateway
+    /// logs them at start).
+    pub fn plaintext_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut warn = |key: &str, url: &str, what: &str| {
+            if let Some(host) = url_host(url)
+                && !is_loopback_host(&host)
+            {
+                out.push(format!(
+                    "{key}: {} is plain text to {host}, which is not loopback: {what}",
+                    redact_url(url).unwrap_or_else(|| url.to_owned())
+                ));
+            }
+        };
+        if self.nats.tls.is_none() {
+            for url in self.nats.url.split(',').map(str::trim) {
+                if url.starts_with("nats://") || url.starts_with("ws://") {
+                    warn(
+                        "nats.url",
+                        url,
+                        "envelopes carry callers' credentials (set nats.tls, or use tls://)",
+                    );
+                }
+            }
+        }
+        for (key, url) in [
+            ("upstreams.storage_url", &self.upstreams.storage_url),
+            ("upstreams.realtime_url", &self.upstreams.realtime_url),
+        ] {
+            if let Some(url) = url.as_deref().filter(|u| u.starts_with("http://")) {
+                warn(
+                    key,
+                    url,
+                    "forwarded requests carry callers' credentials (use https://)",
+                );
+            }
+        }
+        for (key, jwt) in [
+            ("auth.user_jwt.jwks_url", &self.auth.user_jwt),
+            ("auth.console_jwt.jwks_url", &self.auth.console_jwt),
+        ] {
+            if let Some(url) = jwt.jwks_url.as_deref().filter(|u| u.starts_with("http://")) {
+                warn(
+                    key,
+                    url,
+                    "whoever can alter it can mint accepted tokens (use https://)",
+                );
+            }
+        }
+        if let Some(url) = &self.control.database_url
+            && self.control.tls.is_none()
+            && ![
+                "sslmode=require",
+                "sslmode=verify-ca",
+                "sslmode=verify-full",
+            ]
+            .iter()
+            .any(|m| url.contains(m))
+        {
+            warn(
+                "control.database_url",
+                url,
+                "it carries the database password and key hashes (set control.tls or sslmode=verify-full)",
+            );
+        }
+        if let Some(url) = self.rate_limit.redis_url.as_deref()
+            && url.starts_with("redis://")
+            && url.contains('@')
+        {
+            warn(
+                "rate_limit.redis_url",
+                url,
+                "it carries the Redis password (use rediss://)",
+            );
+        }
+        out
+    }
+
+    /// Every TLS section, by its dotted key.
+    pub fn client_tls_sections(&self) -> Vec<(&'static str, &ClientTlsConfig)> {
+        [
+            ("nats.tls", &self.nats.tls),
+            ("control.tls", &self.control.tls),
+            ("rate_limit.redis_tls", &self.rate_limit.redis_tls),
+            ("upstreams.tls", &self.upstreams.tls),
+            ("tracing.otlp_tls", &self.tracing.otlp_tls),
+        ]
+        .into_iter()
+        .filter_map(|(key, tls)| tls.as_ref().map(|t| (key, t)))
+        .collect()
+    }
+
+    /// Makes every relative TLS file path absolute, against `base` (the config file's
+    /// directory), so that what is in force does not depend on the working directory.
+    fn resolve_tls_paths(&mut self, base: Option<&Path>) {
+        let Some(base) = base else { return };
+        let fix = |p: &mut String| {
+            if Path::new(p.as_str()).is_relative() {
+                *p = base.join(p.as_str()).display().to_string();
+            }
+        };
+        for tls in [
+            &mut self.nats.tls,
+            &mut self.control.tls,
+            &mut self.rate_limit.redis_tls,
+            &mut self.upstreams.tls,
+            &mut self.tracing.otlp_tls,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            for p in [&mut tls.ca_file, &mut tls.cert_file, &mut tls.key_file]
+                .into_iter()
+                .flatten()
+            {
+                fix(p);
+            }
+        }
+        for tls in [&mut self.data_plane.tls, &mut self.management_plane.tls]
+            .into_iter()
+            .flatten()
+        {
+            fix(&mut tls.cert_file);
+            fix(&mut tls.key_file);
+            if let Some(ca) = &mut tls.client_ca_file {
+                fix(ca);
+            }
+        }
+        if let Some(creds) = &mut self.nats.credentials_file {
+            fix(creds);
+        }
+    }
+
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        for (key, tls) in self.client_tls_sections() {
+            if tls.cert_file.is_some() != tls.key_file.is_some() {
+                return Err(problem(
+                    key,
+                    "cert_file and key_file go together (a client certificate and its key)",
+                ));
+            }
+            for (field, path) in [
+                ("ca_file", &tls.ca_file),
+                ("cert_file", &tls.cert_file),
+                ("key_file", &tls.key_file),
+            ] {
+                if let Some(path) = path
+                    && !Path::new(path).is_file()
+                {
+                    return Err(problem(
+                        &format!("{key}.{field}"),
+                        format!("{path} is not a file"),
+                    ));
+                }
+            }
+        }
+        for (key, tls) in [
+            ("data_plane.tls", &self.data_plane.tls),
+            ("management_plane.tls", &self.management_plane.tls),
+        ] {
+            let Some(tls) = tls else { continue };
+            for (field, path) in [
+                ("cert_file", Some(&tls.cert_file)),
+                ("key_file", Some(&tls.key_file)),
+                ("client_ca_file", tls.client_ca_file.as_ref()),
+            ] {
+                if let Some(path) = path
+                    && !Path::new(path).is_file()
+                {
+                    return Err(problem(
+                        &format!("{key}.{field}"),
+                        format!("{path:?} is not a file"),
+                    ));
+                }
+            }
+        }
+        if !(100..=3_600_000).contains(&self.server.tls_watch_interval_ms) {
+            return Err(problem(
+                "server.tls_watch_interval_ms",
+                "must be between 100 and 3600000",
+            ));
+        }
+        let n = &self.nats;
+        let methods = [
+            n.user.is_some(),
+            n.token.is_some(),
+            n.nkey_seed.is_some(),
+            n.credentials_file.is_some(),
+        ]
+        .iter()
+        .filter(|m| **m)
+        .count();
+        if methods > 1 {
+            return Err(problem(
+                "nats",
+                "user/password, token, nkey_seed and credentials_file are alternatives: set one",
+            ));
+        }
+        if n.password.is_some() && n.user.is_none() {
+            return Err(problem("nats.password", "needs nats.user"));
+        }
+        if let Some(seed) = &n.nkey_seed
+            && !seed.starts_with("SU")
+        {
+            return Err(problem(
+                "nats.nkey_seed",
+                "is not a user NKey seed (it starts with SU)",
+            ));
+        }
+        if let Some(creds) = &n.credentials_file
+            && !Path::new(creds).is_file()
+        {
+            return Err(problem(
+                "nats.credentials_file",
+                format!("{creds} is not a file"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks every value that the types alone cannot. `base` resolves relative module paths.
     pub fn validate(&self, base: Option<&Path>) -> Result<(), ConfigError> {
+        self.validate_tls()?;
         if self.host.parse::<IpAddr>().is_err() {
             return Err(problem(
                 "host",
@@ -1208,12 +1532,14 @@ impl Config {
                 && url
                     .parse::<http::Uri>()
                     .ok()
-                    .filter(|uri| uri.scheme_str() == Some("http") && uri.host().is_some())
+                    .filter(|uri| {
+                        matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some()
+                    })
                     .is_none()
             {
                 return Err(problem(
                     key,
-                    format!("{url:?} is not an http://host[:port][/path] URL"),
+                    format!("{url:?} is not an http(s)://host[:port][/path] URL"),
                 ));
             }
         }
@@ -1263,6 +1589,17 @@ impl Config {
             return Err(problem(
                 "rate_limit.redis_url",
                 "must start with redis:// or rediss://",
+            ));
+        }
+        if r.redis_tls.is_some()
+            && !r
+                .redis_url
+                .as_deref()
+                .is_some_and(|u| u.starts_with("rediss://"))
+        {
+            return Err(problem(
+                "rate_limit.redis_tls",
+                "applies to a rediss:// redis_url only",
             ));
         }
         if r.redis_timeout_ms == 0 {
@@ -1492,6 +1829,9 @@ mod tests {
         config.control.database_url = Some("postgres://aura:pg-password@db:5432/aura".into());
         config.rate_limit.redis_url = Some("redis://:redis-password@cache:6379/0".into());
         config.nats.url = "nats://a:4222, nats://user:nats-password@b:4222".into();
+        config.nats.password = Some("nats-field-password".into());
+        config.nats.token = Some("nats-field-token".into());
+        config.nats.nkey_seed = Some("SUAFIELDSEED".into());
         config.data_plane.plugins.cors.config =
             serde_json::json!({ "allow": ["*"], "upstream_token": "plugin-token" });
         let text = serde_json::to_string(&config.redacted()).expect("json");
@@ -1502,6 +1842,9 @@ mod tests {
             "pg-password",
             "redis-password",
             "nats-password",
+            "nats-field-password",
+            "nats-field-token",
+            "SUAFIELDSEED",
             "plugin-token",
         ] {
             assert!(!text.contains(secret), "{secret} in {text}");

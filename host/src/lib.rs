@@ -7,6 +7,7 @@
 pub mod actor;
 pub mod auth;
 pub mod breaker;
+pub mod changes;
 pub mod config;
 pub mod control;
 pub mod dev;
@@ -28,3 +29,4 @@ pub mod schema;
 pub mod server;
 pub mod state;
 pub mod telemetry;
+pub mod tls;

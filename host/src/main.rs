@@ -66,6 +66,14 @@ enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// Probe a running gateway's `/health` (exit 0 when it answers 200): the container
+    /// image's health check, which has no shell or curl.
+    Health {
+        /// The URL to probe; by default the data plane on loopback (`AURA_PORT` or 8000).
+        /// An `https://` URL on loopback is probed without verifying the certificate.
+        #[arg(long)]
+        url: Option<String>,
+    },
     /// Apply the control-store migrations (schema aura_control) to a PostgreSQL database.
     Migrate {
         /// postgres://user@host/db
@@ -146,6 +154,7 @@ fn main() -> ExitCode {
         };
     }
     let cli = Cli::parse();
+    aura_gateway::tls::install_crypto_provider();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -189,6 +198,7 @@ fn main() -> ExitCode {
         } => aura_gateway::policy::Stage::parse(&stage)
             .ok_or_else(|| anyhow::anyhow!("unknown stage {stage}"))
             .and_then(|stage| print_json(&aura_gateway::schema::plugin_config_schema(stage))),
+        Command::Health { url } => runtime.block_on(health(url)),
         Command::Migrate { database_url } => runtime.block_on(migrate(database_url)),
         Command::Keys { command, config } => runtime.block_on(keys(command, config)),
     };
@@ -214,6 +224,9 @@ async fn serve(path: Option<PathBuf>, config: Config) -> anyhow::Result<()> {
             .config_path
             .set(std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()));
     }
+    for warning in config.plaintext_warnings() {
+        tracing::warn!("{warning}");
+    }
     aura_gateway::reload::spawn_triggers(&state);
     let (data, management) = server::bind(&config).await?;
     let drain = server::drain_on_signal(state.clone());
@@ -233,6 +246,30 @@ fn dev_config(path: Option<PathBuf>, port: u16, management_port: u16) -> anyhow:
 
 fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+async fn health(url: Option<String>) -> anyhow::Result<()> {
+    let url = url.unwrap_or_else(|| {
+        let port = std::env::var("AURA_PORT").unwrap_or_else(|_| "8000".to_owned());
+        format!("http://127.0.0.1:{port}/health")
+    });
+    let parsed = reqwest::Url::parse(&url).map_err(|e| anyhow::anyhow!("--url {url}: {e}"))?;
+    let host = parsed
+        .host_str()
+        .unwrap_or_default()
+        .trim_matches(['[', ']']);
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(3))
+        .danger_accept_invalid_certs(loopback)
+        .build()?;
+    let status = client.get(parsed).send().await?.status();
+    anyhow::ensure!(status.is_success(), "{url} answered {status}");
+    println!("{url}: {status}");
     Ok(())
 }
 
@@ -344,6 +381,24 @@ async fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {
     let policies = Policies::load_with(&runtime, &config, base, &stored)?;
     for report in aura_gateway::policy::conformance::check(&policies)? {
         println!("{report}");
+    }
+    // The listeners' certificates and every client TLS section, read as the gateway would.
+    for (plane, tls) in [
+        (aura_gateway::plane::Plane::Data, &config.data_plane.tls),
+        (
+            aura_gateway::plane::Plane::Management,
+            &config.management_plane.tls,
+        ),
+    ] {
+        if let Some(tls) = tls {
+            aura_gateway::tls::ListenerTls::load(plane, tls, base, config.server.http2)?;
+        }
+    }
+    for (key, tls) in config.client_tls_sections() {
+        aura_gateway::tls::client_config(key, Some(tls), true)?;
+    }
+    for warning in config.plaintext_warnings() {
+        println!("warning: {warning}");
     }
     println!("configuration OK");
     Ok(())

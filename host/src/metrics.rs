@@ -54,6 +54,13 @@ pub struct Metrics {
     pub modules_collected: prometheus::IntCounter,
     /// Log lines dropped because the log writer could not keep up.
     pub log_lines_dropped: prometheus::IntCounter,
+    /// Control change events acted on, by source (`nats`, `postgres`, `file`) and kind
+    /// (`refused`: not an event).
+    pub change_events: IntCounterVec,
+    /// Listener certificate reloads by plane and result (`ok`, `refused`).
+    pub tls_reloads: IntCounterVec,
+    /// TLS handshakes that failed or timed out, by plane.
+    pub tls_handshake_failures: IntCounterVec,
     /// `ratelimit_decisions` by plane, limiter and decision, looked up once.
     decisions: std::sync::Arc<[prometheus::IntCounter; 8]>,
 }
@@ -206,8 +213,26 @@ impl Metrics {
             "Log lines dropped because the log writer could not keep up (log.buffer_lines)",
         )
         .expect("valid metric");
+        let change_events = counter(
+            "change_events_total",
+            "Control change events acted on, by source and kind (refused: not an event)",
+            &["source", "kind"],
+        );
+        let tls_reloads = counter(
+            "tls_reloads_total",
+            "Listener certificate reloads by plane and result (ok, refused)",
+            &["plane", "result"],
+        );
+        let tls_handshake_failures = counter(
+            "tls_handshake_failures_total",
+            "TLS handshakes that failed or timed out, by plane",
+            &["plane"],
+        );
         for c in [
             Box::new(log_lines_dropped.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(tls_reloads.clone()),
+            Box::new(change_events.clone()),
+            Box::new(tls_handshake_failures.clone()),
             Box::new(paths_refused.clone()),
             Box::new(postgrest_targets_refused.clone()),
             Box::new(quota_rules_clamped.clone()),
@@ -240,6 +265,9 @@ impl Metrics {
         }));
         Self {
             log_lines_dropped,
+            tls_reloads,
+            tls_handshake_failures,
+            change_events,
             decisions,
             registry,
             requests,

@@ -12,12 +12,14 @@ use crate::plane::Plane;
 use crate::planes::chain::PlaneService;
 use crate::planes::{build_data_plane_router, build_management_plane_router};
 use crate::state::AppState;
+use crate::tls::ListenerTls;
 use axum::body::Body;
 use axum::response::IntoResponse;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
@@ -54,9 +56,37 @@ pub async fn serve(
     }
     let data_app = build_data_plane_router(state.clone());
     let mgmt_app = build_management_plane_router(state.clone());
+    let base = state.config_path.get().and_then(|p| p.parent());
+    let http2 = state.config.server.http2;
+    let load = |plane, tls: &Option<crate::config::ListenerTlsConfig>| {
+        tls.as_ref()
+            .map(|t| ListenerTls::load(plane, t, base, http2))
+            .transpose()
+    };
+    let data_tls = load(Plane::Data, &state.config.data_plane.tls)?;
+    let mgmt_tls = load(Plane::Management, &state.config.management_plane.tls)?;
+    crate::tls::spawn_reloader(
+        data_tls.iter().chain(mgmt_tls.iter()).cloned().collect(),
+        Duration::from_millis(state.config.server.tls_watch_interval_ms),
+        state.metrics.clone(),
+    );
     let (a, b) = tokio::join!(
-        serve_plane(Plane::Data, data, data_app, &state, stop_rx.clone()),
-        serve_plane(Plane::Management, management, mgmt_app, &state, stop_rx),
+        serve_plane(
+            Plane::Data,
+            data,
+            data_tls,
+            data_app,
+            &state,
+            stop_rx.clone()
+        ),
+        serve_plane(
+            Plane::Management,
+            management,
+            mgmt_tls,
+            mgmt_app,
+            &state,
+            stop_rx
+        ),
     );
     // Tunnels get what is left of the same grace.
     let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
@@ -70,13 +100,24 @@ pub async fn serve(
 async fn serve_plane(
     plane: Plane,
     listener: TcpListener,
+    tls: Option<Arc<ListenerTls>>,
     service: PlaneService,
     state: &AppState,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let config: &Config = &state.config;
     let addr = listener.local_addr()?;
-    tracing::info!(plane = plane.as_str(), %addr, "listening");
+    tracing::info!(
+        plane = plane.as_str(),
+        %addr,
+        tls = tls.is_some(),
+        client_certificates = tls.as_ref().is_some_and(|t| t.requires_client_certificate()),
+        "listening"
+    );
+    let handshake_failures = state
+        .metrics
+        .tls_handshake_failures
+        .with_label_values(&[plane.as_str()]);
     let mut builder = Builder::new(TokioExecutor::new());
     let header_timeout = Duration::from_millis(config.server.header_read_timeout_ms);
     builder
@@ -150,13 +191,62 @@ async fn serve_plane(
         });
         let builder = builder.clone();
         let watcher = graceful.watcher();
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
+        let handshake_failures = handshake_failures.clone();
         tokio::spawn(async move {
+            // Serves the connection under the graceful shutdown, then gives its slot back.
+            macro_rules! serve_watched {
+                ($io:expr) => {{
+                    let connection = builder
+                        .serve_connection_with_upgrades(TokioIo::new($io), service)
+                        .into_owned();
+                    if let Err(e) = watcher.watch(connection).await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    drop(slot);
+                }};
+            }
             // The protocol detection reads the first bytes before hyper's header-read timeout
             // runs: a connection that sends nothing at all would hold its slot under
-            // `server.max_connections` forever. It gets the same time to start as to finish.
+            // `server.max_connections` forever. It gets the same time to start as to finish
+            // (a TLS handshake included).
+            let deadline = tokio::time::Instant::now() + header_timeout;
+            if let Some(acceptor) = acceptor {
+                let mut stream = match tokio::time::timeout_at(deadline, acceptor.accept(stream))
+                    .await
+                {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        handshake_failures.inc();
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        handshake_failures.inc();
+                        tracing::debug!(%peer, "TLS handshake not done within the header timeout");
+                        return;
+                    }
+                };
+                // ALPN offered `h2` only with `server.http2` on; the preface tells the rest.
+                // Without HTTP/2, a client sending its preface anyway is not served: the
+                // first three bytes are read and handed back to the connection.
+                let stream = if http2 {
+                    Prefixed::new(stream, Vec::new())
+                } else {
+                    let mut first = [0u8; 3];
+                    match tokio::time::timeout_at(deadline, stream.read_exact(&mut first)).await {
+                        Ok(Ok(_)) if &first != b"PRI" => Prefixed::new(stream, first.to_vec()),
+                        _ => {
+                            tracing::debug!(%peer, "TLS connection closed: no HTTP/1.1 request");
+                            return;
+                        }
+                    }
+                };
+                serve_watched!(stream);
+                return;
+            }
             // Without HTTP/2, the first three bytes tell its preface (`PRI`) from a request.
             let wanted = if http2 { 1 } else { 3 };
-            let deadline = tokio::time::Instant::now() + header_timeout;
             let mut first = [0u8; 3];
             let peeked = loop {
                 match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
@@ -176,13 +266,7 @@ async fn serve_plane(
                 drop(slot);
                 return;
             }
-            let connection = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .into_owned();
-            if let Err(e) = watcher.watch(connection).await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-            drop(slot);
+            serve_watched!(stream);
         });
     }
     drop(listener);
@@ -202,6 +286,76 @@ async fn serve_plane(
         );
     }
     Ok(())
+}
+
+/// A stream with bytes already read from it put back in front.
+struct Prefixed<S> {
+    prefix: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    fn new(inner: S, prefix: Vec<u8>) -> Self {
+        Self {
+            prefix,
+            at: 0,
+            inner,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.at < self.prefix.len() {
+            let n = (self.prefix.len() - self.at).min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.prefix[at..at + n]);
+            self.at += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
 }
 
 /// Resolves once shutdown was asked for.

@@ -52,6 +52,21 @@ pub struct StateInner {
     pub readiness: crate::readiness::Readiness,
     /// When this instance started (`/v1/admin/status`).
     pub started_at: std::time::SystemTime,
+    /// This instance's id in the fleet's change events.
+    pub instance_id: String,
+    /// Wakes the tenant refresh before its period (a change event).
+    tenant_refresh: Arc<tokio::sync::Notify>,
+}
+
+/// An [`AppState`] that does not keep the state alive (for background tasks).
+#[derive(Debug, Clone)]
+pub struct WeakState(std::sync::Weak<StateInner>);
+
+impl WeakState {
+    /// The state, while it lives.
+    pub fn upgrade(&self) -> Option<AppState> {
+        self.0.upgrade().map(AppState)
+    }
 }
 
 /// One breaker per service and a table of breakers per dedicated PostgREST target.
@@ -138,19 +153,32 @@ impl AppState {
             metrics,
             ip_limits,
             quotas,
-            http: HttpTransport::new(&config_upstreams),
+            http: HttpTransport::new(&config_upstreams)?,
             breakers: Breakers::new(&config_breaker),
             auth,
             readiness: crate::readiness::Readiness::default(),
             started_at: std::time::SystemTime::now(),
+            instance_id: uuid::Uuid::new_v4().to_string(),
+            tenant_refresh: Arc::new(tokio::sync::Notify::new()),
         }));
         state.spawn_tenant_refresh();
+        crate::changes::spawn(&state);
         state.spawn_module_gc();
         Ok(state)
     }
 
     /// Keeps the projects' modules in line with the control store, every
     /// `plugins.tenant_refresh_secs`.
+    /// A handle that does not keep the state alive.
+    pub fn downgrade(&self) -> WeakState {
+        WeakState(Arc::downgrade(&self.0))
+    }
+
+    /// Refreshes the projects' modules now rather than at the end of the period.
+    pub fn request_tenant_refresh(&self) {
+        self.tenant_refresh.notify_one();
+    }
+
     fn spawn_tenant_refresh(&self) {
         let weak = Arc::downgrade(&self.0);
         let every = Duration::from_secs(self.config.plugins.tenant_refresh_secs.max(1));
@@ -162,8 +190,13 @@ impl AppState {
                     state.readiness.store_answered();
                     state.readiness.tenant_modules_loaded();
                 }
+                let wake = state.tenant_refresh.clone();
                 drop(state);
-                tokio::time::sleep(every).await;
+                // The period, or sooner when a change event asks for it.
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = wake.notified() => {}
+                }
             }
         });
     }

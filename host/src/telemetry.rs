@@ -9,7 +9,7 @@
 use std::io::IsTerminal;
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -61,12 +61,44 @@ impl Drop for TelemetryGuard {
     }
 }
 
+/// The exporter's HTTP client: `http://` or `https://` with `tracing.otlp_tls`.
+#[derive(Debug)]
+struct OtlpClient(reqwest::blocking::Client);
+
+#[async_trait::async_trait]
+impl opentelemetry_http::HttpClient for OtlpClient {
+    async fn send_bytes(
+        &self,
+        request: opentelemetry_http::Request<opentelemetry_http::Bytes>,
+    ) -> Result<
+        opentelemetry_http::Response<opentelemetry_http::Bytes>,
+        opentelemetry_http::HttpError,
+    > {
+        // Runs on the batch exporter's own thread: blocking here holds up no request.
+        let request = reqwest::blocking::Request::try_from(request)?;
+        let response = self.0.execute(request)?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let mut out = opentelemetry_http::Response::builder()
+            .status(status)
+            .body(response.bytes()?)?;
+        *out.headers_mut() = headers;
+        Ok(out)
+    }
+}
+
 fn otlp(config: &TracingConfig) -> anyhow::Result<Option<SdkTracerProvider>> {
     let Some(endpoint) = &config.otlp_endpoint else {
         return Ok(None);
     };
+    let tls = crate::tls::client_config("tracing.otlp_tls", config.otlp_tls.as_ref(), true)?;
+    let client = reqwest::blocking::Client::builder()
+        .use_preconfigured_tls(tls)
+        .timeout(std::time::Duration::from_secs(10))
+        .build()?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        .with_http_client(OtlpClient(client))
         .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
         .build()?;
     let resource = opentelemetry_sdk::Resource::builder()

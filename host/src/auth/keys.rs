@@ -198,6 +198,23 @@ impl KeyResolver {
         }
     }
 
+    /// Forgets what is cached of the key whose SHA-256 is `sha256_hex` (a change event): the
+    /// next request with it asks the store. Returns whether `sha256_hex` was a SHA-256.
+    pub async fn forget(&self, sha256_hex: &str) -> bool {
+        let mut digest = [0u8; 32];
+        if hex::decode_to_slice(sha256_hex, &mut digest).is_err() {
+            return false;
+        }
+        self.cache.invalidate(&digest).await;
+        self.last_known.forget(&sha256_hex.to_ascii_lowercase());
+        true
+    }
+
+    /// Forgets every cached key (the store changed in ways not told key by key).
+    pub fn forget_all(&self) {
+        self.cache.invalidate_all();
+    }
+
     /// The record of `key`, or `None` when no key has that hash. Store failures are not cached;
     /// while the store is unavailable a key found before is answered from memory.
     pub async fn resolve(&self, key: &str) -> Result<Option<Arc<ApiKeyRecord>>, StoreError> {

@@ -79,6 +79,23 @@ impl Authenticator {
         self.keys.resolve(key).await.map_err(|e| store_failed(&e))
     }
 
+    /// Forgets the cached lookups of one key, by its SHA-256 (hex).
+    pub async fn forget_key(&self, sha256_hex: &str) -> bool {
+        self.keys.forget(sha256_hex).await
+    }
+
+    /// Forgets the cached record of one project.
+    pub async fn forget_project(&self, project_ref: &str) {
+        self.projects.invalidate(project_ref).await;
+        self.last_known_projects.forget(project_ref);
+    }
+
+    /// Forgets every cached key and project.
+    pub fn forget_all(&self) {
+        self.keys.forget_all();
+        self.projects.invalidate_all();
+    }
+
     /// A project (cached), for the data plane.
     pub async fn cached_project(
         &self,

@@ -201,6 +201,8 @@ pub struct FileStore {
     snapshot: ArcSwap<Snapshot>,
     stamp: std::sync::Mutex<Option<(SystemTime, u64)>>,
     writing: tokio::sync::Mutex<()>,
+    /// Bumped on every reload of the file.
+    reloads: tokio::sync::watch::Sender<u64>,
 }
 
 fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
@@ -216,6 +218,7 @@ impl FileStore {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             stamp: std::sync::Mutex::new(None),
             writing: tokio::sync::Mutex::new(()),
+            reloads: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -228,6 +231,7 @@ impl FileStore {
             snapshot: ArcSwap::from_pointee(snapshot),
             stamp: std::sync::Mutex::new(stamp),
             writing: tokio::sync::Mutex::new(()),
+            reloads: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -261,6 +265,7 @@ impl FileStore {
         }
         let snapshot = result?;
         self.snapshot.store(Arc::new(snapshot));
+        self.reloads.send_modify(|n| *n += 1);
         tracing::info!(file = %path.display(), "control file reloaded");
         Ok(true)
     }
@@ -580,5 +585,9 @@ impl ControlStore for FileStore {
 
     fn kind(&self) -> &'static str {
         "file"
+    }
+
+    fn reloads(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.reloads.subscribe())
     }
 }

@@ -92,6 +92,14 @@ pub trait ControlStore: Send + Sync + std::fmt::Debug {
     async fn ping(&self) -> Result<(), StoreError>;
     /// `file` or `postgres`.
     fn kind(&self) -> &'static str;
+    /// The pool of a PostgreSQL store (its change notifications are listened to).
+    fn postgres_pool(&self) -> Option<sqlx::PgPool> {
+        None
+    }
+    /// Ticks each time the store's records were replaced wholesale (a control file reloaded).
+    fn reloads(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// Opens the store named by the configuration. `base` resolves a relative file path.

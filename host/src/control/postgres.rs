@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use std::str::FromStr as _;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use uuid::Uuid;
 
 use super::{
@@ -31,11 +33,21 @@ impl PostgresStore {
     /// Creates the pool. Connections are opened lazily, so the gateway starts while the
     /// database is down and the first queries fail fast with `Unavailable`.
     pub async fn connect(url: &str, config: &ControlConfig) -> Result<Self, StoreError> {
+        let mut options = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Invalid(format!("control.database_url: {e}")))?;
+        if let Some(tls) = &config.tls {
+            options = options.ssl_mode(PgSslMode::VerifyFull);
+            if let Some(ca) = &tls.ca_file {
+                options = options.ssl_root_cert(ca);
+            }
+            if let Some((cert, key)) = tls.cert_file.as_ref().zip(tls.key_file.as_ref()) {
+                options = options.ssl_client_cert(cert).ssl_client_key(key);
+            }
+        }
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
-            .connect_lazy(url)
-            .map_err(|e| StoreError::Invalid(format!("control.database_url: {e}")))?;
+            .connect_lazy_with(options);
         Ok(Self { pool })
     }
 
@@ -327,5 +339,9 @@ impl ControlStore for PostgresStore {
 
     fn kind(&self) -> &'static str {
         "postgres"
+    }
+
+    fn postgres_pool(&self) -> Option<sqlx::PgPool> {
+        Some(self.pool.clone())
     }
 }

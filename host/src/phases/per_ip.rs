@@ -69,6 +69,20 @@ pub fn peer(request: &Request) -> IpAddr {
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
+/// Whether the TCP peer of `request` is in `rate_limit.trusted_proxies` (its forwarding and
+/// trace headers are then believed).
+pub fn is_trusted_peer(state: &AppState, request: &Request) -> bool {
+    let trusted = &state.config.rate_limit.trusted_proxies;
+    if trusted.is_empty() {
+        return false;
+    }
+    let peer = match peer(request) {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    trusted.iter().any(|net| net.contains(&peer))
+}
+
 /// Takes one token of the per-IP limit for `request` and records the client IP in `cx`; the
 /// refusal when denied (`cx.ip_limited` is then set).
 pub fn check(state: &AppState, cx: &mut RequestContext, request: &Request) -> Result<(), Decision> {

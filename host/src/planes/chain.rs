@@ -115,11 +115,13 @@ impl Pipeline {
         request: Request,
         refused: Option<path::RefusedPath>,
     ) -> Response {
-        let request = match request_limits::check(&self.state, cx, refused, request) {
+        let mut request = match request_limits::check(&self.state, cx, refused, request) {
             Ok(request) => request,
             Err(error) => return request_limits::refused(error),
         };
         let span = trace::span(self.plane, &request);
+        let trusted = per_ip::is_trusted_peer(&self.state, &request);
+        trace::propagate(&span, &mut request, trusted);
         self.observed(cx, request).instrument(span).await
     }
 

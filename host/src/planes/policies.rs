@@ -161,6 +161,13 @@ async fn put_inner(
             .tenants
             .apply(&project, stage, Some(prepared.installed));
     }
+    crate::changes::publish(
+        &state,
+        crate::changes::Change::TenantModules {
+            project_ref: project.clone(),
+        },
+    )
+    .await;
     let (report, compile) = (prepared.report, prepared.compile);
     tracing::info!(
         project = %project,
@@ -220,6 +227,13 @@ pub async fn delete(State(state): State<AppState>, path: PolicyPath) -> Response
             if let Some(stage) = tenant_stage(&stage_key) {
                 state.policies.tenants.apply(&project, stage, None);
             }
+            crate::changes::publish(
+                &state,
+                crate::changes::Change::TenantModules {
+                    project_ref: project.clone(),
+                },
+            )
+            .await;
             StatusCode::NO_CONTENT.into_response()
         }
     }
@@ -234,7 +248,11 @@ pub async fn reload(State(state): State<AppState>, headers: http::HeaderMap) -> 
         return error.into_response();
     }
     match crate::reload::reload_and_log(&state, "management API").await {
-        Ok(()) => Json(serde_json::json!({ "status": "applied" })).into_response(),
+        Ok(()) => {
+            // Every instance reloads its own configuration file too.
+            crate::changes::publish(&state, crate::changes::Change::OperatorReload).await;
+            Json(serde_json::json!({ "status": "applied" })).into_response()
+        }
         Err(error) => error.into_gateway_error().into_response(),
     }
 }

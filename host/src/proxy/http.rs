@@ -18,6 +18,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -66,7 +67,7 @@ pub fn is_failure_status(status: StatusCode) -> bool {
 /// The pooled HTTP client and its settings.
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
     idle: Duration,
     /// Dedicated PostgREST targets allowed (`upstreams.postgrest_allowed_targets`).
     pub postgrest_targets: Arc<super::targets::TargetAllowList>,
@@ -92,17 +93,24 @@ pub fn upstream_uri(base: &str, rest: &str, query: Option<&str>) -> Result<Uri, 
 }
 
 impl HttpTransport {
-    /// Builds the pooled client.
-    pub fn new(config: &UpstreamsConfig) -> Self {
+    /// Builds the pooled client: `http://` and `https://` backends (the public roots plus
+    /// `upstreams.tls`).
+    pub fn new(config: &UpstreamsConfig) -> Result<Self, crate::tls::TlsError> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
         connector.set_nodelay(true);
-        connector.enforce_http(true);
+        connector.enforce_http(false);
+        let tls = crate::tls::client_config("upstreams.tls", config.tls.as_ref(), true)?;
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(config.pool_max_idle_per_host)
             .pool_idle_timeout(Duration::from_secs(90))
             .build(connector);
-        Self {
+        Ok(Self {
             client,
             idle: Duration::from_secs(config.stream_idle_timeout_secs),
             // Validated with the configuration.
@@ -111,7 +119,7 @@ impl HttpTransport {
                     .unwrap_or_default(),
             ),
             tunnels: super::tunnels::Tunnels::default(),
-        }
+        })
     }
 
     /// Forwards `request` to `uri` through `breaker`, until `deadline` for the response head.

@@ -81,6 +81,48 @@ impl NatsError {
     }
 }
 
+/// The seed URLs of `nats.url` (comma-separated): the client tries them in turn and learns
+/// the rest of the cluster from the servers.
+pub fn servers(url: &str) -> Vec<String> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// TLS and credentials of the NATS connection.
+async fn connect_options(config: &NatsConfig) -> anyhow::Result<ConnectOptions> {
+    crate::tls::install_crypto_provider();
+    let mut options = ConnectOptions::new();
+    if let Some(tls) = &config.tls {
+        options = options.require_tls(true);
+        if let Some(ca) = &tls.ca_file {
+            options = options.add_root_certificates(ca.into());
+        }
+        if let Some((cert, key)) = tls.cert_file.as_ref().zip(tls.key_file.as_ref()) {
+            options = options.add_client_certificate(cert.into(), key.into());
+        }
+    }
+    if let Some(user) = &config.user {
+        options =
+            options.user_and_password(user.clone(), config.password.clone().unwrap_or_default());
+    }
+    if let Some(token) = &config.token {
+        options = options.token(token.clone());
+    }
+    if let Some(seed) = &config.nkey_seed {
+        options = options.nkey(seed.clone());
+    }
+    if let Some(path) = &config.credentials_file {
+        options = options
+            .credentials_file(path)
+            .await
+            .map_err(|e| anyhow::anyhow!("nats.credentials_file: {path}: {e}"))?;
+    }
+    Ok(options)
+}
+
 /// The NATS transport shared by every NATS route.
 #[derive(Debug, Clone)]
 pub struct NatsTransport {
@@ -94,8 +136,9 @@ impl NatsTransport {
     /// Starts connecting and waits at most `connect_timeout_ms` for the first connection; past
     /// that the connection is (re)established in the background and requests fail fast while
     /// it is down.
-    pub async fn connect(config: &NatsConfig) -> Result<Self, async_nats::ConnectError> {
-        let client = ConnectOptions::new()
+    pub async fn connect(config: &NatsConfig) -> anyhow::Result<Self> {
+        let client = connect_options(config)
+            .await?
             .name("aura-gateway")
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
@@ -108,8 +151,9 @@ impl NatsTransport {
                     other => tracing::debug!(event = %other, "nats event"),
                 }
             })
-            .connect(config.url.as_str())
-            .await?;
+            .connect(servers(&config.url))
+            .await
+            .map_err(|e| anyhow::anyhow!("nats.url: {e}"))?;
         // Give the first connection a chance before serving, so that a gateway started next to
         // a healthy NATS does not answer its first requests with 503.
         let waited = tokio::time::Instant::now();
@@ -136,6 +180,23 @@ impl NatsTransport {
     /// The subject of a service.
     pub fn subject(&self, service: Service) -> String {
         format!("{}.{}.http", self.prefix, service.name())
+    }
+
+    /// Publishes `payload` on `subject` (fire and forget).
+    pub async fn publish(
+        &self,
+        subject: String,
+        payload: bytes::Bytes,
+    ) -> Result<(), async_nats::PublishError> {
+        self.client.publish(subject, payload).await
+    }
+
+    /// Subscribes to `subject`; the client resubscribes after a reconnection.
+    pub async fn subscribe(
+        &self,
+        subject: String,
+    ) -> Result<async_nats::Subscriber, async_nats::SubscribeError> {
+        self.client.subscribe(subject).await
     }
 
     /// Sends `envelope` to `service` and waits for its reply, until `deadline`.

@@ -2,7 +2,8 @@
 //!
 //! A project's `postgrest_url` comes from the control store, and the URL a request goes to is
 //! whatever the `db-routing` stage answers: neither is taken on trust. Before any connection,
-//! the host checks the URL against `upstreams.postgrest_allowed_targets`: `http://` only, no
+//! the host checks the URL against `upstreams.postgrest_allowed_targets`: `http://` or `https://` (trusted
+//! through `upstreams.tls`), no
 //! user information, and a host that is an IP address inside one of the listed CIDRs or a name
 //! equal to a listed host or ending with a listed `.suffix`. An empty list allows nothing.
 
@@ -23,7 +24,7 @@ pub struct TargetAllowList {
 /// Why a target was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TargetRefused {
-    #[error("not an http://host[:port][/path] URL")]
+    #[error("not an http(s)://host[:port][/path] URL")]
     NotHttp,
     #[error("user information in the URL")]
     UserInfo,
@@ -60,7 +61,7 @@ impl TargetAllowList {
     /// Checks a target URL.
     pub fn check(&self, url: &str) -> Result<(), TargetRefused> {
         let uri: http::Uri = url.parse().map_err(|_| TargetRefused::NotHttp)?;
-        if uri.scheme_str() != Some("http") {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) {
             return Err(TargetRefused::NotHttp);
         }
         let authority = uri.authority().ok_or(TargetRefused::NotHttp)?;
@@ -113,6 +114,11 @@ mod tests {
         assert_eq!(l.check("http://192.0.2.7/rest"), Ok(()));
         assert_eq!(l.check("http://alpha.pg.internal:3000"), Ok(()));
         assert_eq!(l.check("http://DB.example"), Ok(()));
+        assert_eq!(l.check("https://alpha.pg.internal"), Ok(()));
+        assert_eq!(
+            l.check("ftp://alpha.pg.internal"),
+            Err(TargetRefused::NotHttp)
+        );
         for refused in [
             "http://10.2.0.1:3000",
             "http://169.254.169.254/latest/meta-data",
@@ -130,7 +136,7 @@ mod tests {
             l.check("http://user:pw@10.1.2.3"),
             Err(TargetRefused::UserInfo)
         );
-        assert_eq!(l.check("https://10.1.2.3"), Err(TargetRefused::NotHttp));
+        assert_eq!(l.check("https://10.1.2.3"), Ok(()));
         assert_eq!(l.check("file:///etc/passwd"), Err(TargetRefused::NotHttp));
         assert!(matches!(
             TargetAllowList::default().check("http://10.1.2.3"),

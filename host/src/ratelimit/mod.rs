@@ -149,9 +149,11 @@ impl QuotaLimiter {
             let timeout = Duration::from_millis(config.redis_timeout_ms.max(200));
             let retry = Duration::from_millis(config.redis_retry_ms);
             let max_ttl = Duration::from_secs(config.max_bucket_ttl_secs);
+            let tls = config.redis_tls.clone();
             tokio::spawn(async move {
                 loop {
-                    match RedisBuckets::connect(&url, &prefix, timeout, max_ttl).await {
+                    match RedisBuckets::connect(&url, tls.as_ref(), &prefix, timeout, max_ttl).await
+                    {
                         Ok(buckets) => {
                             tracing::info!("rate limits: Redis connected");
                             redis.store(Some(Arc::new(buckets)));

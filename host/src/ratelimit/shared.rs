@@ -65,11 +65,44 @@ impl RedisBuckets {
     /// Connects (bounded by `timeout`).
     pub async fn connect(
         url: &str,
+        tls: Option<&crate::config::ClientTlsConfig>,
         prefix: &str,
         timeout: Duration,
         max_ttl: Duration,
     ) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        crate::tls::install_crypto_provider();
+        let client = match tls {
+            None => redis::Client::open(url).map_err(|e| e.to_string())?,
+            Some(tls) => {
+                let read = |key: &str, path: &Option<String>| {
+                    path.as_ref()
+                        .map(|p| {
+                            std::fs::read(p)
+                                .map_err(|e| format!("rate_limit.redis_tls.{key}: {p}: {e}"))
+                        })
+                        .transpose()
+                };
+                let root_cert = read("ca_file", &tls.ca_file)?;
+                let client_tls = match (
+                    read("cert_file", &tls.cert_file)?,
+                    read("key_file", &tls.key_file)?,
+                ) {
+                    (Some(client_cert), Some(client_key)) => Some(redis::ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    }),
+                    _ => None,
+                };
+                redis::Client::build_with_tls(
+                    url,
+                    redis::TlsCertificates {
+                        client_tls,
+                        root_cert,
+                    },
+                )
+                .map_err(|e| e.to_string())?
+            }
+        };
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(timeout)
             .set_number_of_retries(1);

@@ -152,6 +152,11 @@ impl Fixture {
 
     /// Inserts the records into a migrated database.
     pub async fn seed(&self, db: &TestDatabase) {
+        db.execute(&self.seed_sql()).await;
+    }
+
+    /// The SQL inserting the records into a migrated database.
+    pub fn seed_sql(&self) -> String {
         let mut sql = format!(
             "INSERT INTO aura_control.organizations (id, name) VALUES ('{}', 'A'), ('{}', 'B');\n",
             self.org_a, self.org_b
@@ -181,7 +186,7 @@ impl Fixture {
                 }
             );
         }
-        db.execute(&sql).await;
+        sql
     }
 }
 

@@ -6,10 +6,13 @@
 pub mod fixture;
 pub mod gateway;
 pub mod nats_server;
+pub mod otlp;
 pub mod outage;
+pub mod pki;
 pub mod postgres;
 pub mod redis_server;
 pub mod responder;
+pub mod tls_servers;
 pub mod upstream;
 pub mod wasm;
 

@@ -23,6 +23,16 @@ impl Responder {
         reply: impl Fn(serde_json::Value) -> Bytes + Send + Sync + 'static,
     ) -> Self {
         let client = async_nats::connect(url).await.expect("responder connects");
+        Self::start_with(client, subject, delay, reply).await
+    }
+
+    /// Like [`Responder::start`] on a client the test connected itself.
+    pub async fn start_with(
+        client: async_nats::Client,
+        subject: &str,
+        delay: Duration,
+        reply: impl Fn(serde_json::Value) -> Bytes + Send + Sync + 'static,
+    ) -> Self {
         let mut sub = client
             .subscribe(subject.to_owned())
             .await

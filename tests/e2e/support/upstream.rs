@@ -43,8 +43,31 @@ impl Recorder {
     /// Starts one on an ephemeral port.
     pub async fn start() -> Self {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let record = seen.clone();
-        let app = Router::new().fallback(move |request: Request| {
+        let app = Self::app(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self {
+            url: format!("http://{addr}"),
+            seen,
+        }
+    }
+
+    /// Starts one serving HTTPS with `tls`; its URL names `localhost`.
+    pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> Self {
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let port = serve_https(Self::app(seen.clone()), tls).await;
+        Self {
+            url: format!("https://localhost:{port}"),
+            seen,
+        }
+    }
+
+    fn app(seen: Arc<Mutex<Vec<Seen>>>) -> Router {
+        let record = seen;
+        Router::new().fallback(move |request: Request| {
             let record = record.clone();
             async move {
                 record.lock().expect("lock").push(Seen {
@@ -58,16 +81,7 @@ impl Recorder {
                 });
                 "ok"
             }
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Self {
-            url: format!("http://{addr}"),
-            seen,
-        }
+        })
     }
 
     /// Everything received so far.
@@ -84,6 +98,35 @@ impl Recorder {
     pub fn clear(&self) {
         self.seen.lock().expect("lock").clear();
     }
+}
+
+/// Serves `app` over HTTPS with `tls` on an ephemeral port of 127.0.0.1; returns the port.
+pub async fn serve_https(app: Router, tls: Arc<rustls::ServerConfig>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let app = app.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(tls),
+                    hyper_util::service::TowerToHyperService::new(app),
+                )
+                .await;
+            });
+        }
+    });
+    port
 }
 
 /// A WebSocket server echoing text and binary messages; returns its `http://` base URL.

@@ -1,0 +1,416 @@
+//! HTTPS on the listeners, through the real binary: both planes, HTTP/2 by ALPN, certificates
+//! swapped on disk or on SIGHUP without a restart or a dropped connection, mTLS on the
+//! management plane, and what a client that does not speak TLS gets.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+use crate::support::fixture::Fixture;
+use crate::support::gateway::{METRICS_TOKEN, Process, metric, serve_binary};
+use crate::support::pki::Pki;
+
+fn listener_tls(section: &str, pki: &Pki, client_ca: Option<&Path>) -> String {
+    let mut out = format!(
+        "[{section}.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        pki.server_cert.display(),
+        pki.server_key.display()
+    );
+    if let Some(ca) = client_ca {
+        out.push_str(&format!("client_ca_file = \"{}\"\n", ca.display()));
+    }
+    out.push('\n');
+    out
+}
+
+fn https(port: u16, path: &str) -> String {
+    format!("https://localhost:{port}{path}")
+}
+
+async fn connect(port: u16, config: rustls::ClientConfig) -> std::io::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+    TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+}
+
+/// The certificate a new handshake is served, as DER.
+async fn served_certificate(port: u16, pki: &Pki) -> Vec<u8> {
+    let tls = connect(port, pki.rustls_client(&[b"http/1.1"], false))
+        .await
+        .expect("handshake");
+    tls.get_ref().1.peer_certificates().expect("certificate")[0].to_vec()
+}
+
+fn der_of(pem: &str) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject as _;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+        .expect("PEM")
+        .to_vec()
+}
+
+/// `GET /health` over an open HTTP/1.1 TLS connection; the status line.
+async fn get_health(tls: &mut TlsStream<TcpStream>) -> String {
+    tls.write_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    // The answer is small: read until the head and its Content-Length body are in.
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut chunk))
+            .await
+            .expect("answer in time")
+            .expect("read");
+        assert!(n > 0, "connection closed");
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some(head_end) = text.find("\r\n\r\n") {
+            let length = text[..head_end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                })
+                .unwrap_or(0);
+            if buf.len() >= head_end + 4 + length {
+                return text.lines().next().unwrap_or_default().to_owned();
+            }
+        }
+    }
+}
+
+/// Replaces the listener's certificate and key files at once (rename), with a new pair.
+fn rotate(pki: &Pki, cn: &str) -> String {
+    let (cert, key) = pki.server_pair(cn);
+    let tmp_cert = pki.dir.join("next.pem");
+    let tmp_key = pki.dir.join("next.key");
+    std::fs::write(&tmp_cert, &cert).expect("cert");
+    std::fs::write(&tmp_key, &key).expect("key");
+    std::fs::rename(&tmp_key, &pki.server_key).expect("rename key");
+    std::fs::rename(&tmp_cert, &pki.server_cert).expect("rename cert");
+    cert
+}
+
+async fn wait_for_certificate(port: u16, pki: &Pki, want: &[u8], within: Duration) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if served_certificate(port, pki).await == want {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+async fn metrics_over_tls(gw: &Process, pki: &Pki) -> String {
+    pki.client()
+        .get(https(gw.port, "/metrics"))
+        .bearer_auth(METRICS_TOKEN)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+#[tokio::test]
+async fn both_planes_serve_https_and_http2_is_negotiated_by_alpn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let pki = Pki::new(&dir.path().join("pki"), "gw");
+    let gw = serve_binary(
+        dir.path(),
+        &fx,
+        "",
+        &format!(
+            "{}{}",
+            listener_tls("data_plane", &pki, None),
+            listener_tls("management_plane", &pki, None)
+        ),
+    );
+    let client = pki.client();
+    for port in [gw.port, gw.management_port] {
+        let r = client
+            .get(https(port, "/health"))
+            .send()
+            .await
+            .expect("https");
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.version(), reqwest::Version::HTTP_11);
+    }
+    // The whole chain runs behind TLS: a key-less request gets the contract's 401.
+    let r = client
+        .get(https(gw.port, "/v1/db/rest/v1/todos"))
+        .send()
+        .await
+        .expect("https");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let body: serde_json::Value = r.json().await.expect("json");
+    assert!(
+        body["error"].is_object() || body["code"].is_string(),
+        "{body}"
+    );
+
+    // ALPN: a client offering h2 gets HTTP/2 on both planes.
+    for port in [gw.port, gw.management_port] {
+        let tls = connect(port, pki.rustls_client(&[b"h2", b"http/1.1"], false))
+            .await
+            .expect("handshake");
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        let (mut h2, connection) = h2::client::handshake(tls).await.expect("h2 handshake");
+        tokio::spawn(connection);
+        let request = http::Request::get(format!("https://localhost:{port}/health"))
+            .body(())
+            .expect("request");
+        let (response, _) = h2.send_request(request, true).expect("send");
+        let response = response.await.expect("response");
+        assert_eq!(response.status(), http::StatusCode::OK);
+        assert!(response.headers().contains_key("x-request-id"));
+    }
+    // A client offering only HTTP/1.1 gets it; TLS 1.2 is accepted, 1.3 preferred.
+    let tls = connect(gw.port, pki.rustls_client(&[b"http/1.1"], false))
+        .await
+        .expect("handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    assert_eq!(
+        tls.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_3)
+    );
+    let mut tls12 = pki.rustls_client(&[b"http/1.1"], false);
+    tls12 = {
+        let roots = {
+            let mut r = rustls::RootCertStore::empty();
+            use rustls::pki_types::pem::PemObject as _;
+            r.add(
+                rustls::pki_types::CertificateDer::from_pem_slice(pki.ca_pem.as_bytes())
+                    .expect("CA"),
+            )
+            .expect("root");
+            r
+        };
+        let mut c =
+            rustls::ClientConfig::builder_with_protocol_versions(&[&rustls::version::TLS12])
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        c.alpn_protocols = tls12.alpn_protocols.clone();
+        c
+    };
+    let mut tls = connect(gw.port, tls12).await.expect("TLS 1.2 handshake");
+    assert_eq!(
+        tls.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    assert_eq!(get_health(&mut tls).await, "HTTP/1.1 200 OK");
+
+    // Plain HTTP to a TLS listener is not served, and it is counted.
+    let plain = reqwest::Client::new()
+        .get(gw.data_url("/health"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    assert!(
+        plain.is_err() || plain.as_ref().is_ok_and(|r| r.status() != StatusCode::OK),
+        "plain HTTP was served over a TLS listener"
+    );
+    let text = metrics_over_tls(&gw, &pki).await;
+    assert!(
+        metric(
+            &text,
+            "aura_tls_handshake_failures_total",
+            &["plane=\"data\""]
+        ) >= 1.0,
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_certificate_changed_on_disk_is_served_to_the_next_handshake_without_dropping_connections()
+ {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let pki = Pki::new(&dir.path().join("pki"), "gw");
+    let gw = serve_binary(
+        dir.path(),
+        &fx,
+        "",
+        &format!(
+            "[server]\ntls_watch_interval_ms = 200\n\n{}",
+            listener_tls("data_plane", &pki, None)
+        ),
+    );
+    let original = der_of(&std::fs::read_to_string(&pki.server_cert).expect("cert"));
+    assert_eq!(served_certificate(gw.port, &pki).await, original);
+    // A keep-alive connection opened under the first certificate.
+    let mut open = connect(gw.port, pki.rustls_client(&[b"http/1.1"], false))
+        .await
+        .expect("handshake");
+    assert_eq!(get_health(&mut open).await, "HTTP/1.1 200 OK");
+
+    let rotated = der_of(&rotate(&pki, "rotated"));
+    assert!(
+        wait_for_certificate(gw.port, &pki, &rotated, Duration::from_secs(10)).await,
+        "the new certificate was not served; log:\n{}",
+        gw.log_text()
+    );
+    // The connection opened before is still served.
+    assert_eq!(get_health(&mut open).await, "HTTP/1.1 200 OK");
+
+    // A broken replacement is refused: the certificate in force stays, and it is counted.
+    std::fs::write(&pki.server_cert, "not a certificate").expect("write");
+    let started = Instant::now();
+    let mut refused = 0.0;
+    while started.elapsed() < Duration::from_secs(10) && refused < 1.0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        refused = metric(
+            &metrics_over_tls(&gw, &pki).await,
+            "aura_tls_reloads_total",
+            &["plane=\"data\"", "result=\"refused\""],
+        );
+    }
+    assert!(refused >= 1.0, "the broken certificate was not refused");
+    assert_eq!(served_certificate(gw.port, &pki).await, rotated);
+    assert!(gw.log_text().contains("TLS reload refused"));
+    assert_eq!(get_health(&mut open).await, "HTTP/1.1 200 OK");
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_certificate_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let pki = Pki::new(&dir.path().join("pki"), "gw");
+    // The files are not polled within this test: only the signal can reload them.
+    let gw = serve_binary(
+        dir.path(),
+        &fx,
+        "",
+        &format!(
+            "[server]\ntls_watch_interval_ms = 3600000\n\n{}",
+            listener_tls("management_plane", &pki, None)
+        ),
+    );
+    let original = der_of(&std::fs::read_to_string(&pki.server_cert).expect("cert"));
+    // The listener has read its files (the port may accept before it has).
+    assert_eq!(served_certificate(gw.management_port, &pki).await, original);
+    let rotated = der_of(&rotate(&pki, "after-sighup"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(served_certificate(gw.management_port, &pki).await, original);
+    let hup = Command::new("kill")
+        .args(["-HUP", &gw.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(hup.success());
+    assert!(
+        wait_for_certificate(gw.management_port, &pki, &rotated, Duration::from_secs(5)).await,
+        "SIGHUP did not reload; log:\n{}",
+        gw.log_text()
+    );
+    // The plain-text data plane is untouched.
+    let r = reqwest::get(gw.data_url("/health")).await.expect("http");
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_management_plane_can_require_client_certificates() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let pki = Pki::new(&dir.path().join("pki"), "gw");
+    let stranger = Pki::new(&dir.path().join("other"), "stranger");
+    let gw = serve_binary(
+        dir.path(),
+        &fx,
+        "",
+        &format!(
+            "{}{}",
+            listener_tls("data_plane", &pki, None),
+            listener_tls("management_plane", &pki, Some(&pki.ca))
+        ),
+    );
+    // Without a client certificate: no handshake.
+    let bare = pki
+        .client()
+        .get(https(gw.management_port, "/health"))
+        .send()
+        .await;
+    assert!(bare.is_err(), "served without a client certificate");
+    // A certificate from another CA: refused too.
+    let foreign = pki
+        .client_builder()
+        .identity(stranger.client_identity())
+        .build()
+        .expect("client")
+        .get(https(gw.management_port, "/health"))
+        .send()
+        .await;
+    assert!(foreign.is_err(), "served a certificate from an unknown CA");
+    // The console's backend, with its certificate.
+    let r = pki
+        .client_builder()
+        .identity(pki.client_identity())
+        .build()
+        .expect("client")
+        .get(https(gw.management_port, "/health"))
+        .send()
+        .await
+        .expect("mTLS");
+    assert_eq!(r.status(), StatusCode::OK);
+    // The data plane asks for none.
+    let r = pki
+        .client()
+        .get(https(gw.port, "/health"))
+        .send()
+        .await
+        .expect("https");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(gw.log_text().contains("client_certificates=true"));
+}
+
+#[tokio::test]
+async fn with_http2_off_a_tls_listener_speaks_http11_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let pki = Pki::new(&dir.path().join("pki"), "gw");
+    let gw = serve_binary(
+        dir.path(),
+        &fx,
+        "",
+        &format!(
+            "[server]\nhttp2 = false\n\n{}",
+            listener_tls("data_plane", &pki, None)
+        ),
+    );
+    // ALPN: h2 is not offered back.
+    let mut tls = connect(gw.port, pki.rustls_client(&[b"h2", b"http/1.1"], false))
+        .await
+        .expect("handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    assert_eq!(get_health(&mut tls).await, "HTTP/1.1 200 OK");
+    // The HTTP/2 preface sent anyway is not served.
+    let tls = connect(gw.port, pki.rustls_client(&[b"http/1.1"], false))
+        .await
+        .expect("handshake");
+    let served = async {
+        let (mut h2, connection) = h2::client::handshake(tls).await.ok()?;
+        tokio::spawn(connection);
+        let request = http::Request::get(format!("https://localhost:{}/health", gw.port))
+            .body(())
+            .ok()?;
+        let (response, _) = h2.send_request(request, true).ok()?;
+        response.await.ok()
+    };
+    let served = tokio::time::timeout(Duration::from_secs(5), served)
+        .await
+        .ok()
+        .flatten();
+    assert!(served.is_none(), "HTTP/2 was served with server.http2 off");
+}
