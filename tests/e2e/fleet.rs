@@ -44,6 +44,7 @@ hs256_secret = "{console}"
 
 [plugins]
 tenant_refresh_secs = 3600
+call_deadline_ms = 2000
 
 [metrics]
 token = "{METRICS_TOKEN}"
@@ -83,7 +84,7 @@ async fn until_all(
 
 async fn status_with_key(gw: &Process, key: &str) -> StatusCode {
     reqwest::Client::new()
-        .get(gw.data_url("/v1/db/rest/v1/todos"))
+        .get(gw.data_url("/v1/storage/object/x"))
         .header("apikey", key)
         .send()
         .await
@@ -122,17 +123,20 @@ async fn a_tenant_module_installed_on_one_instance_is_in_force_on_all_within_a_s
         .await
         .expect("upload");
     assert_eq!(r.status(), StatusCode::OK);
-    let answer: serde_json::Value = r.json().await.expect("json");
-    // Every instance compiles the module itself (as the first one did before answering):
-    // the change must reach them within a second plus that compilation.
-    let compile = Duration::from_millis(answer["compile"]["compile_ms"].as_u64().unwrap_or(0));
+    // Every instance compiles the module itself: the change must reach them within a second
+    // plus the longest of those compilations (each instance's own, from its metrics).
     let took = until_all(&gws, Duration::from_secs(10), async |gw| {
         alphas_module_answers(gw, &fx).await
     })
     .await
     .expect("the module reached every instance");
+    let mut compile = Duration::ZERO;
+    for gw in &gws {
+        let seconds = metric(&gw.metrics().await, "aura_tenant_compile_seconds_sum", &[]);
+        compile = compile.max(Duration::from_secs_f64(seconds));
+    }
     eprintln!(
-        "tenant module in force on 3 instances after {took:?} (one compilation: {compile:?})"
+        "tenant module in force on 3 instances after {took:?} (longest compilation: {compile:?})"
     );
     assert!(
         took < Duration::from_secs(1) + compile,
@@ -173,9 +177,9 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
     let gws = fleet(dir.path(), &db, true);
     // Every instance has the key cached as valid (30 s).
     for gw in &gws {
-        assert_ne!(
+        assert_eq!(
             status_with_key(gw, &fx.anon_key).await,
-            StatusCode::UNAUTHORIZED
+            StatusCode::SERVICE_UNAVAILABLE
         );
     }
     // Wait until each is listening (it says so in its log).
@@ -187,6 +191,28 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
         assert!(started.elapsed() < Duration::from_secs(10), "not listening");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A key created in the database while every instance has it cached as unknown (30 s).
+    let new_key = format!("aura_pk_{}", uuid::Uuid::new_v4().simple());
+    for gw in &gws {
+        assert_eq!(
+            status_with_key(gw, &new_key).await,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    db.execute(&format!(
+        "INSERT INTO aura_control.api_keys VALUES ('{}', 'alpha', 'anon', '{}', NULL)",
+        uuid::Uuid::new_v4(),
+        aura_gateway::auth::keys::hash_key(&new_key)
+    ))
+    .await;
+    // Accepted: past authentication, to the storage route (no backend configured here).
+    let took = until_all(&gws, Duration::from_secs(10), async |gw| {
+        status_with_key(gw, &new_key).await == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await
+    .expect("the new key reached every instance");
+    eprintln!("key created on 3 instances after {took:?}");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
     // The control service revokes it, in the database, without telling the gateways.
     db.execute(&format!(
         "UPDATE aura_control.api_keys SET revoked_at = now() WHERE id = '{}'",

@@ -19,6 +19,7 @@ mod identity;
 mod image;
 mod jwks;
 mod nats;
+mod nats_cluster;
 mod operability;
 mod plugins;
 mod ratelimit;

@@ -192,8 +192,18 @@ async fn two_instances_share_one_quota_through_redis() {
     let b = InProcess::start(patient(shared_config(&redis, 200))).await;
     let c = client();
     let mut accepted = wait_shared(&a, &c).await + wait_shared(&b, &c).await;
-    for i in 0..600 {
-        let gw = if i % 2 == 0 { &a } else { &b };
+    accepted += round_robin(&[&a, &b], &c, 600).await;
+    assert!(
+        (190..=210).contains(&accepted),
+        "{accepted} accepted by two instances sharing a quota of 200"
+    );
+}
+
+/// Sends `requests` quota-checked requests round-robin over `fleet`; how many passed the quota.
+async fn round_robin(fleet: &[&InProcess], c: &reqwest::Client, requests: usize) -> u32 {
+    let mut accepted = 0;
+    for i in 0..requests {
+        let gw = fleet[i % fleet.len()];
         let r = c.get(gw.data_url("/v1/storage/x")).send().await.expect("r");
         match r.status() {
             StatusCode::TOO_MANY_REQUESTS => {}
@@ -202,10 +212,53 @@ async fn two_instances_share_one_quota_through_redis() {
             other => panic!("unexpected {other}"),
         }
     }
+    accepted
+}
+
+#[tokio::test]
+async fn three_instances_share_one_quota_within_five_percent_before_and_after_a_redis_outage() {
+    let redis = RedisServer::start();
+    let patient = |mut c: aura_gateway::config::Config| {
+        c.rate_limit.redis_timeout_ms = 2_000;
+        c
+    };
+    let a = InProcess::start(patient(shared_config(&redis, 300))).await;
+    let b = InProcess::start(patient(shared_config(&redis, 300))).await;
+    let d = InProcess::start(patient(shared_config(&redis, 300))).await;
+    let fleet = [&a, &b, &d];
+    let c = client();
+    let mut accepted = 0;
+    for gw in fleet {
+        accepted += wait_shared(gw, &c).await;
+    }
+    accepted += round_robin(&fleet, &c, 900).await;
+    println!("three instances, shared quota of 300: {accepted} accepted");
     assert!(
-        (190..=210).contains(&accepted),
-        "{accepted} accepted by two instances sharing a quota of 200"
+        (285..=315).contains(&accepted),
+        "{accepted} accepted by three instances sharing a quota of 300"
     );
+    // Redis dies: each instance limits locally; it comes back (empty): all three share again.
+    let port = redis.kill();
+    let during = round_robin(&fleet, &c, 30).await;
+    assert!(fleet.iter().all(|gw| !gw.state.quotas.is_shared()));
+    let redis = RedisServer::start_on(port);
+    let back = Instant::now();
+    let mut accepted = 0;
+    for gw in fleet {
+        accepted += wait_shared(gw, &c).await;
+    }
+    println!(
+        "all shared again {:.2} s after Redis restarted ({during} passed locally meanwhile)",
+        back.elapsed().as_secs_f64()
+    );
+    assert!(back.elapsed() < Duration::from_secs(10));
+    accepted += round_robin(&fleet, &c, 900).await;
+    println!("after the outage: {accepted} accepted");
+    assert!(
+        (285..=315).contains(&accepted),
+        "{accepted} accepted after the outage by three instances sharing a quota of 300"
+    );
+    drop(redis);
 }
 
 #[tokio::test]

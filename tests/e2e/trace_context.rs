@@ -13,7 +13,7 @@ use crate::support::gateway::{Process, binary_config, terminate};
 use crate::support::nats_server::shared;
 use crate::support::otlp::Receiver;
 use crate::support::pki::Pki;
-use crate::support::responder::{Responder, reply};
+use crate::support::responder::{Responder, envelope_header, reply};
 use crate::support::unique_prefix;
 use crate::support::upstream::Recorder;
 
@@ -44,14 +44,7 @@ async fn backends(prefix: &str) -> Backends {
         &format!("{prefix}.functions.http"),
         Duration::ZERO,
         move |envelope| {
-            let traceparent = envelope["headers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|pair| pair[0] == "traceparent")
-                .and_then(|pair| pair[1].as_str())
-                .unwrap_or_default()
-                .to_owned();
+            let traceparent = envelope_header(&envelope, "traceparent");
             seen.lock().expect("lock").push(traceparent);
             reply(200, &[], b"fn")
         },

@@ -72,6 +72,18 @@ impl Drop for Responder {
     }
 }
 
+/// The value of header `name` in a request envelope (empty when absent).
+pub fn envelope_header(envelope: &serde_json::Value, name: &str) -> String {
+    envelope["headers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|pair| pair[0] == name)
+        .and_then(|pair| pair[1].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// A reply envelope.
 pub fn reply(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Bytes {
     use base64::Engine as _;
