@@ -1,6 +1,7 @@
-//! Three gateway instances on one control store and one NATS: a change made on one instance,
-//! or in PostgreSQL by someone else, applies on every instance within a second — far sooner
-//! than the caches' lifetimes and the tenant refresh period, which are set long here.
+//! Three gateway instances on one control store and a three-node NATS cluster (each instance
+//! given the three seeds): a change made on one instance, or in PostgreSQL by someone else,
+//! applies on every instance within a second — far sooner than the caches' lifetimes and the
+//! tenant refresh period, which are set long here.
 
 use std::time::{Duration, Instant};
 
@@ -9,12 +10,17 @@ use reqwest::StatusCode;
 
 use crate::support::fixture::{Fixture, console_token};
 use crate::support::gateway::{METRICS_TOKEN, Process, cors_probe, metric};
-use crate::support::nats_server::shared;
 use crate::support::postgres::TestDatabase;
+use crate::support::topology::NatsCluster;
 use crate::support::unique_prefix;
 
-/// Three instances over `db`, with change notifications from PostgreSQL on or off.
-fn fleet(dir: &std::path::Path, db: &TestDatabase, notifications: bool) -> Vec<Process> {
+/// Three instances over `db` and `nats` (seed URLs), with PostgreSQL's notifications on or off.
+fn fleet(
+    dir: &std::path::Path,
+    db: &TestDatabase,
+    nats: &str,
+    notifications: bool,
+) -> Vec<Process> {
     let prefix = unique_prefix();
     (0..3)
         .map(|i| {
@@ -49,7 +55,6 @@ call_deadline_ms = 2000
 [metrics]
 token = "{METRICS_TOKEN}"
 "#,
-                    nats = shared().url(),
                     db = db.url,
                     console = crate::support::fixture::CONSOLE_SECRET,
                 ),
@@ -109,7 +114,8 @@ async fn a_tenant_module_installed_on_one_instance_is_in_force_on_all_within_a_s
     db.store().await;
     fx.seed(&db).await;
     // PostgreSQL's notifications off: only the instances' own NATS events carry the change.
-    let gws = fleet(dir.path(), &db, false);
+    let cluster = NatsCluster::start().await;
+    let gws = fleet(dir.path(), &db, &cluster.seeds(), false);
     for gw in &gws {
         assert!(!alphas_module_answers(gw, &fx).await);
     }
@@ -174,7 +180,8 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
     let db = TestDatabase::create().await;
     db.store().await;
     fx.seed(&db).await;
-    let gws = fleet(dir.path(), &db, true);
+    let cluster = NatsCluster::start().await;
+    let gws = fleet(dir.path(), &db, &cluster.seeds(), true);
     // Every instance has the key cached as valid (30 s).
     for gw in &gws {
         assert_eq!(
@@ -225,6 +232,33 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
     .await
     .expect("the revocation reached every instance");
     eprintln!("key revoked on 3 instances after {took:?}");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    // A membership removed in the database: the console user is refused everywhere at once
+    // (roles are read on every request).
+    let console = console_token(fx.developer);
+    let as_developer = async |gw: &Process| {
+        reqwest::Client::new()
+            .get(gw.mgmt_url("/v1/projects/alpha"))
+            .bearer_auth(&console)
+            .send()
+            .await
+            .expect("answer")
+            .status()
+    };
+    for gw in &gws {
+        assert_ne!(as_developer(gw).await, StatusCode::FORBIDDEN);
+    }
+    db.execute(&format!(
+        "DELETE FROM aura_control.organization_members WHERE user_id = '{}'",
+        fx.developer
+    ))
+    .await;
+    let took = until_all(&gws, Duration::from_secs(10), async |gw| {
+        as_developer(gw).await == StatusCode::FORBIDDEN
+    })
+    .await
+    .expect("the removal reached every instance");
+    eprintln!("membership removed on 3 instances after {took:?}");
     assert!(took < Duration::from_secs(1), "took {took:?}");
     let text = gws[0].metrics().await;
     assert!(

@@ -8,109 +8,26 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 
-use crate::support::free_port;
 use crate::support::gateway::{InProcess, client, test_config};
-use crate::support::nats_server::NatsServer;
 use crate::support::responder::{Responder, envelope_header, reply};
+use crate::support::topology::NatsCluster;
 use crate::support::unique_prefix;
-
-struct Member {
-    server: Option<NatsServer>,
-    client_port: u16,
-    monitor_port: u16,
-}
-
-async fn monitor(port: u16, path: &str) -> serde_json::Value {
-    reqwest::get(format!("http://127.0.0.1:{port}{path}"))
-        .await
-        .expect("monitoring")
-        .json()
-        .await
-        .expect("json")
-}
-
-/// Three servers routed to each other, once the cluster is formed.
-async fn cluster() -> Vec<Member> {
-    let ports: Vec<(u16, u16, u16)> = (0..3)
-        .map(|_| (free_port(), free_port(), free_port()))
-        .collect();
-    let members: Vec<Member> = (0..3)
-        .map(|i| {
-            let (client_port, route_port, monitor_port) = ports[i];
-            let routes: Vec<String> = (0..3)
-                .filter(|j| *j != i)
-                .map(|j| format!("nats-route://127.0.0.1:{}", ports[j].1))
-                .collect();
-            let config = format!(
-                "server_name: n{i}\nhttp: 127.0.0.1:{monitor_port}\n\
-                 cluster {{\n  name: aura\n  listen: 127.0.0.1:{route_port}\n  routes: [{}]\n}}\n",
-                routes.join(", ")
-            );
-            Member {
-                server: Some(NatsServer::start_on(client_port, &config)),
-                client_port,
-                monitor_port,
-            }
-        })
-        .collect();
-    let started = Instant::now();
-    for m in &members {
-        while monitor(m.monitor_port, "/routez").await["num_routes"].as_u64() != Some(2) {
-            assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "the cluster did not form"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    members
-}
-
-/// The member the gateway's connection (named `aura-gateway`) is on.
-async fn gateway_member(members: &[Member]) -> usize {
-    let started = Instant::now();
-    loop {
-        for (i, m) in members.iter().enumerate() {
-            if m.server.is_none() {
-                continue;
-            }
-            let connz = monitor(m.monitor_port, "/connz").await;
-            if connz["connections"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["name"] == "aura-gateway")
-            {
-                return i;
-            }
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "gateway not connected"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test]
 async fn the_gateway_rides_the_loss_of_the_cluster_member_it_is_connected_to() {
-    let mut members = cluster().await;
-    let seeds = members
-        .iter()
-        .map(|m| format!("nats://127.0.0.1:{}", m.client_port))
-        .collect::<Vec<_>>()
-        .join(",");
+    let mut cluster = NatsCluster::start().await;
+    let seeds = cluster.seeds();
     let prefix = unique_prefix();
     let mut config = test_config(&seeds, &prefix);
     config.timeouts.default_ms = 3_000;
     let gw = InProcess::start(config).await;
-    let on = gateway_member(&members).await;
+    let on = cluster.member_with("aura-gateway").await;
     // The backend sits on another member, and counts every delivery by request id.
     let backend_member = (on + 1) % 3;
     let deliveries: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let seen = deliveries.clone();
     let _backend = Responder::start(
-        &format!("nats://127.0.0.1:{}", members[backend_member].client_port),
+        &cluster.url(backend_member),
         &format!("{prefix}.auth.http"),
         Duration::ZERO,
         move |envelope| {
@@ -147,7 +64,7 @@ async fn the_gateway_rides_the_loss_of_the_cluster_member_it_is_connected_to() {
     while load_started.elapsed() < Duration::from_secs(8) {
         if killed_at.is_none() && load_started.elapsed() > Duration::from_secs(1) {
             // SIGKILL: no goodbye to the clients.
-            members[on].server = None;
+            cluster.kill(on);
             killed_at = Some(Instant::now());
         }
         n += 1;
@@ -200,7 +117,7 @@ async fn the_gateway_rides_the_loss_of_the_cluster_member_it_is_connected_to() {
         "{recovered_after:?}"
     );
     assert_eq!(failed_after_recovery, 0);
-    assert_ne!(gateway_member(&members).await, on);
+    assert_ne!(cluster.member_with("aura-gateway").await, on);
     // No request was delivered twice.
     let twice: Vec<_> = deliveries
         .lock()

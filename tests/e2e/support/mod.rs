@@ -13,6 +13,7 @@ pub mod postgres;
 pub mod redis_server;
 pub mod responder;
 pub mod tls_servers;
+pub mod topology;
 pub mod upstream;
 pub mod wasm;
 
