@@ -81,7 +81,7 @@ pub async fn publish(state: &AppState, change: Change) {
     }
 }
 
-/// Acts on a change on this instance.
+/// Acts on a change on this instance. A peer's `everything` is refused before this.
 pub async fn apply(state: &AppState, change: &Change, source: &'static str) {
     state
         .metrics
@@ -146,8 +146,11 @@ pub fn spawn(state: &AppState) {
             let Some(state) = weak.upgrade() else { break };
             match parse::<Published>(&message.payload) {
                 Some(p) if p.origin == state.instance_id => {}
-                Some(p) => apply(&state, &p.change, "nats").await,
-                None => state
+                // Emptying every cache is this instance's own decision (its store reloaded or
+                // its listener reconnected), never a peer's: a flood of those would turn every
+                // cached lookup into a store query.
+                Some(p) if p.change != Change::Everything => apply(&state, &p.change, "nats").await,
+                _ => state
                     .metrics
                     .change_events
                     .with_label_values(&["nats", "refused"])

@@ -904,7 +904,7 @@ fn url_host(url: &str) -> Option<String> {
 }
 
 /// `localhost` or a loopback address.
-fn is_loopback_host(host: &str) -> bool {
+pub fn is_loopback_host(host: &str) -> bool {
     host == "localhost"
         || host.ends_with(".localhost")
         || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
@@ -1818,6 +1818,56 @@ mod tests {
         let e = load("[auth]\nstale_if_error_secs = 31\n", &[]).expect_err("past 30 s");
         assert_eq!(e.key, "auth.stale_if_error_secs");
         assert!(load("[auth]\nstale_if_error_secs = 30\n", &[]).is_ok());
+    }
+
+    #[test]
+    fn tls_settings_are_checked_and_name_their_key() {
+        let exists = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+        let cases = [
+            (format!("[nats.tls]\ncert_file = {exists:?}\n"), "nats.tls"),
+            (
+                "[control.tls]\nca_file = \"missing-ca.pem\"\n".to_owned(),
+                "control.tls.ca_file",
+            ),
+            (
+                format!(
+                    "[rate_limit]\nredis_url = \"redis://cache:6379\"\n[rate_limit.redis_tls]\nca_file = {exists:?}\n"
+                ),
+                "rate_limit.redis_tls",
+            ),
+            (
+                "[data_plane.tls]\ncert_file = \"missing.pem\"\nkey_file = \"missing.key\"\n"
+                    .to_owned(),
+                "data_plane.tls.cert_file",
+            ),
+            (
+                "[nats]\nuser = \"gw\"\npassword = \"pw\"\ntoken = \"t\"\n".to_owned(),
+                "nats",
+            ),
+            ("[nats]\npassword = \"pw\"\n".to_owned(), "nats.password"),
+            (
+                "[nats]\nnkey_seed = \"not-a-seed\"\n".to_owned(),
+                "nats.nkey_seed",
+            ),
+            (
+                "[server]\ntls_watch_interval_ms = 10\n".to_owned(),
+                "server.tls_watch_interval_ms",
+            ),
+        ];
+        for (toml, key) in cases {
+            let e = load(&toml, &[]).expect_err(&toml);
+            assert_eq!(e.key, key, "{toml}: {e}");
+        }
+        // Relative paths are resolved against the config file's directory.
+        let e = load("[control.tls]\nca_file = \"missing-ca.pem\"\n", &[]).expect_err("missing");
+        assert!(e.problem.starts_with('/'), "{e}");
+        assert!(
+            load(
+                &format!("[upstreams.tls]\nca_file = {exists:?}\ncert_file = {exists:?}\nkey_file = {exists:?}\n"),
+                &[]
+            )
+            .is_ok()
+        );
     }
 
     #[test]

@@ -259,10 +259,7 @@ async fn health(url: Option<String>) -> anyhow::Result<()> {
         .host_str()
         .unwrap_or_default()
         .trim_matches(['[', ']']);
-    let loopback = host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
+    let loopback = aura_gateway::config::is_loopback_host(host);
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(3))
         .danger_accept_invalid_certs(loopback)

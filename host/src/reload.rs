@@ -125,7 +125,7 @@ pub async fn reload_and_log(state: &AppState, trigger: &str) -> Result<(), Reloa
     result.map(|_| ())
 }
 
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+pub(crate) fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.modified().ok()?, meta.len()))
 }

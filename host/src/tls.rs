@@ -120,10 +120,7 @@ impl Files {
         [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
             .into_iter()
             .flatten()
-            .map(|p| {
-                let meta = std::fs::metadata(p).ok()?;
-                Some((meta.modified().ok()?, meta.len()))
-            })
+            .map(|p| crate::reload::stamp(p))
             .collect()
     }
 
@@ -279,17 +276,12 @@ pub fn client_config(
     public_roots: bool,
 ) -> Result<rustls::ClientConfig, TlsError> {
     install_crypto_provider();
-    let mut roots = RootCertStore::empty();
+    let mut roots = match tls.and_then(|t| t.ca_file.as_deref()) {
+        Some(ca) => root_store(&format!("{key}.ca_file"), Path::new(ca))?,
+        None => RootCertStore::empty(),
+    };
     if public_roots {
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    }
-    if let Some(ca) = tls.and_then(|t| t.ca_file.as_deref()) {
-        let ca_key = format!("{key}.ca_file");
-        for cert in read_certificates(&ca_key, Path::new(ca))? {
-            roots
-                .add(cert)
-                .map_err(|e| tls_error(&ca_key, format!("{ca}: unusable CA: {e}")))?;
-        }
     }
     let versions = [&rustls::version::TLS13, &rustls::version::TLS12];
     let builder = rustls::ClientConfig::builder_with_protocol_versions(&versions)

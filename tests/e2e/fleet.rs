@@ -9,7 +9,8 @@ use base64::Engine as _;
 use reqwest::StatusCode;
 
 use crate::support::fixture::{Fixture, console_token};
-use crate::support::gateway::{METRICS_TOKEN, Process, cors_probe, metric};
+use crate::support::gateway::{METRICS_TOKEN, Process, binary, binary_config, cors_probe, metric};
+use crate::support::nats_server::shared;
 use crate::support::postgres::TestDatabase;
 use crate::support::topology::NatsCluster;
 use crate::support::unique_prefix;
@@ -268,5 +269,105 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
             &["source=\"postgres\"", "kind=\"api_key\""]
         ) >= 1.0,
         "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_control_file_change_applies_at_once_and_hostile_events_change_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let prefix = unique_prefix();
+    let config = binary_config(
+        dir.path(),
+        &fx,
+        "",
+        &shared().url(),
+        &prefix,
+        "[auth]\nkey_cache_ttl_secs = 30\n",
+    );
+    let gw = Process::serve(&config, dir.path());
+    assert_eq!(
+        status_with_key(&gw, &fx.anon_key).await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+
+    // Anyone on the subject: garbage, an oversized event, a cache flush, a key that is no hash.
+    let nats = async_nats::connect(shared().url()).await.expect("nats");
+    let subject = aura_gateway::changes::subject(&prefix);
+    let oversized = format!(
+        r#"{{"origin":"x","kind":"project","project_ref":"{}"}}"#,
+        "a".repeat(aura_gateway::changes::MAX_EVENT_BYTES)
+    );
+    for payload in [
+        b"\xff\xfe not json".to_vec(),
+        oversized.into_bytes(),
+        br#"{"origin":"x","kind":"everything"}"#.to_vec(),
+        br#"{"origin":"x","kind":"api_key","key_sha256":"not-hex"}"#.to_vec(),
+    ] {
+        nats.publish(subject.clone(), payload.into())
+            .await
+            .expect("publish");
+    }
+    nats.flush().await.expect("flush");
+    let started = Instant::now();
+    loop {
+        let refused = metric(
+            &gw.metrics().await,
+            "aura_change_events_total",
+            &["source=\"nats\"", "kind=\"refused\""],
+        );
+        if refused >= 3.0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "hostile events not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Still serving, the key still cached as valid.
+    assert_eq!(
+        status_with_key(&gw, &fx.anon_key).await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+
+    // The key revoked in the control file: refused at once, not after the 30 s cache lifetime.
+    let revoke = std::process::Command::new(binary())
+        .args([
+            "keys",
+            "revoke",
+            "--id",
+            &fx.anon_key_id.to_string(),
+            "--config",
+        ])
+        .arg(&config)
+        .output()
+        .expect("keys revoke");
+    assert!(
+        revoke.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoke.stderr)
+    );
+    let revoked = Instant::now();
+    loop {
+        if status_with_key(&gw, &fx.anon_key).await == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert!(
+            revoked.elapsed() < Duration::from_secs(2),
+            "the revocation waited for the cache"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "key revoked in the control file, refused after {:?}",
+        revoked.elapsed()
+    );
+    assert!(
+        metric(
+            &gw.metrics().await,
+            "aura_change_events_total",
+            &["source=\"file\"", "kind=\"everything\""]
+        ) >= 1.0
     );
 }

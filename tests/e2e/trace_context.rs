@@ -126,6 +126,43 @@ async fn a_trusted_callers_trace_reaches_the_backends_and_the_collector() {
         Some("vendor=abc")
     );
 
+    // Even from a trusted proxy, a malformed traceparent starts a new trace, and an oversized
+    // tracestate is not forwarded.
+    let r = reqwest::Client::new()
+        .get(gw.data_url("/v1/storage/object/b.png"))
+        .header("apikey", &fx.anon_key)
+        .header(
+            "traceparent",
+            format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01-garbage"),
+        )
+        .header("tracestate", "k=".to_owned() + &"v".repeat(8_192))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::OK);
+    let seen = b.storage.last().expect("storage reached");
+    let (trace, _) = ids(&seen.one("traceparent").expect("a traceparent"));
+    assert_ne!(trace, CLIENT_TRACE);
+    assert!(seen.one("tracestate").is_none());
+    let r = reqwest::Client::new()
+        .get(gw.data_url("/v1/storage/object/c.png"))
+        .header("apikey", &fx.anon_key)
+        .header("traceparent", format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"))
+        .header("tracestate", "k=".to_owned() + &"v".repeat(8_192))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::OK);
+    let seen = b.storage.last().expect("storage reached");
+    assert_eq!(
+        ids(&seen.one("traceparent").expect("a traceparent")).0,
+        CLIENT_TRACE
+    );
+    assert!(
+        seen.one("tracestate").is_none(),
+        "an oversized tracestate was forwarded"
+    );
+
     // Spans are flushed at exit: the collector has both request spans, children of the caller's.
     terminate(&gw.child);
     let started = Instant::now();

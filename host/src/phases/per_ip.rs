@@ -76,10 +76,7 @@ pub fn is_trusted_peer(state: &AppState, request: &Request) -> bool {
     if trusted.is_empty() {
         return false;
     }
-    let peer = match peer(request) {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    };
+    let peer = crate::ratelimit::client_ip::canonical(peer(request));
     trusted.iter().any(|net| net.contains(&peer))
 }
 
