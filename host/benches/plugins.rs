@@ -80,7 +80,7 @@ fn bench_wasm(c: &mut Criterion) {
         group.bench_function("api_key", |b| {
             b.iter(|| {
                 let request = api_key.request_of("GET", &uri, &headers);
-                black_box(api_key.extract(&request).expect("call"))
+                black_box(api_key.extract(None, request).expect("call"))
             })
         });
         group.bench_function("cors", |b| {
@@ -89,6 +89,7 @@ fn bench_wasm(c: &mut Criterion) {
                     p.data
                         .cors
                         .decide(
+                            None,
                             Plane::Data,
                             CorsInput {
                                 method: "GET",
@@ -107,7 +108,7 @@ fn bench_wasm(c: &mut Criterion) {
                 black_box(
                     p.data
                         .quota
-                        .decide("GET", uri.path(), "db", &actor)
+                        .decide(None, "GET", uri.path(), "db", &actor)
                         .expect("call"),
                 )
             })
@@ -122,7 +123,7 @@ fn bench_wasm(c: &mut Criterion) {
                 black_box(
                     p.data
                         .db_routing
-                        .decide(Plane::Data, "GET", uri.path(), Some(project))
+                        .decide(None, Plane::Data, "GET", uri.path(), Some(project))
                         .expect("call"),
                 )
             })

@@ -719,6 +719,12 @@ pub struct PluginRuntimeConfig {
     /// Memory kept for compiled modules (by digest), in bytes: a module installed again, or by
     /// several projects, is not compiled again.
     pub compiled_cache_bytes: u64,
+    /// A folder where modules named in the configuration are kept compiled (by digest and engine
+    /// settings), so that a restart or `check-config` loads them instead of compiling them
+    /// again: seconds per module for a Python or JavaScript runtime. Relative to the config
+    /// file; created with mode 0700; refused when another user owns it or it is writable by
+    /// others (its files are native code). None: always compile.
+    pub compile_cache_dir: Option<String>,
     /// How long a module refused when loaded is remembered (by digest and configuration) and
     /// refused again without being recompiled, in seconds.
     pub tenant_refused_retry_secs: u64,
@@ -757,6 +763,7 @@ impl Default for PluginRuntimeConfig {
             tenant_max_concurrent_uploads: 2,
             tenant_compile_worker: None,
             compiled_cache_bytes: 128 * 1024 * 1024,
+            compile_cache_dir: None,
             tenant_refused_retry_secs: 3_600,
             tenant_threads: 4,
             tenant_max_concurrent_calls: 2,
@@ -1000,7 +1007,7 @@ impl Config {
             problem(&key, format!("{}{source}", e.kind))
         })?;
         let mut config = config;
-        config.resolve_tls_paths(file.and_then(Path::parent));
+        config.resolve_relative_paths(file.and_then(Path::parent));
         config.validate(file.and_then(Path::parent))?;
         Ok(config)
     }
@@ -1117,8 +1124,13 @@ impl Config {
 
     /// Makes every relative TLS file path absolute, against `base` (the config file's
     /// directory), so that what is in force does not depend on the working directory.
-    fn resolve_tls_paths(&mut self, base: Option<&Path>) {
+    fn resolve_relative_paths(&mut self, base: Option<&Path>) {
         let Some(base) = base else { return };
+        if let Some(dir) = &mut self.plugins.compile_cache_dir
+            && Path::new(dir.as_str()).is_relative()
+        {
+            *dir = base.join(dir.as_str()).display().to_string();
+        }
         let fix = |p: &mut String| {
             if Path::new(p.as_str()).is_relative() {
                 *p = base.join(p.as_str()).display().to_string();

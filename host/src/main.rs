@@ -7,7 +7,7 @@ use aura_gateway::auth::keys::{generate_key, hash_key};
 use aura_gateway::config::Config;
 use aura_gateway::control::postgres::PostgresStore;
 use aura_gateway::control::{self, KeyRole};
-use aura_gateway::policy::{Policies, PolicyEngine, compile};
+use aura_gateway::policy::{Policies, PolicyEngine, authoring, compile};
 use aura_gateway::state::AppState;
 use aura_gateway::{server, telemetry};
 use clap::{Parser, Subcommand};
@@ -66,6 +66,15 @@ enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// Print the plugin API: the WIT package `aura:gateway` of a version the gateway accepts.
+    Wit {
+        /// 0.2.0 (the current one) or 0.1.0.
+        #[arg(long, default_value = "0.2.0", value_parser = ["0.2.0", "0.1.0"])]
+        version: String,
+        /// Write it to DIR/gateway.wit instead (DIR is created), ready for a bindings generator.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// Probe a running gateway's `/health` (exit 0 when it answers 200): the container
     /// image's health check, which has no shell or curl.
     Health {
@@ -118,6 +127,32 @@ enum PluginCommand {
         /// The stage's configuration, as a TOML or JSON file.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Your own test cases (TOML: input and expected decision per case); each is run and
+        /// reported, and any failure makes the check fail.
+        #[arg(long)]
+        vectors: Option<PathBuf>,
+        /// The linear memory a call may use, in MiB (the gateway's `plugins.memory_limit_bytes`).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        memory_limit_mib: Option<u64>,
+        /// A call's deadline in milliseconds (the gateway's `plugins.call_deadline_ms`).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10000))]
+        call_deadline_ms: Option<u64>,
+        /// Keep the compiled module in this folder, as a gateway with
+        /// `plugins.compile_cache_dir` does (it then loads it without compiling it again).
+        #[arg(long, value_name = "DIR")]
+        compile_cache_dir: Option<PathBuf>,
+    },
+    /// Start a new plugin in DIR: the example of the stage in the language, the WIT, a
+    /// configuration and test vectors, and a README with the build and check commands.
+    New {
+        /// api_key, cors, quota or db_routing.
+        #[arg(long, value_parser = ["api_key", "cors", "quota", "db_routing"])]
+        stage: String,
+        /// rust, python or js.
+        #[arg(long, value_parser = ["rust", "python", "js"])]
+        lang: String,
+        /// The new plugin's folder (must not exist, or be empty).
+        dir: PathBuf,
     },
 }
 
@@ -188,8 +223,23 @@ fn main() -> ExitCode {
                     stage,
                     plane,
                     config,
+                    vectors,
+                    memory_limit_mib,
+                    call_deadline_ms,
+                    compile_cache_dir,
                 },
-        } => plugin_check(&file, &stage, &plane, config.as_deref()),
+        } => plugin_check(
+            &file,
+            &stage,
+            &plane,
+            config.as_deref(),
+            vectors.as_deref(),
+            (memory_limit_mib, call_deadline_ms, compile_cache_dir),
+        ),
+        Command::Plugin {
+            command: PluginCommand::New { stage, lang, dir },
+        } => plugin_new(&stage, &lang, &dir),
+        Command::Wit { version, out } => print_wit(&version, out.as_deref()),
         Command::Config {
             command: ConfigCommand::Schema,
         } => print_json(&aura_gateway::schema::config_schema()),
@@ -310,12 +360,65 @@ async fn keys(command: KeysCommand, path: Option<PathBuf>) -> anyhow::Result<()>
     Ok(())
 }
 
+fn print_wit(version: &str, out: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let text = authoring::wit(version)
+        .ok_or_else(|| anyhow::anyhow!("--version: {version} is not 0.2.0 or 0.1.0"))?;
+    match out {
+        None => print!("{text}"),
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+            let path = dir.join("gateway.wit");
+            std::fs::write(&path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn plugin_new(stage: &str, lang: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    let stage = aura_gateway::policy::Stage::parse(stage)
+        .ok_or_else(|| anyhow::anyhow!("--stage: unknown stage {stage}"))?;
+    let lang = authoring::Lang::parse(lang)
+        .ok_or_else(|| anyhow::anyhow!("--lang: {lang} is not rust, python or js"))?;
+    let files = authoring::scaffold(stage, lang, dir).map_err(anyhow::Error::msg)?;
+    for file in &files {
+        println!("wrote {}", file.display());
+    }
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("plugin");
+    println!("\nbuild it (in {}):", dir.display());
+    for command in authoring::build_commands(stage, lang, name) {
+        println!("  {command}");
+    }
+    println!(
+        "then: aura-gateway plugin check {key}.wasm --stage {key} --config config.toml --vectors vectors.toml",
+        key = stage.key()
+    );
+    Ok(())
+}
+
 fn plugin_check(
     file: &std::path::Path,
     stage: &str,
     plane: &str,
     stage_config: Option<&std::path::Path>,
+    vectors_file: Option<&std::path::Path>,
+    (memory_limit_mib, call_deadline_ms, compile_cache_dir): (
+        Option<u64>,
+        Option<u64>,
+        Option<PathBuf>,
+    ),
 ) -> anyhow::Result<()> {
+    let vectors = match vectors_file {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            Some(
+                aura_gateway::policy::vectors::Vectors::parse(&text, &path.display().to_string())
+                    .map_err(anyhow::Error::msg)?,
+            )
+        }
+    };
     let config_value: serde_json::Value = match stage_config {
         None => serde_json::json!({}),
         Some(path) => {
@@ -329,32 +432,74 @@ fn plugin_check(
         }
     };
     let mut config = Config::default();
+    if let Some(mib) = memory_limit_mib {
+        config.plugins.memory_limit_bytes = (mib as usize) << 20;
+    }
+    if let Some(ms) = call_deadline_ms {
+        config.plugins.call_deadline_ms = ms;
+    }
+    config.plugins.compile_cache_dir = compile_cache_dir.map(|d| d.display().to_string());
     let module = std::fs::canonicalize(file)
         .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?
         .display()
         .to_string();
-    let d = &mut config.data_plane.plugins;
-    let m = &mut config.management_plane.plugins;
-    let target = match (plane, stage) {
-        ("data", "api_key") => &mut d.api_key,
-        ("data", "cors") => &mut d.cors,
-        ("data", "quota") => &mut d.quota,
-        ("data", "db_routing") => &mut d.db_routing,
-        ("management", "cors") => &mut m.cors,
-        ("management", "quota") => &mut m.quota,
-        ("management", "db_routing") => &mut m.db_routing,
-        _ => anyhow::bail!("the {plane} plane has no {stage} stage"),
-    };
-    target.module = module;
-    target.config = config_value;
+    // The module goes on `plane`, and on every plane the author's cases run on.
+    let mut planes = vec![plane.to_owned()];
+    if let Some(v) = &vectors {
+        for p in v.planes().map_err(anyhow::Error::msg)? {
+            if !planes.iter().any(|q| q == p.as_str()) {
+                planes.push(p.as_str().to_owned());
+            }
+        }
+    }
+    for plane in &planes {
+        let d = &mut config.data_plane.plugins;
+        let m = &mut config.management_plane.plugins;
+        let target = match (plane.as_str(), stage) {
+            ("data", "api_key") => &mut d.api_key,
+            ("data", "cors") => &mut d.cors,
+            ("data", "quota") => &mut d.quota,
+            ("data", "db_routing") => &mut d.db_routing,
+            ("management", "cors") => &mut m.cors,
+            ("management", "quota") => &mut m.quota,
+            ("management", "db_routing") => &mut m.db_routing,
+            _ => anyhow::bail!("the {plane} plane has no {stage} stage"),
+        };
+        target.module = module.clone();
+        target.config = config_value.clone();
+    }
     let runtime = PolicyEngine::new(&config.plugins)?;
     let policies = Policies::load(&runtime, &config, None)?;
     let reports = aura_gateway::policy::conformance::check(&policies)?;
     for report in reports
         .iter()
-        .filter(|r| r.stage.key() == stage && r.plane.as_str() == plane)
+        .filter(|r| r.stage.key() == stage && planes.iter().any(|p| p == r.plane.as_str()))
     {
         println!("{report}");
+    }
+    let stage = aura_gateway::policy::Stage::parse(stage)
+        .ok_or_else(|| anyhow::anyhow!("--stage: unknown stage {stage}"))?;
+    println!(
+        "written against aura:gateway@{}",
+        aura_gateway::plane::Plane::parse(plane)
+            .and_then(|p| policies.wit_version(p, stage))
+            .unwrap_or("?")
+    );
+    if let (Some(v), Some(path)) = (&vectors, vectors_file) {
+        let outcomes = v.run(stage, &policies);
+        let (table, all_passed) = aura_gateway::policy::vectors::table(&outcomes);
+        println!("\nauthor vectors ({}):\n{table}", path.display());
+        if !all_passed {
+            let failed: Vec<&str> = outcomes
+                .iter()
+                .filter(|o| o.failure.is_some())
+                .map(|o| o.name.as_str())
+                .collect();
+            anyhow::bail!(
+                "plugin check failed: author vectors failed: {}",
+                failed.join(", ")
+            );
+        }
     }
     println!("plugin check passed");
     Ok(())

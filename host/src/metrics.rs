@@ -17,6 +17,10 @@ pub struct Metrics {
     pub plugin_calls: IntCounterVec,
     /// Policy plugin failures by plane, stage, kind and module digest.
     pub plugin_failures: IntCounterVec,
+    /// Plugin log lines (from `log` and captured stdout/stderr) dropped by plane, stage and
+    /// reason (`per_call`: over the lines a call may keep, `rate`: over the module's rate,
+    /// `bytes`: output over the capture size).
+    pub plugin_log_dropped: IntCounterVec,
     /// Policy plugin call latency by plane and stage.
     pub plugin_latency: HistogramVec,
     /// Policy reloads by result (`applied`, `refused`) and automatic rollbacks (`rolled_back`).
@@ -103,6 +107,14 @@ impl Metrics {
                 "Policy plugin failures by plane, stage, kind (trap, deadline, memory, refused) and module digest",
             ),
             &["plane", "stage", "kind", "digest"],
+        )
+        .expect("valid metric");
+        let plugin_log_dropped = IntCounterVec::new(
+            Opts::new(
+                "plugin_log_dropped_total",
+                "Plugin log lines dropped by plane, stage and reason (per_call, rate, bytes)",
+            ),
+            &["plane", "stage", "reason"],
         )
         .expect("valid metric");
         let plugin_latency = HistogramVec::new(
@@ -249,6 +261,7 @@ impl Metrics {
             Box::new(latency.clone()),
             Box::new(plugin_calls.clone()),
             Box::new(plugin_failures.clone()),
+            Box::new(plugin_log_dropped.clone()),
             Box::new(plugin_latency.clone()),
             Box::new(breaker_state.clone()),
             Box::new(policy_reloads.clone()),
@@ -274,6 +287,7 @@ impl Metrics {
             latency,
             plugin_calls,
             plugin_failures,
+            plugin_log_dropped,
             plugin_latency,
             breaker_state,
             policy_reloads,

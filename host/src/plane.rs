@@ -10,6 +10,15 @@ pub enum Plane {
 }
 
 impl Plane {
+    /// The plane named `data` or `management`.
+    pub fn parse(name: &str) -> Option<Plane> {
+        match name {
+            "data" => Some(Plane::Data),
+            "management" => Some(Plane::Management),
+            _ => None,
+        }
+    }
+
     /// `data` or `management`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use aura_gateway::policy::builtin::TESTING_PLUGIN_PATH;
 use reqwest::StatusCode;
 
-use crate::support::gateway::{Process, binary};
+use crate::support::gateway::{METRICS_TOKEN, Process, binary, metric};
 use crate::support::nats_server::shared;
 use crate::support::responder::{Responder, reply};
 use crate::support::unique_prefix;
@@ -169,6 +169,183 @@ async fn a_trapping_or_looping_plugin_fails_its_request_closed_and_the_next_is_s
         log.contains(TESTING_PLUGIN_PATH),
         "the log names the plugin: {log}"
     );
+}
+
+/// What a plugin writes is bounded and attributed; the WASI it gets reaches nothing outside;
+/// a plugin that tries to wait, to take a socket or to make the host allocate for it fails
+/// its own request and nothing else.
+#[tokio::test]
+async fn a_plugin_logs_within_bounds_and_nothing_in_its_wasi_reaches_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        &format!(
+            "[metrics]\ntoken = {METRICS_TOKEN:?}\n[plugins]\ncall_deadline_ms = 1000\n\
+             [data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n"
+        ),
+    );
+    let gw = Process::serve(&path, dir.path());
+    let client = reqwest::Client::new();
+    let get = |origin: &'static str| {
+        client
+            .get(gw.data_url("/health"))
+            .header("origin", origin)
+            .send()
+    };
+    let id = |r: &reqwest::Response| r.headers()["x-request-id"].to_str().expect("id").to_owned();
+
+    // `log`, stdout and stderr, each with the request id; a newline cannot forge a line.
+    let r = get("https://log.test").await.expect("answer");
+    assert_eq!(r.status(), StatusCode::OK);
+    let logged = id(&r);
+    // 1,000 lines of 1 MiB and 1 MiB of stdout: the call keeps 16 lines of at most 1 KiB.
+    let r = get("https://flood.test").await.expect("answer");
+    assert_eq!(r.status(), StatusCode::OK);
+    let flooded = id(&r);
+    fn plugin_lines<'a>(log: &'a str, id: &str) -> Vec<&'a str> {
+        log.lines()
+            .filter(|l| l.contains("aura::plugin") && l.contains(id))
+            .collect()
+    }
+    // The log is written by a thread of its own: on a loaded machine it may lag.
+    let mut log = String::new();
+    for _ in 0..300 {
+        log = gw.log_text();
+        if plugin_lines(&log, &logged).len() >= 3 && plugin_lines(&log, &flooded).len() >= 16 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lines = |id: &str| plugin_lines(&log, id);
+    let of_logged = lines(&logged);
+    assert!(
+        of_logged
+            .iter()
+            .any(|l| l.contains("WARN") && l.contains("testing plugin saw log.test forged line")),
+        "{log}"
+    );
+    assert!(of_logged.iter().any(|l| l.contains("to stdout")), "{log}");
+    assert!(of_logged.iter().any(|l| l.contains("to stderr")), "{log}");
+    assert!(
+        !log.lines().any(|l| l.starts_with("forged line")),
+        "a plugin's newline started a line of its own"
+    );
+    let of_flood = lines(&flooded);
+    assert_eq!(of_flood.len(), 16, "lines kept for one call");
+    assert!(of_flood.iter().all(|l| l.len() < 1_500), "lines are cut");
+    let metrics = gw.metrics().await;
+    for reason in ["per_call", "bytes"] {
+        assert!(
+            metric(
+                &metrics,
+                "aura_plugin_log_dropped_total",
+                &[&format!("reason=\"{reason}\"")]
+            ) >= 1.0,
+            "{reason}: {metrics}"
+        );
+    }
+
+    // No file, no environment: the plugin could do neither, so it denies the preflight.
+    let r = client
+        .request(reqwest::Method::OPTIONS, gw.data_url("/v1/db/x"))
+        .header("origin", "https://file.test")
+        .header("access-control-request-method", "GET")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+
+    // A sleep, a socket, 1 MiB of host randomness: that request fails closed at once, the
+    // next one is served.
+    for origin in [
+        "https://sleep.test",
+        "https://socket.test",
+        "https://random.test",
+    ] {
+        let started = std::time::Instant::now();
+        let r = get(origin).await.expect("answer");
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{origin}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{origin} waited"
+        );
+        let body: serde_json::Value = r.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "policy_failed", "{origin}");
+        let next = get("https://ok.test").await.expect("answer");
+        assert_eq!(next.status(), StatusCode::OK, "served after {origin}");
+    }
+    let log = gw.log_text();
+    assert!(log.contains("a plugin may not wait"), "{log}");
+    assert!(log.contains("is not granted to plugins"), "{log}");
+}
+
+/// The compile cache holds native code: a folder others may write to is refused with its key,
+/// and a file that is not a compiled module is compiled again, neither trusted nor fatal.
+#[tokio::test]
+async fn the_compile_cache_refuses_an_open_folder_and_recompiles_a_bad_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).expect("mkdir");
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let config = |extra: &str| {
+        write_config(
+            dir.path(),
+            &format!(
+                "[plugins]\ncompile_cache_dir = \"cache\"\n[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n{extra}"
+            ),
+        )
+    };
+    let out = check_config(&config(""));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("plugins.compile_cache_dir") && stderr.contains("writable by no one else"),
+        "{stderr}"
+    );
+
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let out = check_config(&config(""));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut files: Vec<_> = std::fs::read_dir(&cache)
+        .expect("cache")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files.len(),
+        5,
+        "the testing plugin and the 4 defaults: {files:?}"
+    );
+    // Every file replaced by garbage: the gateway compiles again, serves, and rewrites them.
+    for file in &files {
+        std::fs::write(file, b"not a compiled module").expect("overwrite");
+    }
+    let gw = Process::serve(&config(""), dir.path());
+    let r = reqwest::Client::new()
+        .get(gw.data_url("/health"))
+        .header("origin", "https://ok.test")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://ok.test",
+        "the testing plugin is in force"
+    );
+    assert!(
+        gw.log_text().contains("does not load; compiling again"),
+        "{}",
+        gw.log_text()
+    );
+    for file in &files {
+        assert_ne!(std::fs::read(file).expect("file"), b"not a compiled module");
+    }
 }
 
 #[tokio::test]

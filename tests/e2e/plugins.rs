@@ -52,7 +52,7 @@ fn api_key_stage_follows_the_contract() {
         .as_ref()
         .expect("data plane has the api-key stage");
     assert_eq!(stage.headers(), ["apikey", "x-api-key"]);
-    let extract = |r: KeyRequest| stage.extract(&r).expect("call");
+    let extract = |r: KeyRequest| stage.extract(None, r).expect("call");
     match extract(key_request(
         "/v1/db/todos",
         &[],
@@ -116,7 +116,7 @@ fn cors_stage_answers_per_plane() {
     match p
         .data
         .cors
-        .decide(Plane::Data, input("https://a.example"))
+        .decide(None, Plane::Data, input("https://a.example"))
         .expect("call")
     {
         CorsDecision::Allow(a) => assert_eq!(a.allow_origin, "*"),
@@ -124,12 +124,12 @@ fn cors_stage_answers_per_plane() {
     }
     let m = &p.management.cors;
     assert_eq!(
-        m.decide(Plane::Management, input("https://a.example"))
+        m.decide(None, Plane::Management, input("https://a.example"))
             .expect("call"),
         CorsDecision::Deny
     );
     match m
-        .decide(Plane::Management, input("https://studio.example"))
+        .decide(None, Plane::Management, input("https://studio.example"))
         .expect("call")
     {
         CorsDecision::Allow(a) => assert_eq!(a.allow_origin, "https://studio.example"),
@@ -164,6 +164,7 @@ fn quota_stage_defaults_and_configuration() {
         .data
         .quota
         .decide(
+            None,
             "GET",
             "/v1/db/t",
             "db",
@@ -183,6 +184,7 @@ fn quota_stage_defaults_and_configuration() {
         .data
         .quota
         .decide(
+            None,
             "GET",
             "/v1/db/t",
             "db",
@@ -197,7 +199,7 @@ fn quota_stage_defaults_and_configuration() {
     assert_eq!(
         p.data
             .quota
-            .decide("GET", "/health", "gateway", &keyless)
+            .decide(None, "GET", "/health", "gateway", &keyless)
             .expect("call"),
         QuotaDecision::Exempt
     );
@@ -212,7 +214,7 @@ fn quota_stage_defaults_and_configuration() {
     match p
         .data
         .quota
-        .decide("POST", "/v1/functions/f", "functions", &pro)
+        .decide(None, "POST", "/v1/functions/f", "functions", &pro)
         .expect("call")
     {
         QuotaDecision::Limit(r) => {
@@ -239,7 +241,7 @@ fn db_routing_stage_applies_the_six_rules_in_order() {
     let decide = |method: &str, path: &str, project: Option<ProjectDb>| {
         p.data
             .db_routing
-            .decide(Plane::Data, method, path, project)
+            .decide(None, Plane::Data, method, path, project)
             .expect("call")
     };
     let url = Some("http://pgrst-a:3000");
@@ -290,6 +292,7 @@ fn hostile(reuse: InstanceReuse) -> Policies {
 
 fn cors_call(p: &Policies, origin: &str) -> Result<CorsDecision, PluginError> {
     p.data.cors.decide(
+        None,
         Plane::Data,
         CorsInput {
             method: "GET",
@@ -371,7 +374,7 @@ fn calls_from_many_threads_share_one_module_safely() {
                         .api_key
                         .as_ref()
                         .expect("stage")
-                        .extract(&r)
+                        .extract(None, r)
                         .expect("call")
                     {
                         KeyDecision::Present(c) => assert_eq!(c.key, key),
@@ -384,4 +387,42 @@ fn calls_from_many_threads_share_one_module_safely() {
     for t in threads {
         t.join().expect("thread");
     }
+}
+
+/// Plugins of both WIT versions load side by side and are called through the same types: the
+/// hostile quota plugin is written against `aura:gateway@0.1.0`, the others against `0.2.0`.
+#[test]
+fn plugins_of_both_wit_versions_load_and_answer() {
+    use aura_gateway::policy::Stage;
+    use aura_gateway::policy::builtin::TESTING_QUOTA_PLUGIN_PATH;
+    let mut config = config();
+    config.data_plane.plugins.quota.module = TESTING_QUOTA_PLUGIN_PATH.into();
+    config.data_plane.plugins.cors.module = TESTING_PLUGIN_PATH.into();
+    let p = load(&config).expect("both load");
+    assert_eq!(p.wit_version(Plane::Data, Stage::Quota), Some("0.1.0"));
+    assert_eq!(p.wit_version(Plane::Data, Stage::Cors), Some("0.2.0"));
+    assert_eq!(
+        p.wit_version(Plane::Data, Stage::ApiKey),
+        Some("0.2.0"),
+        "the default plugins"
+    );
+    match p
+        .data
+        .quota
+        .decide(
+            None,
+            "GET",
+            "/v1/db/t",
+            "db",
+            &actor(Role::Anon, Some("k1"), None),
+        )
+        .expect("a 0.1.0 plugin answers")
+    {
+        QuotaDecision::Limit(rule) => assert!(!rule.bucket.is_empty()),
+        QuotaDecision::Exempt => {}
+    }
+    assert!(matches!(
+        cors_call(&p, "https://ok.test").expect("a 0.2.0 plugin answers"),
+        CorsDecision::Allow(_)
+    ));
 }

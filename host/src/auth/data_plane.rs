@@ -124,8 +124,13 @@ pub async fn authenticate(
     let metrics = parts.uri.path() == crate::phases::metrics_auth::METRICS_PATH;
     let public = is_public(&parts.method, parts.uri.path());
     let request = stage.request_of(parts.method.as_str(), &parts.uri, &parts.headers);
-    let decision = stage.extract(&request).map_err(|e| on_plugin_error(&e))?;
-    drop(request);
+    let request_id = parts
+        .headers
+        .get(&crate::phases::request_id::X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok());
+    let decision = stage
+        .extract(request_id, request)
+        .map_err(|e| on_plugin_error(&e))?;
     let mut actor = Actor::unauthenticated(Plane::Data);
     let credential = match decision {
         KeyDecision::Refuse(reason) => return Err(invalid_key(&reason)),

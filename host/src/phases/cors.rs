@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 
 use super::context::RequestContext;
+use super::request_id::RequestId;
 use super::{per_ip, request_id, security_headers};
 use crate::error::GatewayError;
 use crate::plane::Plane;
@@ -152,10 +153,14 @@ pub async fn preflight(
         return edge(per_ip::limited(&decision));
     }
     drop(request);
+    // A preflight is answered here, before the request-id phase: its id is made now, so that
+    // the plugin's log lines and the answer carry the same one.
+    let id = cx.id.get_or_insert_with(RequestId::mint).clone();
     let decision = state
         .policies
         .cors(
             &cx.policies,
+            Some(id.as_str()),
             cx.plane,
             cors.host_project.as_deref(),
             cors.input(),
@@ -174,7 +179,9 @@ pub async fn preflight(
         }
         Ok(CorsDecision::Deny) => denied(),
     };
-    edge(response)
+    let mut response = edge(response);
+    request_id::stamp(&id, response.headers_mut());
+    response
 }
 
 /// Puts the decided CORS headers on `response` (which may be an error of any phase). A request
@@ -192,7 +199,13 @@ pub async fn respond(
     };
     let decision = state
         .policies
-        .cors(&cx.policies, cx.plane, project, cors.input())
+        .cors(
+            &cx.policies,
+            cx.id.as_ref().map(RequestId::as_str),
+            cx.plane,
+            project,
+            cors.input(),
+        )
         .await;
     match decision {
         Err(e) => edge(e.into_response()),

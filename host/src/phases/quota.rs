@@ -32,6 +32,7 @@ pub async fn check(
         .policies
         .quota(
             &cx.policies,
+            cx.id.as_ref().map(|id| id.as_str()),
             actor,
             method.as_str(),
             path,

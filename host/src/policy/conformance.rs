@@ -157,7 +157,7 @@ fn check_api_key(p: &PlanePolicies) -> Result<Option<StageReport>, ConformanceEr
     ];
     for _round in 0..8 {
         for (name, request) in &vectors {
-            let decision = run.call(name, || stage.extract(request))?;
+            let decision = run.call(name, || stage.extract(None, request.clone()))?;
             if let KeyDecision::Present(c) = &decision {
                 if c.key.is_empty() || c.allowed_roles.is_empty() {
                     return Err(
@@ -196,6 +196,7 @@ pub fn check_cors_stage(plane: Plane, stage: &CorsStage) -> Result<StageReport, 
                 let name = format!("{origin} preflight={preflight}");
                 let decision = run.call(&name, || {
                     stage.decide(
+                        None,
                         plane,
                         CorsInput {
                             method: if preflight { "OPTIONS" } else { "GET" },
@@ -252,7 +253,8 @@ pub fn check_quota_stage(
         for actor in &actors {
             for group in ["db", "functions", "storage", "gateway"] {
                 let name = format!("{:?} on {group}", actor.role);
-                let decision = run.call(&name, || stage.decide("GET", "/v1/x", group, actor))?;
+                let decision =
+                    run.call(&name, || stage.decide(None, "GET", "/v1/x", group, actor))?;
                 if let QuotaDecision::Limit(r) = decision
                     && (r.bucket.is_empty()
                         || r.rate_per_second == 0
@@ -330,7 +332,7 @@ fn check_db_routing(p: &PlanePolicies) -> Result<StageReport, ConformanceError> 
         for (method, path, project) in &vectors {
             let name = format!("{method} {path} {project:?}");
             let route = run.call(&name, || {
-                stage.decide(p.plane, method, path, project.clone())
+                stage.decide(None, p.plane, method, path, project.clone())
             })?;
             if let DbRoute::Postgrest(url) = route
                 && url

@@ -1,5 +1,6 @@
 //! The plugin runtime: one wasmtime engine, components compiled once and pre-instantiated,
-//! instances run under a memory cap and an epoch deadline, no WASI capability granted.
+//! instances run under a memory cap and an epoch deadline, with the `log` import and the
+//! locked-down WASI of [`super::sandbox`] and nothing else.
 //!
 //! Instances are either reused from a per-module pool (`pooled`, the default) or created for
 //! every call (`fresh`). Both were measured (`cargo bench --bench plugins`): a fresh pooled-
@@ -14,10 +15,19 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{Component, InstancePre, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
+use wasmtime::component::{
+    Component, ComponentExportIndex, ComponentType, InstancePre, Lift, Linker, Lower, TypedFunc,
+    WasmStr,
+};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreContextMut,
+    Trap,
+};
 
+use super::bindings::LogLevel;
 use super::limits::PluginLimiter;
+use super::plugin_log::{self, CallLog, Level, LogRate, Source};
+use super::sandbox::Sandbox;
 use super::{FailureKind, PluginError, Stage};
 use crate::config::{InstanceReuse, PluginRuntimeConfig};
 use crate::plane::Plane;
@@ -29,6 +39,9 @@ fn epoch_tick(call_deadline_ms: u64) -> Duration {
     Duration::from_millis((call_deadline_ms / 4).clamp(1, 10))
 }
 
+/// The deadline of setting up an instance, when longer than the call deadline.
+pub const SETUP_DEADLINE_MS: u64 = 1_000;
+
 fn deadline_ticks(call_deadline_ms: u64) -> u64 {
     let tick = epoch_tick(call_deadline_ms).as_millis() as u64;
     call_deadline_ms.div_ceil(tick) + 1
@@ -38,7 +51,14 @@ fn deadline_ticks(call_deadline_ms: u64) -> u64 {
 #[derive(Debug)]
 pub struct PluginState {
     pub(crate) limiter: PluginLimiter,
+    /// Lines written during the call in progress.
+    pub(crate) log: CallLog,
+    /// The WASI state, made on the instance's first WASI call.
+    pub(crate) sandbox: Option<Box<Sandbox>>,
 }
+
+/// The versions of `aura:gateway` the host accepts, newest first.
+pub const WIT_VERSIONS: [&str; 2] = ["0.2.0", "0.1.0"];
 
 /// The shared wasmtime engine and the runtime limits of every plugin call.
 #[derive(Debug)]
@@ -52,6 +72,8 @@ pub struct PolicyEngine {
     /// Loaded modules per metric series (plane, stage, digest): a series is removed when the
     /// last module it counts is dropped, so replaced and removed modules leave no series behind.
     series: Mutex<std::collections::HashMap<(Plane, Stage, String), usize>>,
+    /// `plugins.compile_cache_dir`, opened.
+    compile_cache: Option<super::compile_cache::CompileCache>,
 }
 
 impl PolicyEngine {
@@ -60,6 +82,12 @@ impl PolicyEngine {
         let config = engine_config(settings, true);
         let engine = Engine::new(&config)
             .map_err(|e| PluginError::runtime(format!("cannot create the wasm engine: {e}")))?;
+        let compile_cache = settings
+            .compile_cache_dir
+            .as_deref()
+            .map(|dir| super::compile_cache::CompileCache::open(std::path::Path::new(dir)))
+            .transpose()
+            .map_err(|e| PluginError::runtime(format!("plugins.compile_cache_dir: {e}")))?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
         let ticker = {
             let engine = engine.clone();
@@ -83,6 +111,7 @@ impl PolicyEngine {
             ticker_stop,
             ticker: Mutex::new(Some(ticker)),
             series: Mutex::new(std::collections::HashMap::new()),
+            compile_cache,
         }))
     }
 
@@ -156,10 +185,30 @@ impl PolicyEngine {
             .map_err(|e| format!("not a valid component: {e:#}"))
     }
 
+    /// Compiles a module named in the configuration (`digest`: the SHA-256 of `bytes`), or
+    /// loads it from `plugins.compile_cache_dir` when it was compiled before.
+    pub fn compile_module(&self, digest: &str, bytes: &[u8]) -> Result<Component, String> {
+        match &self.compile_cache {
+            Some(cache) => cache.get_or_compile(&self.engine, digest, bytes, |b| self.compile(b)),
+            None => self.compile(bytes),
+        }
+    }
+
     /// Ticks until a call's deadline: the deadline in whole ticks, plus the tick in progress
     /// when the call started (so a call is never stopped before its deadline).
     fn deadline_ticks(&self) -> u64 {
         deadline_ticks(self.settings.call_deadline_ms)
+    }
+
+    /// Ticks until the deadline of setting up an instance (instantiation and `configure`):
+    /// [`SETUP_DEADLINE_MS`] or the call deadline, whichever is longer. A language runtime
+    /// (Python, JavaScript) initialises megabytes of memory when instantiated.
+    fn setup_deadline_ticks(&self) -> u64 {
+        let tick = epoch_tick(self.settings.call_deadline_ms).as_millis() as u64;
+        SETUP_DEADLINE_MS
+            .max(self.settings.call_deadline_ms)
+            .div_ceil(tick)
+            + 1
     }
 
     fn new_store(&self) -> Store<PluginState> {
@@ -167,10 +216,12 @@ impl PolicyEngine {
             &self.engine,
             PluginState {
                 limiter: PluginLimiter::new(self.settings.memory_limit_bytes),
+                log: CallLog::default(),
+                sandbox: None,
             },
         );
         store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(self.deadline_ticks());
+        store.set_epoch_deadline(self.setup_deadline_ticks());
         store
     }
 }
@@ -216,30 +267,130 @@ impl Drop for PolicyEngine {
     }
 }
 
-/// One stage world's generated bindings, seen generically by the runtime.
-pub(crate) trait StageWorld: Sized + Send + 'static {
-    /// The pre-instantiated form (exports already checked).
-    type Pre: Clone + Send + Sync + 'static;
-    /// What a successful `configure` returns.
-    type Setup: Clone + Send + Sync + 'static;
+/// One stage as the runtime sees it: the interface a plugin exports and the types of its two
+/// functions. The types are the host's generated ones (`0.2.0`); they are checked against the
+/// plugin's own at instantiation, so a `0.1.0` plugin (the same records) is called through them.
+pub(crate) trait StageWorld: Send + Sync + 'static {
     /// The stage.
     const STAGE: Stage;
-    /// Checks the component's exports against the world.
-    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre>;
-    /// Instantiates.
-    fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self>;
-    /// Calls the guest's `configure`.
-    fn configure(
-        &self,
-        store: &mut Store<PluginState>,
-        plane: Plane,
-        config: &str,
-    ) -> wasmtime::Result<Result<Self::Setup, String>>;
+    /// The exported interface, without package and version (`cors`).
+    const INTERFACE: &'static str;
+    /// The per-request function (`decide`, `extract`).
+    const DECIDE: &'static str;
+    /// The WIT `plane` enum of the stage's bindings.
+    type Plane: ComponentType + Lower + Send + Sync + 'static;
+    /// What a successful `configure` returns.
+    type Setup: ComponentType + Lift + Clone + Send + Sync + 'static;
+    /// The per-request input.
+    type Request: ComponentType + Lower + Send + Sync + 'static;
+    /// The per-request decision.
+    type Decision: ComponentType + Lift + Send + Sync + 'static;
+    /// The WIT value of a plane.
+    fn plane(plane: Plane) -> Self::Plane;
 }
 
-struct Slot<W> {
+/// Where a component's stage functions are, found once at load.
+#[derive(Clone)]
+pub(crate) struct Exports {
+    /// The `aura:gateway` version the plugin was written against.
+    pub(crate) version: &'static str,
+    configure: ComponentExportIndex,
+    decide: ComponentExportIndex,
+}
+
+impl Exports {
+    /// Finds `W`'s interface in `component`, in any accepted version.
+    fn find<W: StageWorld>(component: &Component) -> Result<Self, String> {
+        for version in WIT_VERSIONS {
+            let name = format!("aura:gateway/{}@{version}", W::INTERFACE);
+            let Some(interface) = component.get_export_index(None, &name) else {
+                continue;
+            };
+            let function = |f: &str| {
+                component
+                    .get_export_index(Some(&interface), f)
+                    .ok_or_else(|| format!("{name} has no function `{f}`"))
+            };
+            return Ok(Self {
+                version,
+                configure: function("configure")?,
+                decide: function(W::DECIDE)?,
+            });
+        }
+        Err(format!(
+            "no export `aura:gateway/{}` in version {}",
+            W::INTERFACE,
+            WIT_VERSIONS.join(" or ")
+        ))
+    }
+}
+
+type Decide<W> = TypedFunc<(<W as StageWorld>::Request,), (<W as StageWorld>::Decision,)>;
+
+/// A new instance's decision function and what its `configure` returned, or the refusal
+/// `configure` answered.
+type Configured<W> = Result<(Decide<W>, <W as StageWorld>::Setup), String>;
+
+struct Slot<W: StageWorld> {
     store: Store<PluginState>,
-    bindings: W,
+    decide: Decide<W>,
+}
+
+/// Instantiates, type-checks both functions and runs `configure`.
+fn instantiate<W: StageWorld>(
+    pre: &InstancePre<PluginState>,
+    exports: &Exports,
+    store: &mut Store<PluginState>,
+    plane: Plane,
+    config: &str,
+) -> Result<Configured<W>, (FailureKind, String)> {
+    let failed = |store: &Store<PluginState>, what: &str, e: wasmtime::Error| {
+        (classify(store, &e), format!("{what}: {e:#}"))
+    };
+    let instance = pre
+        .instantiate(&mut *store)
+        .map_err(|e| failed(store, "instantiation", e))?;
+    let configure = instance
+        .get_typed_func::<(W::Plane, String), (Result<W::Setup, String>,)>(
+            &mut *store,
+            exports.configure,
+        )
+        .map_err(|e| (FailureKind::Refused, format!("configure: {e:#}")))?;
+    let decide = instance
+        .get_typed_func::<(W::Request,), (W::Decision,)>(&mut *store, exports.decide)
+        .map_err(|e| (FailureKind::Refused, format!("{}: {e:#}", W::DECIDE)))?;
+    match configure.call(&mut *store, (W::plane(plane), config.to_owned())) {
+        Ok((Ok(setup),)) => Ok(Ok((decide, setup))),
+        Ok((Err(reason),)) => Ok(Err(reason)),
+        Err(e) => Err(failed(store, "configure", e)),
+    }
+}
+
+/// The linker of a plugin: `aura:gateway/log`, the sandbox's WASI, and every other import of
+/// `component` defined as a trap.
+fn linker(engine: &Engine, component: &Component) -> wasmtime::Result<Linker<PluginState>> {
+    let mut linker: Linker<PluginState> = Linker::new(engine);
+    linker.instance("aura:gateway/log@0.2.0")?.func_wrap(
+        "log",
+        |mut cx: StoreContextMut<'_, PluginState>, (level, message): (LogLevel, WasmStr)| {
+            if cx.data().log.is_full() {
+                cx.data_mut().log.push(Level::Info, Source::Log, "");
+                return Ok(());
+            }
+            let text = plugin_log::clean(&message.to_str(&cx)?);
+            let level = match level {
+                LogLevel::Debug => Level::Debug,
+                LogLevel::Info => Level::Info,
+                LogLevel::Warn => Level::Warn,
+                LogLevel::Error => Level::Error,
+            };
+            cx.data_mut().log.push(level, Source::Log, &text);
+            Ok(())
+        },
+    )?;
+    super::sandbox::add_to_linker(&mut linker)?;
+    super::sandbox::stub_the_rest(&mut linker, engine, component)?;
+    Ok(linker)
 }
 
 /// A loaded module for one stage of one plane: compiled, exports checked, configuration
@@ -250,9 +401,11 @@ pub(crate) struct StageModule<W: StageWorld> {
     name: String,
     digest: String,
     config: String,
-    pre: W::Pre,
+    pre: InstancePre<PluginState>,
+    exports: Exports,
     setup: W::Setup,
     idle: Mutex<Vec<Slot<W>>>,
+    log_rate: LogRate,
     call_metrics: std::sync::OnceLock<(prometheus::IntCounter, prometheus::Histogram)>,
     health: Mutex<Health>,
     stats: super::stats::CallStats,
@@ -295,33 +448,23 @@ impl<W: StageWorld> StageModule<W> {
             kind,
             reason,
         };
-        let mut linker: Linker<PluginState> = Linker::new(&runtime.engine);
-        // No WASI capability: every import the component declares (files, environment,
-        // clocks, sockets, stdio…) is defined as a function that traps.
-        linker
-            .define_unknown_imports_as_traps(component)
-            .map_err(|e| refuse(FailureKind::Refused, format!("imports: {e:#}")))?;
-        let instance_pre = linker
-            .instantiate_pre(component)
-            .map_err(|e| refuse(FailureKind::Refused, format!("imports: {e:#}")))?;
-        let pre = W::pre(instance_pre).map_err(|e| {
+        let exports = Exports::find::<W>(component).map_err(|e| {
             refuse(
                 FailureKind::Refused,
-                format!("does not export the {} stage world: {e:#}", W::STAGE),
+                format!("does not export the {} stage world: {e}", W::STAGE),
             )
         })?;
+        let pre = linker(&runtime.engine, component)
+            .and_then(|linker| linker.instantiate_pre(component))
+            .map_err(|e| refuse(FailureKind::Refused, format!("imports: {e:#}")))?;
         let mut store = runtime.new_store();
-        let bindings = W::instantiate(&pre, &mut store)
-            .map_err(|e| refuse(classify(&store, &e), format!("instantiation failed: {e:#}")))?;
-        let setup = match bindings.configure(&mut store, plane, &config) {
-            Ok(Ok(setup)) => setup,
+        let configured = instantiate::<W>(&pre, &exports, &mut store, plane, &config);
+        let log_rate = LogRate::default();
+        write_log::<W>(&mut store, plane, &name, &digest, None, &log_rate, &runtime);
+        let (decide, setup) = match configured {
+            Ok(Ok(configured)) => configured,
             Ok(Err(reason)) => return Err(refuse(FailureKind::Refused, reason)),
-            Err(e) => {
-                return Err(refuse(
-                    classify(&store, &e),
-                    format!("configure failed: {e:#}"),
-                ));
-            }
+            Err((kind, reason)) => return Err(refuse(kind, reason)),
         };
         runtime.series_acquire(plane, W::STAGE, &digest);
         let module = Self {
@@ -331,8 +474,10 @@ impl<W: StageWorld> StageModule<W> {
             digest,
             config,
             pre,
+            exports,
             setup,
             idle: Mutex::new(Vec::new()),
+            log_rate,
             call_metrics: std::sync::OnceLock::new(),
             health: Mutex::new(Health {
                 since: Instant::now(),
@@ -342,7 +487,7 @@ impl<W: StageWorld> StageModule<W> {
             stats: super::stats::CallStats::default(),
         };
         if module.runtime.settings.instance_reuse == InstanceReuse::Pooled {
-            module.put_back(Slot { store, bindings });
+            module.put_back(Slot { store, decide });
         }
         Ok(module)
     }
@@ -380,15 +525,38 @@ impl<W: StageWorld> StageModule<W> {
         &self.setup
     }
 
-    fn new_slot(&self) -> Result<Slot<W>, PluginError> {
+    /// The `aura:gateway` version the module was written against.
+    pub fn wit_version(&self) -> &'static str {
+        self.exports.version
+    }
+
+    fn new_slot(&self, request_id: Option<&str>) -> Result<Slot<W>, PluginError> {
         let mut store = self.runtime.new_store();
-        let bindings = W::instantiate(&self.pre, &mut store)
-            .map_err(|e| self.failure(classify(&store, &e), format!("instantiation: {e:#}")))?;
-        match bindings.configure(&mut store, self.plane, &self.config) {
-            Ok(Ok(_)) => Ok(Slot { store, bindings }),
+        let configured = instantiate::<W>(
+            &self.pre,
+            &self.exports,
+            &mut store,
+            self.plane,
+            &self.config,
+        );
+        self.write_log(&mut store, request_id);
+        match configured {
+            Ok(Ok((decide, _))) => Ok(Slot { store, decide }),
             Ok(Err(reason)) => Err(self.failure(FailureKind::Refused, reason)),
-            Err(e) => Err(self.failure(classify(&store, &e), format!("configure: {e:#}"))),
+            Err((kind, reason)) => Err(self.failure(kind, reason)),
         }
+    }
+
+    fn write_log(&self, store: &mut Store<PluginState>, request_id: Option<&str>) {
+        write_log::<W>(
+            store,
+            self.plane,
+            &self.name,
+            &self.digest,
+            request_id,
+            &self.log_rate,
+            &self.runtime,
+        );
     }
 
     fn put_back(&self, slot: Slot<W>) {
@@ -479,14 +647,16 @@ impl<W: StageWorld> StageModule<W> {
         }
     }
 
-    /// Runs one call on an instance of this module, under the memory cap and deadline.
+    /// Runs one call on an instance of this module, under the memory cap and deadline, and
+    /// writes what the plugin logged with `request_id`.
     ///
     /// On any failure the instance is dropped, the failure is logged with plugin and stage,
     /// and the caller gets a [`PluginError`] to answer with (fail closed).
-    pub(crate) fn call<R>(
+    pub(crate) fn call(
         &self,
-        f: impl FnOnce(&W, &mut Store<PluginState>) -> wasmtime::Result<R>,
-    ) -> Result<R, PluginError> {
+        request_id: Option<&str>,
+        request: W::Request,
+    ) -> Result<W::Decision, PluginError> {
         let pooled = self.runtime.settings.instance_reuse == InstanceReuse::Pooled;
         let reused = if pooled {
             self.idle.lock().ok().and_then(|mut idle| idle.pop())
@@ -495,7 +665,7 @@ impl<W: StageWorld> StageModule<W> {
         };
         let mut slot = match reused {
             Some(slot) => slot,
-            None => self.new_slot().inspect_err(|e| {
+            None => self.new_slot(request_id).inspect_err(|e| {
                 e.log();
                 if let Some(kind) = e.kind() {
                     self.count_failure(kind);
@@ -505,7 +675,7 @@ impl<W: StageWorld> StageModule<W> {
         slot.store.data_mut().limiter.memory_exceeded = false;
         slot.store.set_epoch_deadline(self.runtime.deadline_ticks());
         let started = Instant::now();
-        let result = f(&slot.bindings, &mut slot.store);
+        let result = slot.decide.call(&mut slot.store, (request,));
         let took = started.elapsed();
         if let Some((calls, latency)) = self.call_metrics() {
             calls.inc();
@@ -513,12 +683,13 @@ impl<W: StageWorld> StageModule<W> {
         }
         self.stats.record(took, result.is_err());
         self.record_outcome(result.is_err());
+        self.write_log(&mut slot.store, request_id);
         match result {
-            Ok(value) => {
+            Ok((decision,)) => {
                 if pooled {
                     self.put_back(slot);
                 }
-                Ok(value)
+                Ok(decision)
             }
             Err(e) => {
                 let kind = classify(&slot.store, &e);
@@ -532,6 +703,41 @@ impl<W: StageWorld> StageModule<W> {
             }
         }
     }
+}
+
+/// Writes what an instance logged (its `log` lines and captured output) since the last time.
+fn write_log<W: StageWorld>(
+    store: &mut Store<PluginState>,
+    plane: Plane,
+    module: &str,
+    digest: &str,
+    request_id: Option<&str>,
+    rate: &LogRate,
+    runtime: &PolicyEngine,
+) {
+    let state = store.data_mut();
+    if let Some(sandbox) = &state.sandbox {
+        let output = sandbox.take_output();
+        state
+            .log
+            .push_output(Source::Stdout, &output.stdout, output.dropped);
+        state.log.push_output(Source::Stderr, &output.stderr, 0);
+    }
+    if state.log.is_empty() {
+        return;
+    }
+    plugin_log::write(
+        &mut state.log,
+        plugin_log::Writer {
+            plane,
+            stage: W::STAGE,
+            module,
+            digest,
+            request_id,
+        },
+        rate,
+        runtime.metrics.get(),
+    );
 }
 
 impl<W: StageWorld> Drop for StageModule<W> {

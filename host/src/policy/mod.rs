@@ -4,19 +4,24 @@
 //! The host owns every mechanism; a stage plugin only returns a typed decision. Modules are
 //! compiled and configured when loaded, never on the request path.
 
+pub mod authoring;
 mod bindings;
 pub mod builtin;
 pub mod compile;
+pub mod compile_cache;
 pub mod conformance;
 pub mod engine;
 pub mod isolation;
 mod limits;
 #[cfg(feature = "native-policies")]
 pub mod native;
+pub mod plugin_log;
 pub mod registry;
+pub mod sandbox;
 pub mod stages;
 pub mod stats;
 pub mod tenants;
+pub mod vectors;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -234,15 +239,16 @@ fn component_for(
     let component = match cache.compiled.get(&digest) {
         Some(c) => c.clone(),
         None => {
-            let c = runtime
-                .compile(&bytes)
-                .map_err(|reason| PluginError::Load {
-                    stage,
-                    plane,
-                    module: name.clone(),
-                    kind: FailureKind::Refused,
-                    reason,
-                })?;
+            let c =
+                runtime
+                    .compile_module(&digest, &bytes)
+                    .map_err(|reason| PluginError::Load {
+                        stage,
+                        plane,
+                        module: name.clone(),
+                        kind: FailureKind::Refused,
+                        reason,
+                    })?;
             cache.compiled.insert(digest.clone(), c.clone());
             c
         }
@@ -412,5 +418,16 @@ impl Policies {
             Plane::Data => &self.data,
             Plane::Management => &self.management,
         }
+    }
+    /// The `aura:gateway` version `stage`'s module on `plane` was written against (`None`: the
+    /// plane has no such stage).
+    pub fn wit_version(&self, plane: Plane, stage: Stage) -> Option<&'static str> {
+        let p = self.plane(plane);
+        Some(match stage {
+            Stage::ApiKey => p.api_key.as_ref()?.wit_version(),
+            Stage::Cors => p.cors.wit_version(),
+            Stage::Quota => p.quota.wit_version(),
+            Stage::DbRouting => p.db_routing.wit_version(),
+        })
     }
 }

@@ -109,19 +109,23 @@ impl PolicyRegistry {
     pub async fn cors(
         &self,
         pinned: &Policies,
+        request_id: Option<&str>,
         plane: Plane,
         project: Option<&str>,
         input: CorsInput<'_>,
     ) -> Result<CorsDecision, GatewayError> {
         if let (Plane::Data, Some(project)) = (plane, project)
-            && let Some(result) = self.tenants.decide_cors(project, plane, input).await
+            && let Some(result) = self
+                .tenants
+                .decide_cors(request_id, project, plane, input)
+                .await
         {
             return result.map_err(|e| self.tenant_call_failed(&e));
         }
         pinned
             .plane(plane)
             .cors
-            .decide(plane, input)
+            .decide(request_id, plane, input)
             .map_err(|e| self.plugin_failed(&e))
     }
 
@@ -129,6 +133,7 @@ impl PolicyRegistry {
     pub async fn quota(
         &self,
         pinned: &Policies,
+        request_id: Option<&str>,
         actor: &Actor,
         method: &str,
         path: &str,
@@ -137,7 +142,7 @@ impl PolicyRegistry {
         if let (Plane::Data, Some(project)) = (actor.plane, actor.project.as_deref())
             && let Some(result) = self
                 .tenants
-                .decide_quota(project, method, path, route_group, actor)
+                .decide_quota(request_id, project, method, path, route_group, actor)
                 .await
         {
             return result
@@ -147,7 +152,7 @@ impl PolicyRegistry {
         pinned
             .plane(actor.plane)
             .quota
-            .decide(method, path, route_group, actor)
+            .decide(request_id, method, path, route_group, actor)
             .map(|d| (d, RuleSource::Operator))
             .map_err(|e| self.plugin_failed(&e))
     }

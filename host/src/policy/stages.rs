@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use wasmtime::Store;
-use wasmtime::component::{Component, InstancePre};
+use wasmtime::component::Component;
 
 use super::bindings;
-use super::engine::{PluginState, PolicyEngine, StageModule, StageWorld};
+use super::engine::{PolicyEngine, StageModule, StageWorld};
 use super::{PluginError, Stage};
 use crate::actor::{Actor, Role};
 use crate::plane::Plane;
@@ -21,73 +20,71 @@ pub use bindings::db_routing::exports::aura::gateway::db_routing::{
 };
 pub use bindings::quota::exports::aura::gateway::quota::{QuotaDecision, QuotaRequest, QuotaRule};
 
-/// Implements [`StageWorld`] for one generated world.
+/// Declares the [`StageWorld`] of one stage over its generated types.
 macro_rules! stage_world {
-    ($module:ident, $world:ident, $pre:ident, $accessor:ident, $stage:expr, $setup:ty) => {
-        impl StageWorld for bindings::$module::$world {
-            type Pre = bindings::$module::$pre<PluginState>;
-            type Setup = $setup;
+    ($world:ident, $module:ident, $stage:expr, $interface:literal, $decide:literal, $setup:ty, $request:ty, $decision:ty) => {
+        /// The runtime's view of the stage.
+        #[derive(Debug)]
+        pub(crate) struct $world;
+
+        impl StageWorld for $world {
             const STAGE: Stage = $stage;
+            const INTERFACE: &'static str = $interface;
+            const DECIDE: &'static str = $decide;
+            type Plane = bindings::$module::aura::gateway::types::Plane;
+            type Setup = $setup;
+            type Request = $request;
+            type Decision = $decision;
 
-            fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
-                bindings::$module::$pre::new(pre)
-            }
-
-            fn instantiate(
-                pre: &Self::Pre,
-                store: &mut Store<PluginState>,
-            ) -> wasmtime::Result<Self> {
-                pre.instantiate(store)
-            }
-
-            fn configure(
-                &self,
-                store: &mut Store<PluginState>,
-                plane: Plane,
-                config: &str,
-            ) -> wasmtime::Result<Result<$setup, String>> {
-                use bindings::$module::aura::gateway::types::Plane as WitPlane;
-                let plane = match plane {
-                    Plane::Data => WitPlane::Data,
-                    Plane::Management => WitPlane::Management,
-                };
-                self.$accessor().call_configure(store, plane, config)
+            fn plane(plane: Plane) -> Self::Plane {
+                match plane {
+                    Plane::Data => Self::Plane::Data,
+                    Plane::Management => Self::Plane::Management,
+                }
             }
         }
     };
 }
 
 stage_world!(
+    ApiKeyWorld,
     api_key,
-    ApiKeyStage,
-    ApiKeyStagePre,
-    aura_gateway_api_key,
     Stage::ApiKey,
-    Vec<String>
+    "api-key",
+    "extract",
+    Vec<String>,
+    KeyRequest,
+    KeyDecision
 );
 stage_world!(
+    CorsWorld,
     cors,
-    CorsStage,
-    CorsStagePre,
-    aura_gateway_cors,
     Stage::Cors,
-    ()
+    "cors",
+    "decide",
+    (),
+    CorsRequest,
+    CorsDecision
 );
 stage_world!(
+    QuotaWorld,
     quota,
-    QuotaStage,
-    QuotaStagePre,
-    aura_gateway_quota,
     Stage::Quota,
-    ()
+    "quota",
+    "decide",
+    (),
+    QuotaRequest,
+    QuotaDecision
 );
 stage_world!(
+    DbRoutingWorld,
     db_routing,
-    DbRoutingStage,
-    DbRoutingStagePre,
-    aura_gateway_db_routing,
     Stage::DbRouting,
-    ()
+    "db-routing",
+    "decide",
+    (),
+    DbRequest,
+    DbRoute
 );
 
 /// What [`super::Policies::load`] hands each wrapper: name, digest, compiled component, config.
@@ -95,7 +92,7 @@ pub(crate) type Loaded = (String, String, Component, String);
 
 /// Implements the common parts of a stage wrapper.
 macro_rules! wrapper {
-    ($name:ident, $world:ty, $native:ident) => {
+    ($name:ident, $native:ident) => {
         impl $name {
             pub(crate) fn load(
                 runtime: &Arc<PolicyEngine>,
@@ -133,6 +130,11 @@ macro_rules! wrapper {
                 self.module.report()
             }
 
+            /// The `aura:gateway` version the module was written against.
+            pub fn wit_version(&self) -> &'static str {
+                self.module.wit_version()
+            }
+
             /// Starts a new failure window for the automatic rollback.
             pub fn reset_health(&self) {
                 self.module.reset_health()
@@ -149,11 +151,11 @@ macro_rules! wrapper {
 /// The loaded `api-key` stage of the data plane.
 #[derive(Debug)]
 pub struct ApiKeyStage {
-    module: StageModule<bindings::api_key::ApiKeyStage>,
+    module: StageModule<ApiKeyWorld>,
     #[cfg(feature = "native-policies")]
     native: Option<super::native::ApiKey>,
 }
-wrapper!(ApiKeyStage, bindings::api_key::ApiKeyStage, ApiKey);
+wrapper!(ApiKeyStage, ApiKey);
 
 impl ApiKeyStage {
     /// The lower-case header names the plugin asked to see.
@@ -187,30 +189,35 @@ impl ApiKeyStage {
         }
     }
 
-    /// Extracts the credential of one request.
-    pub fn extract(&self, request: &KeyRequest) -> Result<KeyDecision, PluginError> {
+    /// Extracts the credential of one request (`request_id` goes with the plugin's log lines).
+    pub fn extract(
+        &self,
+        request_id: Option<&str>,
+        request: KeyRequest,
+    ) -> Result<KeyDecision, PluginError> {
         #[cfg(feature = "native-policies")]
         if let Some(native) = &self.native {
-            return Ok(native.extract(request));
+            return Ok(native.extract(&request));
         }
-        self.module
-            .call(|b, store| b.aura_gateway_api_key().call_extract(store, request))
+        self.module.call(request_id, request)
     }
 }
 
 /// The loaded `cors` stage of a plane.
 #[derive(Debug)]
 pub struct CorsStage {
-    module: StageModule<bindings::cors::CorsStage>,
+    module: StageModule<CorsWorld>,
     #[cfg(feature = "native-policies")]
     native: Option<super::native::Cors>,
 }
-wrapper!(CorsStage, bindings::cors::CorsStage, Cors);
+wrapper!(CorsStage, Cors);
 
 impl CorsStage {
-    /// Decides the CORS answer for one request with an `Origin`.
+    /// Decides the CORS answer for one request with an `Origin` (`request_id` goes with the
+    /// plugin's log lines).
     pub fn decide(
         &self,
+        request_id: Option<&str>,
         plane: Plane,
         request: CorsInput<'_>,
     ) -> Result<CorsDecision, PluginError> {
@@ -230,8 +237,7 @@ impl CorsStage {
             request_method: request.request_method.map(str::to_owned),
             request_headers: request.request_headers.map(str::to_owned),
         };
-        self.module
-            .call(|b, store| b.aura_gateway_cors().call_decide(store, &request))
+        self.module.call(request_id, request)
     }
 }
 
@@ -283,16 +289,17 @@ impl CorsQuery {
 /// The loaded `quota` stage of a plane.
 #[derive(Debug)]
 pub struct QuotaStage {
-    module: StageModule<bindings::quota::QuotaStage>,
+    module: StageModule<QuotaWorld>,
     #[cfg(feature = "native-policies")]
     native: Option<super::native::Quota>,
 }
-wrapper!(QuotaStage, bindings::quota::QuotaStage, Quota);
+wrapper!(QuotaStage, Quota);
 
 impl QuotaStage {
-    /// The quota rule of one request.
+    /// The quota rule of one request (`request_id` goes with the plugin's log lines).
     pub fn decide(
         &self,
+        request_id: Option<&str>,
         method: &str,
         path: &str,
         route_group: &str,
@@ -327,28 +334,24 @@ impl QuotaStage {
                 plan: actor.plan.clone(),
             },
         };
-        self.module
-            .call(|b, store| b.aura_gateway_quota().call_decide(store, &request))
+        self.module.call(request_id, request)
     }
 }
 
 /// The loaded `db-routing` stage of a plane.
 #[derive(Debug)]
 pub struct DbRoutingStage {
-    module: StageModule<bindings::db_routing::DbRoutingStage>,
+    module: StageModule<DbRoutingWorld>,
     #[cfg(feature = "native-policies")]
     native: Option<super::native::DbRouting>,
 }
-wrapper!(
-    DbRoutingStage,
-    bindings::db_routing::DbRoutingStage,
-    DbRouting
-);
+wrapper!(DbRoutingStage, DbRouting);
 
 impl DbRoutingStage {
-    /// Where one `/v1/db/*` request goes.
+    /// Where one `/v1/db/*` request goes (`request_id` goes with the plugin's log lines).
     pub fn decide(
         &self,
+        request_id: Option<&str>,
         plane: Plane,
         method: &str,
         path: &str,
@@ -368,7 +371,6 @@ impl DbRoutingStage {
             path: path.to_owned(),
             project,
         };
-        self.module
-            .call(|b, store| b.aura_gateway_db_routing().call_decide(store, &request))
+        self.module.call(request_id, request)
     }
 }

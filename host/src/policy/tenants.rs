@@ -272,6 +272,7 @@ impl TenantPolicies {
     /// The project's CORS decision, when it installed a CORS module (run on the tenant pool).
     pub async fn decide_cors(
         &self,
+        request_id: Option<&str>,
         project: &str,
         plane: Plane,
         input: CorsInput<'_>,
@@ -279,10 +280,13 @@ impl TenantPolicies {
         let (installed, gate) = self.lookup(project, Stage::Cors)?;
         // Owned only for a project that has a module: the call runs on another thread.
         let query = CorsQuery::from(input);
+        let request_id = request_id.map(str::to_owned);
         let result = self
             .pool
             .run(&gate, move || match &installed.module {
-                TenantModule::Cors(stage) => stage.decide(plane, query.input()),
+                TenantModule::Cors(stage) => {
+                    stage.decide(request_id.as_deref(), plane, query.input())
+                }
                 TenantModule::Quota(_) => unreachable!("a cors slot holds a cors module"),
             })
             .await;
@@ -295,6 +299,7 @@ impl TenantPolicies {
     /// The project's quota rule, when it installed a quota module (run on the tenant pool).
     pub async fn decide_quota(
         &self,
+        request_id: Option<&str>,
         project: &str,
         method: &str,
         path: &str,
@@ -303,10 +308,13 @@ impl TenantPolicies {
     ) -> Option<Result<QuotaDecision, TenantCallError>> {
         let (installed, gate) = self.lookup(project, Stage::Quota)?;
         let (method, path, actor) = (method.to_owned(), path.to_owned(), actor.clone());
+        let request_id = request_id.map(str::to_owned);
         let result = self
             .pool
             .run(&gate, move || match &installed.module {
-                TenantModule::Quota(stage) => stage.decide(&method, &path, route_group, &actor),
+                TenantModule::Quota(stage) => {
+                    stage.decide(request_id.as_deref(), &method, &path, route_group, &actor)
+                }
                 TenantModule::Cors(_) => unreachable!("a quota slot holds a quota module"),
             })
             .await;

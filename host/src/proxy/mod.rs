@@ -102,6 +102,10 @@ pub async fn route_db(state: &AppState, request: Request) -> Result<Response, Ga
         .plane(actor.plane)
         .db_routing
         .decide(
+            request
+                .headers()
+                .get(&crate::phases::request_id::X_REQUEST_ID)
+                .and_then(|v| v.to_str().ok()),
             actor.plane,
             request.method().as_str(),
             request.uri().path(),

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::{Behaviour, behaviour, bucket_of_bytes};
 
-wit_bindgen::generate!({ path: "../../wit", world: "quota-stage" });
+wit_bindgen::generate!({ path: "../../wit/0.1.0", world: "quota-stage" });
 
 use aura::gateway::types::Plane;
 use exports::aura::gateway::quota::{Guest, QuotaDecision, QuotaRequest, QuotaRule};

@@ -11,6 +11,7 @@ use crate::{Behaviour, behaviour};
 
 wit_bindgen::generate!({ path: "../../wit", world: "cors-stage" });
 
+use aura::gateway::log::{Level, log};
 use aura::gateway::types::Plane;
 use exports::aura::gateway::cors::{CorsAllow, CorsDecision, CorsRequest, Guest};
 
@@ -60,15 +61,90 @@ impl Guest for Component {
                 black_box(depth);
                 CorsDecision::Deny
             }
-            Behaviour::Echo => CorsDecision::Allow(CorsAllow {
-                allow_origin: request.origin,
-                allow_methods: vec!["GET".to_owned()],
-                allow_headers: vec!["x-testing".to_owned()],
-                expose_headers: vec!["x-testing-plugin".to_owned()],
-                max_age: Some(1),
-            }),
+            Behaviour::Log => {
+                log(Level::Warn, "testing plugin saw log.test\nforged line");
+                println!("to stdout");
+                eprintln!("to stderr");
+                echo(request.origin)
+            }
+            Behaviour::Flood => {
+                let big = "x".repeat(1 << 20);
+                for _ in 0..1000 {
+                    log(Level::Error, &big);
+                }
+                use std::io::Write;
+                let _ = std::io::stdout().write_all(big.as_bytes());
+                let _ = std::io::stdout().flush();
+                echo(request.origin)
+            }
+            Behaviour::Sleep => {
+                std::thread::sleep(std::time::Duration::from_secs(10));
+                echo(request.origin)
+            }
+            Behaviour::File => {
+                let mut could = Vec::new();
+                if std::fs::read("/etc/passwd").is_ok() {
+                    could.push("file".to_owned());
+                }
+                if std::env::vars().next().is_some() {
+                    could.push("env".to_owned());
+                }
+                if could.is_empty() {
+                    return CorsDecision::Deny;
+                }
+                CorsDecision::Allow(CorsAllow {
+                    allow_origin: request.origin,
+                    allow_methods: Vec::new(),
+                    allow_headers: could,
+                    expose_headers: Vec::new(),
+                    max_age: None,
+                })
+            }
+            Behaviour::Random => {
+                let bytes = random_bytes(1 << 20);
+                black_box(&bytes);
+                echo(request.origin)
+            }
+            Behaviour::Socket => {
+                if std::net::TcpStream::connect("127.0.0.1:4222").is_ok() {
+                    echo(request.origin)
+                } else {
+                    CorsDecision::Deny
+                }
+            }
+            Behaviour::Echo => echo(request.origin),
         }
     }
+}
+
+fn echo(origin: String) -> CorsDecision {
+    CorsDecision::Allow(CorsAllow {
+        allow_origin: origin,
+        allow_methods: vec!["GET".to_owned()],
+        allow_headers: vec!["x-testing".to_owned()],
+        expose_headers: vec!["x-testing-plugin".to_owned()],
+        max_age: Some(1),
+    })
+}
+
+#[link(wasm_import_module = "wasi:random/random@0.2.0")]
+unsafe extern "C" {
+    /// `get-random-bytes: func(len: u64) -> list<u8>`, called directly (the standard library
+    /// never asks for more than a few bytes): the list comes back as (pointer, length).
+    #[link_name = "get-random-bytes"]
+    fn get_random_bytes(len: u64, ret: *mut usize);
+}
+
+/// `len` random bytes from the host; the host traps a request over its bound.
+fn random_bytes(len: u64) -> Vec<u8> {
+    let mut ret = [0usize; 2];
+    unsafe { get_random_bytes(len, ret.as_mut_ptr()) };
+    let (ptr, n) = (ret[0] as *mut u8, ret[1]);
+    if ptr.is_null() {
+        return Vec::new();
+    }
+    // Allocated by the guest's `cabi_realloc`, which is the global allocator.
+    unsafe { Vec::from_raw_parts(ptr, n, n) }
 }
 
 export!(Component);

@@ -6,6 +6,15 @@
 //! - `https://loop.test` loops forever (stopped by the epoch deadline);
 //! - `https://grow.test` grows memory without bound (stopped by the memory cap);
 //! - `https://recurse.test` recurses without bound (stack overflow trap);
+//! - `https://log.test` writes a `log` line, a stdout line and a stderr line, then allows;
+//! - `https://flood.test` writes 1,000 `log` lines of 1 MiB each and 1 MiB to stdout, then
+//!   allows;
+//! - `https://sleep.test` sleeps for 10 s (WASI monotonic clock), then allows;
+//! - `https://file.test` tries to open `/etc/passwd` and reads the environment: allows with
+//!   `allow-headers` naming what it could do (`file`, `env`), denies when it could do neither;
+//! - `https://random.test` asks the host for 1 MiB of random bytes in one call;
+//! - `https://socket.test` tries to connect a TCP socket to 127.0.0.1:4222, allows only when it
+//!   could;
 //! - any other origin is allowed by echoing it, with `x-testing-plugin` exposed, so a test can
 //!   tell this module's answers from the default plugin's.
 //!
@@ -22,6 +31,12 @@ pub enum Behaviour {
     Loop,
     Grow,
     Recurse,
+    Log,
+    Flood,
+    Sleep,
+    File,
+    Random,
+    Socket,
     Echo,
 }
 
@@ -32,6 +47,12 @@ pub fn behaviour(origin: &str) -> Behaviour {
         "https://loop.test" => Behaviour::Loop,
         "https://grow.test" => Behaviour::Grow,
         "https://recurse.test" => Behaviour::Recurse,
+        "https://log.test" => Behaviour::Log,
+        "https://flood.test" => Behaviour::Flood,
+        "https://sleep.test" => Behaviour::Sleep,
+        "https://file.test" => Behaviour::File,
+        "https://random.test" => Behaviour::Random,
+        "https://socket.test" => Behaviour::Socket,
         _ => Behaviour::Echo,
     }
 }

@@ -161,7 +161,9 @@ impl Process {
 
     fn wait_healthy(&self) {
         let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(60) {
+        // Loading policy modules comes first: large ones (a Python or JavaScript runtime) take
+        // tens of seconds each to compile in a debug build.
+        while started.elapsed() < Duration::from_secs(300) {
             let up = |port| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
             if up(self.port) && up(self.management_port) {
                 return;

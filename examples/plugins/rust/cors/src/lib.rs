@@ -1,5 +1,6 @@
 //! A CORS allow-list for a tenant: exact origins, plus any subdomain of listed domains (over
-//! https only). Configuration:
+//! https only); denied origins are logged. Build: `cargo build --release --target wasm32-wasip2`.
+//! Configuration:
 //!
 //! ```toml
 //! origins = ["https://app.example.com"]
@@ -11,8 +12,9 @@ use std::sync::OnceLock;
 
 use serde::Deserialize;
 
-wit_bindgen::generate!({ path: "../../../wit", world: "cors-stage" });
+wit_bindgen::generate!({ path: "../../../../wit", world: "cors-stage" });
 
+use aura::gateway::log::{Level, log};
 use aura::gateway::types::Plane;
 use exports::aura::gateway::cors::{CorsAllow, CorsDecision, CorsRequest, Guest};
 
@@ -65,6 +67,14 @@ impl Guest for Plugin {
         {
             return Err("wildcards are not allowed; list origins or use subdomains_of".into());
         }
+        log(
+            Level::Info,
+            &format!(
+                "configured: {} origins, {} domains",
+                config.origins.len(),
+                config.subdomains_of.len()
+            ),
+        );
         CONFIG
             .set(config)
             .map_err(|_| "configured twice".to_string())
@@ -75,6 +85,7 @@ impl Guest for Plugin {
             return CorsDecision::Deny;
         };
         if !allowed(config, &request.origin) {
+            log(Level::Info, &format!("origin {} denied", request.origin));
             return CorsDecision::Deny;
         }
         let preflight = request.request_method.is_some();

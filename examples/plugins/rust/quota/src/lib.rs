@@ -1,5 +1,6 @@
 //! A quota by plan, with a cost per route group, one bucket per project and plan (all keys and
-//! users of a project share it). Configuration:
+//! users of a project share it). Build: `cargo build --release --target wasm32-wasip2`.
+//! Configuration:
 //!
 //! ```toml
 //! [plans.free]
@@ -21,7 +22,7 @@ use std::sync::OnceLock;
 
 use serde::Deserialize;
 
-wit_bindgen::generate!({ path: "../../../wit", world: "quota-stage" });
+wit_bindgen::generate!({ path: "../../../../wit", world: "quota-stage" });
 
 use aura::gateway::types::Plane;
 use exports::aura::gateway::quota::{Guest, QuotaDecision, QuotaRequest, QuotaRule};

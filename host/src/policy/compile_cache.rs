@@ -1,0 +1,135 @@
+//! Compiled modules kept on disk (`plugins.compile_cache_dir`), so that a restart loads the
+//! modules named in the configuration instead of compiling them again — seconds per module for
+//! a component carrying a Python or JavaScript runtime.
+//!
+//! A file is named by the module's SHA-256 and a hash of the engine's compatibility settings;
+//! wasmtime checks the compatibility again when loading it, and a file that does not load is
+//! compiled again and replaced. The files are native code the gateway will run, so the folder
+//! must belong to the gateway's user and be writable by no one else; it is created with mode
+//! 0700 and refused otherwise.
+
+use std::hash::{Hash, Hasher};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// The cache folder, checked.
+#[derive(Debug, Clone)]
+pub struct CompileCache {
+    dir: PathBuf,
+}
+
+/// Whether `meta` belongs to this process's user and is writable by no one else.
+fn private(meta: &std::fs::Metadata) -> bool {
+    meta.uid() == rustix::process::geteuid().as_raw() && meta.mode() & 0o022 == 0
+}
+
+impl CompileCache {
+    /// Opens (creating it with mode 0700) the folder `dir`.
+    pub fn open(dir: &Path) -> Result<Self, String> {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if !meta.is_dir() {
+            return Err(format!("{}: not a folder", dir.display()));
+        }
+        if !private(&meta) {
+            return Err(format!(
+                "{}: must belong to the gateway's user and be writable by no one else (its files are native code)",
+                dir.display()
+            ));
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    fn path(&self, engine: &Engine, digest: &str) -> PathBuf {
+        let mut hasher = std::hash::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        self.dir
+            .join(format!("{digest}-{:016x}.cwasm", hasher.finish()))
+    }
+
+    /// The compiled form of `bytes` (whose SHA-256 is `digest`): loaded from the folder, or
+    /// compiled by `compile` and stored.
+    pub fn get_or_compile(
+        &self,
+        engine: &Engine,
+        digest: &str,
+        bytes: &[u8],
+        compile: impl FnOnce(&[u8]) -> Result<Component, String>,
+    ) -> Result<Component, String> {
+        let path = self.path(engine, digest);
+        if let Some(component) = load(engine, &path) {
+            return Ok(component);
+        }
+        let component = compile(bytes)?;
+        if let Err(e) = store(&path, &component) {
+            tracing::warn!(path = %path.display(), error = %e, "compiled module not kept in the compile cache");
+        }
+        Ok(component)
+    }
+}
+
+fn store(path: &Path, component: &Component) -> Result<(), String> {
+    let artefact = component.serialize().map_err(|e| format!("{e:#}"))?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| e.to_string())?;
+        file.write_all(&artefact).map_err(|e| e.to_string())?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| e.to_string())
+}
+
+/// Loads a file of the cache, or `None` when it is missing, not private, or does not load.
+#[expect(
+    unsafe_code,
+    reason = "wasmtime requires `unsafe` to load precompiled code; see the safety comment"
+)]
+fn load(engine: &Engine, path: &Path) -> Option<Component> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.is_file() || !private(&meta) {
+        return None;
+    }
+    // SAFETY: the file is a regular file (not a link) owned by this process's user and writable
+    // by no one else, in a folder with the same property, and only this gateway writes there
+    // (`store`, from `Component::serialize`). wasmtime checks the artefact's format and its
+    // compatibility with this engine before using it.
+    match unsafe { Component::deserialize_file(engine, path) } {
+        Ok(component) => Some(component),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "a compile cache file does not load; compiling again");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_others_may_write_to_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = dir.path().join("cache");
+        CompileCache::open(&cache).expect("created private");
+        let mode = std::fs::metadata(&cache).expect("meta").mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let err = CompileCache::open(&cache).expect_err("refused");
+        assert!(err.contains("writable by no one else"), "{err}");
+    }
+}
