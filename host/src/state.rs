@@ -162,6 +162,7 @@ impl AppState {
             tenant_refresh: Arc::new(tokio::sync::Notify::new()),
         }));
         state.spawn_tenant_refresh();
+        state.spawn_policy_history();
         crate::changes::spawn(&state);
         state.spawn_module_gc();
         Ok(state)
@@ -169,6 +170,19 @@ impl AppState {
 
     /// Keeps the projects' modules in line with the control store, every
     /// `plugins.tenant_refresh_secs`.
+    /// Records the operator's policy changes (reloads, automatic rollbacks) in the control
+    /// store, one at a time, in order.
+    fn spawn_policy_history(&self) {
+        let (sender, mut events) = tokio::sync::mpsc::unbounded_channel();
+        self.policies.set_history(sender);
+        let store = self.auth.store.clone();
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                crate::policy::history::record(store.as_ref(), &event).await;
+            }
+        });
+    }
+
     /// A handle that does not keep the state alive.
     pub fn downgrade(&self) -> WeakState {
         WeakState(Arc::downgrade(&self.0))

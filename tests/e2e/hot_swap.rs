@@ -229,6 +229,37 @@ async fn a_swapped_in_module_that_fails_too_often_is_rolled_back() {
             .render()
             .contains(r#"aura_policy_reloads_total{result="rolled_back"} 1"#)
     );
+    // The history has the reload and the automatic rollback, with its reason.
+    let mut events = Vec::new();
+    for _ in 0..100 {
+        events = gw
+            .state
+            .auth
+            .store
+            .policy_events(None, Some("cors"), 10)
+            .await
+            .expect("history");
+        if events.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(events.len(), 2, "{events:?}");
+    let (rollback, reload) = (&events[0], &events[1]);
+    assert_eq!(
+        (rollback.action.as_str(), reload.action.as_str()),
+        ("automatic_rollback", "operator_reload")
+    );
+    assert_eq!(rollback.actor, "operator");
+    assert_eq!(rollback.digest_before, reload.digest_after);
+    assert_eq!(rollback.digest_after, reload.digest_before);
+    assert!(
+        rollback
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("fails too often") && r.contains("trap")),
+        "{rollback:?}"
+    );
 }
 
 #[tokio::test]

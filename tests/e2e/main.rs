@@ -22,6 +22,7 @@ mod nats;
 mod nats_cluster;
 mod operability;
 mod plugins;
+mod policy_history;
 mod ratelimit;
 mod readiness;
 mod tenants;

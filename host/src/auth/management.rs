@@ -73,9 +73,10 @@ pub fn required_role(method: &Method, path: &str) -> OrgRole {
     let rotates_keys = *method == Method::POST
         && path.starts_with("/v1/projects/")
         && path.ends_with("/api-keys/rotate");
-    let changes_policies = (*method == Method::PUT || *method == Method::DELETE)
-        && path.starts_with("/v1/projects/")
-        && path.contains("/policies/");
+    let changes_policies =
+        (*method == Method::PUT || *method == Method::DELETE || *method == Method::POST)
+            && path.starts_with("/v1/projects/")
+            && path.contains("/policies/");
     if creates_project || rotates_keys || changes_policies {
         OrgRole::Admin
     } else {

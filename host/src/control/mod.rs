@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use records::{
-    ApiKeyRecord, DbEngine, KeyRole, MemberRecord, OrgRole, OrganizationRecord,
+    ApiKeyRecord, DbEngine, KeyRole, MemberRecord, OrgRole, OrganizationRecord, PolicyEventRecord,
     ProjectPolicyRecord, ProjectRecord, Topology,
 };
 
@@ -77,6 +77,16 @@ pub trait ControlStore: Send + Sync + std::fmt::Debug {
     ) -> Result<bool, StoreError>;
     /// Every project policy.
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError>;
+    /// Appends one change of a module in force to the history.
+    async fn append_policy_event(&self, event: &PolicyEventRecord) -> Result<(), StoreError>;
+    /// The most recent changes (newest first, at most `limit`) of `project_ref`'s modules
+    /// (none: the operator's) for `stage` (none: every stage).
+    async fn policy_events(
+        &self,
+        project_ref: Option<&str>,
+        stage: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<PolicyEventRecord>, StoreError>;
     /// Marks stored modules as in use now: they are not collected for the grace period.
     async fn touch_modules(&self, digests: &[String]) -> Result<(), StoreError> {
         let _ = digests;

@@ -11,8 +11,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use uuid::Uuid;
 
 use super::{
-    ApiKeyRecord, ControlStore, DbEngine, KeyRole, OrgRole, ProjectPolicyRecord, ProjectRecord,
-    StoreError, Topology,
+    ApiKeyRecord, ControlStore, DbEngine, KeyRole, OrgRole, PolicyEventRecord, ProjectPolicyRecord,
+    ProjectRecord, StoreError, Topology,
 };
 use crate::config::ControlConfig;
 
@@ -281,6 +281,94 @@ impl ControlStore for PostgresStore {
         .await
         .map_err(unavailable)?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn append_policy_event(&self, e: &PolicyEventRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO aura_control.policy_events \
+             (at, actor, project_ref, stage, plane, action, digest_before, digest_after, mode, reason, config) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(e.at)
+        .bind(&e.actor)
+        .bind(&e.project_ref)
+        .bind(&e.stage)
+        .bind(&e.plane)
+        .bind(&e.action)
+        .bind(&e.digest_before)
+        .bind(&e.digest_after)
+        .bind(&e.mode)
+        .bind(&e.reason)
+        .bind(&e.config)
+        .execute(&self.pool)
+        .await
+        .map(|_| ())
+        .map_err(unavailable)
+    }
+
+    async fn policy_events(
+        &self,
+        project_ref: Option<&str>,
+        stage: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<PolicyEventRecord>, StoreError> {
+        type Row = (
+            DateTime<Utc>,
+            String,
+            Option<String>,
+            String,
+            String,
+            String,
+            Option<String>,
+            Option<String>,
+            String,
+            Option<String>,
+            Option<String>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT at, actor, project_ref, stage, plane, action, digest_before, digest_after, mode, reason, config \
+             FROM aura_control.policy_events \
+             WHERE project_ref IS NOT DISTINCT FROM $1 AND ($2::text IS NULL OR stage = $2) \
+             ORDER BY id DESC LIMIT $3",
+        )
+        .bind(project_ref)
+        .bind(stage)
+        .bind(limit.min(10_000) as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(
+                    at,
+                    actor,
+                    project_ref,
+                    stage,
+                    plane,
+                    action,
+                    digest_before,
+                    digest_after,
+                    mode,
+                    reason,
+                    config,
+                )| {
+                    PolicyEventRecord {
+                        at,
+                        actor,
+                        project_ref,
+                        stage,
+                        plane,
+                        action,
+                        digest_before,
+                        digest_after,
+                        mode,
+                        reason,
+                        config,
+                    }
+                },
+            )
+            .collect())
     }
 
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {

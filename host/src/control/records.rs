@@ -191,3 +191,35 @@ pub struct ProjectPolicyRecord {
     /// The stage configuration, JSON text.
     pub config: String,
 }
+
+/// One change of a policy module in force (`aura_control.policy_events`): the audit trail and
+/// the history a rollback picks from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyEventRecord {
+    pub at: DateTime<Utc>,
+    /// The console user id, or `operator`.
+    pub actor: String,
+    /// The project, for a project's module; none for the operator's modules.
+    #[serde(default)]
+    pub project_ref: Option<String>,
+    /// The stage key (`cors`, `quota`, …).
+    pub stage: String,
+    /// `data` or `management`.
+    pub plane: String,
+    /// `install`, `delete`, `rollback`, `automatic_rollback`, `operator_reload`.
+    pub action: String,
+    #[serde(default)]
+    pub digest_before: Option<String>,
+    #[serde(default)]
+    pub digest_after: Option<String>,
+    /// How the module is used: `enforce`.
+    pub mode: String,
+    /// Why, for an automatic rollback.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The stage configuration put in force with `digest_after` (JSON text), so that a
+    /// rollback restores both.
+    #[serde(default)]
+    pub config: Option<String>,
+}

@@ -30,6 +30,7 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/admin/status", get(status))
         .route("/v1/admin/policies", get(policies))
+        .route("/v1/admin/policies/history", get(policy_history))
         .route("/v1/admin/breakers", get(breakers))
         .route("/v1/admin/config", get(config))
         .route("/v1/admin/log-level", put(log_level))
@@ -111,6 +112,26 @@ fn planes_json(policies: &Policies) -> Value {
             .collect::<serde_json::Map<_, _>>()
     };
     json!({ "data": plane(&policies.data), "management": plane(&policies.management) })
+}
+
+/// `GET /v1/admin/policies/history`: the operator's module changes (reloads, automatic
+/// rollbacks), newest first (`?limit=`, 100 by default).
+async fn policy_history(
+    State(state): State<AppState>,
+    headers: http::HeaderMap,
+    query: axum::extract::Query<super::policies::HistoryQuery>,
+) -> Response {
+    if let Err(error) = guard(&state, &headers) {
+        return error.into_response();
+    }
+    let limit = query.limit().clamp(1, 1000);
+    match state.auth.store.policy_events(None, None, limit).await {
+        Err(e) => crate::auth::store_failed(&e).into_response(),
+        Ok(events) => Json(json!({
+            "events": events.iter().map(super::policies::event_json).collect::<Vec<_>>(),
+        }))
+        .into_response(),
+    }
 }
 
 async fn policies(State(state): State<AppState>, headers: http::HeaderMap) -> Response {

@@ -50,6 +50,14 @@ fn extra_routes() -> Router<AppState> {
                 .get(super::policies::get)
                 .delete(super::policies::delete),
         )
+        .route(
+            "/v1/projects/{project_ref}/policies/{stage}/history",
+            get(super::policies::history),
+        )
+        .route(
+            "/v1/projects/{project_ref}/policies/{stage}/rollback",
+            post(super::policies::rollback),
+        )
 }
 
 /// `GET /ready`: whether this instance should get traffic ([`crate::readiness`]). `503` until

@@ -3,6 +3,10 @@
 //! allows it (`cors`, `quota`). The module is checked at upload — size, compile time, exports,
 //! configuration, conformance vectors — stored by digest in the control store, and put in force
 //! for that project at once here and within `plugins.tenant_refresh_secs` on other instances.
+//!
+//! Every change is recorded with the console user who made it
+//! (`GET …/policies/{stage}/history`), and `POST …/policies/{stage}/rollback` puts a previous
+//! module back.
 
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -13,8 +17,11 @@ use http::StatusCode;
 use serde::Deserialize;
 
 use crate::auth::store_failed;
-use crate::control::ProjectPolicyRecord;
+use crate::control::{PolicyEventRecord, ProjectPolicyRecord};
 use crate::error::GatewayError;
+use crate::phases::context::RouteContext;
+use crate::plane::Plane;
+use crate::policy::history;
 use crate::policy::tenants::{PrepareError, tenant_stage};
 use crate::state::AppState;
 
@@ -52,9 +59,19 @@ fn path_params(path: PolicyPath) -> Result<(String, String), GatewayError> {
         .map_err(|e| GatewayError::bad_request("invalid_path", e.body_text()))
 }
 
+/// The console user making a change (`-` if the token named none).
+fn console_user(route: &RouteContext) -> String {
+    route
+        .actor
+        .user_id
+        .clone()
+        .unwrap_or_else(|| "-".to_owned())
+}
+
 /// `PUT`: installs a module for the project's stage.
 pub async fn put(
     State(state): State<AppState>,
+    axum::Extension(route): axum::Extension<RouteContext>,
     path: PolicyPath,
     body: axum::body::Body,
 ) -> Response {
@@ -78,9 +95,16 @@ pub async fn put(
         Ok(body) => body,
         Err(e) => return e.into_response(),
     };
-    put_inner(state, project, stage_key, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    put_inner(
+        state,
+        project,
+        stage_key,
+        body,
+        &console_user(&route),
+        "install",
+    )
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn put_inner(
@@ -88,6 +112,8 @@ async fn put_inner(
     project: String,
     stage_key: String,
     body: axum::body::Bytes,
+    actor: &str,
+    action: &str,
 ) -> Result<Response, GatewayError> {
     let stage = tenant_stage(&stage_key).ok_or_else(|| {
         refused(format!(
@@ -143,6 +169,11 @@ async fn put_inner(
         // The store write and the local change together, in request order; a refresh running
         // meanwhile never reverts them.
         let _write = state.policies.tenants.write_lock().await;
+        let before = store
+            .project_policy(&project, &stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?
+            .map(|p| p.digest);
         store
             .put_module(&digest, &bytes)
             .await
@@ -152,7 +183,7 @@ async fn put_inner(
                 project_ref: project.clone(),
                 stage: stage_key.clone(),
                 digest: digest.clone(),
-                config,
+                config: config.clone(),
             })
             .await
             .map_err(|e| store_failed(&e))?;
@@ -160,6 +191,18 @@ async fn put_inner(
             .policies
             .tenants
             .apply(&project, stage, Some(prepared.installed));
+        let mut event = history::event(
+            actor,
+            Some(&project),
+            Plane::Data,
+            &stage_key,
+            action,
+            before,
+            Some(digest.clone()),
+            None,
+        );
+        event.config = Some(config);
+        history::record(store.as_ref(), &event).await;
     }
     crate::changes::publish(
         &state,
@@ -209,12 +252,20 @@ pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Response {
 }
 
 /// `DELETE`: the project goes back to the plane's module.
-pub async fn delete(State(state): State<AppState>, path: PolicyPath) -> Response {
+pub async fn delete(
+    State(state): State<AppState>,
+    axum::Extension(route): axum::Extension<RouteContext>,
+    path: PolicyPath,
+) -> Response {
     let (project, stage_key) = match path_params(path) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
     let _write = state.policies.tenants.write_lock().await;
+    let before = match state.auth.store.project_policy(&project, &stage_key).await {
+        Ok(p) => p.map(|p| p.digest),
+        Err(e) => return store_failed(&e).into_response(),
+    };
     match state
         .auth
         .store
@@ -227,6 +278,17 @@ pub async fn delete(State(state): State<AppState>, path: PolicyPath) -> Response
             if let Some(stage) = tenant_stage(&stage_key) {
                 state.policies.tenants.apply(&project, stage, None);
             }
+            let event = history::event(
+                &console_user(&route),
+                Some(&project),
+                Plane::Data,
+                &stage_key,
+                "delete",
+                before,
+                None,
+                None,
+            );
+            history::record(state.auth.store.as_ref(), &event).await;
             crate::changes::publish(
                 &state,
                 crate::changes::Change::TenantModules {
@@ -237,6 +299,147 @@ pub async fn delete(State(state): State<AppState>, path: PolicyPath) -> Response
             StatusCode::NO_CONTENT.into_response()
         }
     }
+}
+
+/// The JSON of a history event.
+pub fn event_json(e: &PolicyEventRecord) -> serde_json::Value {
+    serde_json::json!({
+        "at": e.at.to_rfc3339(),
+        "actor": e.actor,
+        "project": e.project_ref,
+        "stage": e.stage,
+        "plane": e.plane,
+        "action": e.action,
+        "digest_before": e.digest_before,
+        "digest_after": e.digest_after,
+        "mode": e.mode,
+        "reason": e.reason,
+    })
+}
+
+/// `?limit=N` (1–1000, 100 by default).
+#[derive(Debug, Deserialize)]
+pub struct HistoryQuery {
+    limit: Option<usize>,
+}
+
+impl HistoryQuery {
+    /// The limit asked for, 100 by default.
+    pub fn limit(&self) -> usize {
+        self.limit.unwrap_or(100)
+    }
+}
+
+/// `GET …/policies/{stage}/history`: the project's changes of that stage, newest first.
+pub async fn history(
+    State(state): State<AppState>,
+    path: PolicyPath,
+    query: axum::extract::Query<HistoryQuery>,
+) -> Response {
+    let (project, stage_key) = match path_params(path) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    if let Err(e) = ensure_project(&state, &project).await {
+        return e.into_response();
+    }
+    let limit = query.limit().clamp(1, 1000);
+    match state
+        .auth
+        .store
+        .policy_events(Some(&project), Some(&stage_key), limit)
+        .await
+    {
+        Err(e) => store_failed(&e).into_response(),
+        Ok(events) => Json(serde_json::json!({
+            "project": project,
+            "stage": stage_key,
+            "events": events.iter().map(event_json).collect::<Vec<_>>(),
+        }))
+        .into_response(),
+    }
+}
+
+/// The body of a rollback: a digest of the history (default: the module in force before the
+/// current one).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackPolicy {
+    pub digest: Option<String>,
+}
+
+/// `POST …/policies/{stage}/rollback`: puts a previous module back, with the configuration it
+/// had, through the same checks as an install.
+pub async fn rollback(
+    State(state): State<AppState>,
+    axum::Extension(route): axum::Extension<RouteContext>,
+    path: PolicyPath,
+    body: axum::body::Bytes,
+) -> Response {
+    let (project, stage_key) = match path_params(path) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let answer = async {
+        let request: RollbackPolicy = if body.is_empty() {
+            RollbackPolicy::default()
+        } else {
+            serde_json::from_slice(&body).map_err(|e| {
+                GatewayError::bad_request("invalid_body", format!("expected {{digest}}: {e}"))
+            })?
+        };
+        ensure_project(&state, &project).await?;
+        let store = &state.auth.store;
+        let events = store
+            .policy_events(Some(&project), Some(&stage_key), 1000)
+            .await
+            .map_err(|e| store_failed(&e))?;
+        let current = store
+            .project_policy(&project, &stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?
+            .map(|p| p.digest);
+        let target = match request.digest {
+            Some(digest) => digest,
+            None => events
+                .iter()
+                .filter_map(|e| e.digest_before.clone())
+                .find(|d| Some(d) != current.as_ref())
+                .ok_or_else(|| {
+                    GatewayError::conflict(
+                        "no_previous_module",
+                        "the history names no module before the one in force",
+                    )
+                })?,
+        };
+        // The configuration the module had when it was last put in force.
+        let config = events
+            .iter()
+            .find(|e| e.digest_after.as_deref() == Some(target.as_str()))
+            .ok_or_else(|| {
+                GatewayError::conflict(
+                    "not_in_history",
+                    "this digest was never in force for this stage",
+                )
+            })?
+            .config
+            .clone()
+            .unwrap_or_else(|| "{}".to_owned());
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap_or_default();
+        let body = serde_json::to_vec(&serde_json::json!({ "digest": target, "config": config }))
+            .unwrap_or_default();
+        put_inner(
+            state.clone(),
+            project,
+            stage_key,
+            body.into(),
+            &console_user(&route),
+            "rollback",
+        )
+        .await
+    }
+    .await;
+    answer.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `POST /v1/policies/reload`: reloads the plugin sections of the config file, like SIGHUP.

@@ -11,6 +11,7 @@ pub mod compile;
 pub mod compile_cache;
 pub mod conformance;
 pub mod engine;
+pub mod history;
 pub mod isolation;
 mod limits;
 #[cfg(feature = "native-policies")]

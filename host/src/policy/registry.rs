@@ -14,6 +14,7 @@ use super::stages::{CorsDecision, CorsInput, QuotaDecision};
 use super::tenants::{TenantCallError, TenantPolicies};
 use super::{PluginError, Policies, PolicyEngine};
 use crate::actor::Actor;
+use crate::control::PolicyEventRecord;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::plane::Plane;
@@ -29,6 +30,8 @@ pub struct PolicyRegistry {
     /// Modules installed by projects.
     pub tenants: TenantPolicies,
     metrics: Metrics,
+    /// Where operator changes go to be recorded ([`super::history`]).
+    history: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<PolicyEventRecord>>,
 }
 
 impl PolicyRegistry {
@@ -45,6 +48,21 @@ impl PolicyRegistry {
             previous: ArcSwapOption::empty(),
             tenants,
             metrics,
+            history: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Where operator changes are sent to be recorded from now on.
+    pub fn set_history(&self, sender: tokio::sync::mpsc::UnboundedSender<PolicyEventRecord>) {
+        let _ = self.history.set(sender);
+    }
+
+    /// Queues operator changes for the history.
+    fn record(&self, events: Vec<PolicyEventRecord>) {
+        if let Some(sender) = self.history.get() {
+            for event in events {
+                let _ = sender.send(event);
+            }
         }
     }
 
@@ -62,7 +80,14 @@ impl PolicyRegistry {
     /// Puts `policies` in force atomically; the ones replaced are kept for a rollback.
     pub fn swap(&self, policies: Policies) {
         policies.reset_health();
-        let old = self.current.swap(Arc::new(policies));
+        let new = Arc::new(policies);
+        let old = self.current.swap(new.clone());
+        self.record(super::history::operator_changes(
+            &old,
+            &new,
+            "operator_reload",
+            None,
+        ));
         self.previous.store(Some(old));
     }
 
@@ -80,7 +105,14 @@ impl PolicyRegistry {
     /// The fail-closed answer to a failed call of an operator module (counted and logged by the
     /// runtime). A swapped-in module failing too often is replaced by the previous set here.
     pub fn plugin_failed(&self, error: &PluginError) -> GatewayError {
+        let before = self.current.load_full();
         if self.runtime.take_rollback_request() && self.roll_back() {
+            self.record(super::history::operator_changes(
+                &before,
+                &self.current.load(),
+                "automatic_rollback",
+                Some(&format!("the module fails too often: {error}")),
+            ));
             tracing::error!(
                 error = %error,
                 "a swapped-in policy module fails too often; the previous modules are back in force"

@@ -335,6 +335,20 @@ impl ControlStore for CountingStore {
     async fn delete_project_policy(&self, r: &str, s: &str) -> Result<bool, StoreError> {
         self.inner.delete_project_policy(r, s).await
     }
+    async fn append_policy_event(
+        &self,
+        event: &aura_gateway::control::PolicyEventRecord,
+    ) -> Result<(), StoreError> {
+        self.inner.append_policy_event(event).await
+    }
+    async fn policy_events(
+        &self,
+        project_ref: Option<&str>,
+        stage: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<aura_gateway::control::PolicyEventRecord>, StoreError> {
+        self.inner.policy_events(project_ref, stage, limit).await
+    }
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
         let records = self.inner.project_policies().await;
         let hold = self.hold.lock().expect("lock").take();

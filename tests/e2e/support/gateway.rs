@@ -287,13 +287,11 @@ key_sha256 = "{}"
 
 /// A file store of the standard e2e records (in a fresh temporary file).
 pub fn e2e_store() -> aura_gateway::control::file::FileStore {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("e2e-control.toml");
+    // Kept: the store writes beside its file (the policy history, stored modules).
+    let dir = tempfile::tempdir().expect("tempdir").keep();
+    let path = dir.join("e2e-control.toml");
     std::fs::write(&path, e2e_control_file()).expect("write");
-    let store = aura_gateway::control::file::FileStore::open(&path).expect("valid");
-    // The store keeps its records in memory; the file may go.
-    drop(dir);
-    store
+    aura_gateway::control::file::FileStore::open(&path).expect("valid")
 }
 
 /// An HTTP client sending [`TEST_KEY`] on every request.

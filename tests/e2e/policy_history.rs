@@ -1,0 +1,268 @@
+//! The history of the modules in force, with both control stores: who installed, deleted or
+//! rolled back a project's module, a rollback that puts a previous module back with the
+//! configuration it had, and the operator's reloads on the admin route.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::fixture::{Fixture, console_token};
+use crate::support::gateway::{InProcess, test_config};
+use crate::support::nats_server::shared;
+use crate::support::postgres::TestDatabase;
+use crate::support::unique_prefix;
+use crate::support::wasm::with_custom_section;
+
+const ADMIN_TOKEN: &str = "admin-token-for-history-0123456789";
+
+/// Two different cors modules (the same code, another digest).
+fn modules() -> (Vec<u8>, Vec<u8>) {
+    let a = std::fs::read(aura_gateway::policy::builtin::TESTING_PLUGIN_PATH).expect("plugin");
+    let b = with_custom_section(a.clone(), b"history-test", b"b");
+    (a, b)
+}
+
+fn digest(bytes: &[u8]) -> String {
+    aura_gateway::policy::tenants::digest_of(bytes)
+}
+
+async fn json(r: reqwest::Response) -> (StatusCode, Value) {
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn history(gw: &InProcess, token: &str) -> Vec<Value> {
+    let (status, body) = json(
+        reqwest::Client::new()
+            .get(gw.mgmt_url("/v1/projects/alpha/policies/cors/history"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("answer"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["events"].as_array().expect("events").clone()
+}
+
+async fn scenario(gw: &InProcess, fx: &Fixture) {
+    let c = reqwest::Client::new();
+    let (a, b) = modules();
+    let (da, db) = (digest(&a), digest(&b));
+    let b64 = |m: &[u8]| base64::engine::general_purpose::STANDARD.encode(m);
+    let url = gw.mgmt_url("/v1/projects/alpha/policies/cors");
+    let (admin, owner) = (console_token(fx.admin), console_token(fx.owner));
+
+    // Installed by the admin, then replaced by the owner with another configuration.
+    let r = c
+        .put(&url)
+        .bearer_auth(&admin)
+        .json(&json!({ "module": b64(&a), "config": {} }))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = c
+        .put(&url)
+        .bearer_auth(&owner)
+        .json(&json!({ "module": b64(&b), "config": { "note": "b" } }))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::OK);
+    let events = history(gw, &admin).await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0]["action"], "install");
+    assert_eq!(events[0]["actor"], fx.owner.to_string());
+    assert_eq!(events[0]["digest_before"], da.as_str());
+    assert_eq!(events[0]["digest_after"], db.as_str());
+    assert_eq!(events[1]["actor"], fx.admin.to_string());
+    assert_eq!(events[1]["digest_before"], Value::Null);
+    assert_eq!(events[1]["digest_after"], da.as_str());
+    assert_eq!(events[1]["plane"], "data");
+    assert_eq!(events[1]["mode"], "enforce");
+    // Any member reads the history; only an owner or admin rolls back.
+    assert_eq!(history(gw, &console_token(fx.reader)).await.len(), 2);
+    let r = c
+        .post(format!("{url}/rollback"))
+        .bearer_auth(console_token(fx.developer))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // Another organization sees nothing of it.
+    let r = c
+        .get(format!("{url}/history"))
+        .bearer_auth(console_token(fx.outsider))
+        .send()
+        .await
+        .expect("answer");
+    assert!(
+        matches!(r.status(), StatusCode::FORBIDDEN | StatusCode::NOT_FOUND),
+        "{}",
+        r.status()
+    );
+
+    // Rollback: the previous module, with the configuration it had.
+    let (status, body) = json(
+        c.post(format!("{url}/rollback"))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .expect("answer"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["digest"], da.as_str());
+    let (_, installed) = json(
+        c.get(&url)
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .expect("answer"),
+    )
+    .await;
+    assert_eq!(installed["digest"], da.as_str());
+    assert_eq!(installed["config"], json!({}));
+    let events = history(gw, &admin).await;
+    assert_eq!(events[0]["action"], "rollback");
+    assert_eq!(events[0]["actor"], fx.admin.to_string());
+    assert_eq!(events[0]["digest_before"], db.as_str());
+    assert_eq!(events[0]["digest_after"], da.as_str());
+    // ... and forward again to a named digest, its configuration restored too.
+    let (status, body) = json(
+        c.post(format!("{url}/rollback"))
+            .bearer_auth(&owner)
+            .json(&json!({ "digest": db }))
+            .send()
+            .await
+            .expect("answer"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, installed) = json(
+        c.get(&url)
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .expect("answer"),
+    )
+    .await;
+    assert_eq!(installed["digest"], db.as_str());
+    assert_eq!(installed["config"], json!({ "note": "b" }));
+    // A digest that was never in force here is refused.
+    let (status, body) = json(
+        c.post(format!("{url}/rollback"))
+            .bearer_auth(&owner)
+            .json(&json!({ "digest": "0".repeat(64) }))
+            .send()
+            .await
+            .expect("answer"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "not_in_history");
+
+    // A delete is recorded, and the history bounded by `limit`.
+    let r = c
+        .delete(&url)
+        .bearer_auth(&owner)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let events = history(gw, &admin).await;
+    assert_eq!(events.len(), 5);
+    assert_eq!(events[0]["action"], "delete");
+    assert_eq!(events[0]["digest_before"], db.as_str());
+    assert_eq!(events[0]["digest_after"], Value::Null);
+    let (_, limited) = json(
+        c.get(format!("{url}/history?limit=2"))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .expect("answer"),
+    )
+    .await;
+    assert_eq!(limited["events"].as_array().map(Vec::len), Some(2));
+
+    // The operator's reload is recorded on the admin route, not in a project's history.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[plugins]\nwatch = false\n[data_plane.plugins.cors]\nmodule = {:?}\n",
+            aura_gateway::policy::builtin::TESTING_PLUGIN_PATH
+        ),
+    )
+    .expect("config");
+    gw.state.config_path.set(path).expect("once");
+    aura_gateway::reload::reload_and_log(&gw.state, "test")
+        .await
+        .expect("applied");
+    let mut operator = Vec::new();
+    for _ in 0..100 {
+        let (_, body) = json(
+            c.get(gw.mgmt_url("/v1/admin/policies/history"))
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .expect("answer"),
+        )
+        .await;
+        operator = body["events"].as_array().cloned().unwrap_or_default();
+        if !operator.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        operator.len(),
+        1,
+        "only the data plane's cors changed: {operator:?}"
+    );
+    assert_eq!(operator[0]["actor"], "operator");
+    assert_eq!(operator[0]["action"], "operator_reload");
+    assert_eq!(operator[0]["stage"], "cors");
+    assert_eq!(operator[0]["project"], Value::Null);
+    assert_eq!(operator[0]["digest_after"], da.as_str());
+    assert_eq!(history(gw, &admin).await.len(), 5);
+    let r = c
+        .get(gw.mgmt_url("/v1/admin/policies/history"))
+        .bearer_auth("not-the-token-0123456789")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+}
+
+fn config() -> aura_gateway::config::Config {
+    let mut config = test_config(&shared().url(), &unique_prefix());
+    config.admin.token = Some(ADMIN_TOKEN.into());
+    config.plugins.call_deadline_ms = 2_000;
+    config
+}
+
+#[tokio::test]
+async fn the_file_store_keeps_the_history_and_a_rollback_restores_a_module() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let gw = InProcess::start_with_store(config(), Arc::new(fx.file_store(dir.path()))).await;
+    scenario(&gw, &fx).await;
+    // One JSON line per change beside the control file.
+    let lines = std::fs::read_to_string(dir.path().join("policy-history.jsonl")).expect("file");
+    assert_eq!(lines.lines().count(), 6);
+}
+
+#[tokio::test]
+async fn the_postgres_store_keeps_the_history_and_a_rollback_restores_a_module() {
+    let db = TestDatabase::create().await;
+    let store = db.store().await;
+    let fx = Fixture::new();
+    fx.seed(&db).await;
+    let gw = InProcess::start_with_store(config(), Arc::new(store)).await;
+    scenario(&gw, &fx).await;
+}
