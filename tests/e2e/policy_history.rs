@@ -64,6 +64,34 @@ async fn scenario(gw: &InProcess, fx: &Fixture) {
         .await
         .expect("answer");
     assert_eq!(r.status(), StatusCode::OK);
+    // Its health on this instance: calls, failures by kind, call times.
+    for origin in ["https://ok.test", "https://trap.test", "https://ok.test"] {
+        c.get(gw.data_url("/health"))
+            .header("apikey", &fx.anon_key)
+            .header("origin", origin)
+            .send()
+            .await
+            .expect("answer");
+    }
+    let (_, installed) = json(
+        c.get(&url)
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .expect("answer"),
+    )
+    .await;
+    let health = &installed["health"];
+    assert!(
+        health["calls"].as_u64().is_some_and(|n| n >= 3),
+        "{installed}"
+    );
+    assert_eq!(health["failures"]["trap"], 1, "{installed}");
+    assert_eq!(health["failures"]["deadline"], 0);
+    assert!(
+        health["p99_us"].as_f64().is_some_and(|v| v > 0.0),
+        "{installed}"
+    );
     let r = c
         .put(&url)
         .bearer_auth(&owner)

@@ -241,13 +241,34 @@ pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Response {
     match state.auth.store.project_policy(&project, &stage_key).await {
         Err(e) => store_failed(&e).into_response(),
         Ok(None) => GatewayError::not_found("no module installed for this stage").into_response(),
-        Ok(Some(p)) => Json(serde_json::json!({
-            "project": p.project_ref,
-            "stage": p.stage,
-            "digest": p.digest,
-            "config": serde_json::from_str::<serde_json::Value>(&p.config).unwrap_or_default(),
-        }))
-        .into_response(),
+        Ok(Some(p)) => {
+            // How the module did on this instance since it was loaded here.
+            let health = tenant_stage(&stage_key)
+                .and_then(|stage| state.policies.tenants.report(&project, stage))
+                .filter(|r| r.digest == p.digest)
+                .map(|r| {
+                    let round = |v: Option<f64>| v.map(|v| (v * 100.0).round() / 100.0);
+                    serde_json::json!({
+                        "calls": r.calls,
+                        "failures": {
+                            "total": r.failures,
+                            "trap": r.traps,
+                            "deadline": r.deadlines,
+                            "memory": r.memory,
+                        },
+                        "p50_us": round(r.p50_us),
+                        "p99_us": round(r.p99_us),
+                    })
+                });
+            Json(serde_json::json!({
+                "project": p.project_ref,
+                "stage": p.stage,
+                "digest": p.digest,
+                "config": serde_json::from_str::<serde_json::Value>(&p.config).unwrap_or_default(),
+                "health": health,
+            }))
+            .into_response()
+        }
     }
 }
 

@@ -681,7 +681,10 @@ impl<W: StageWorld> StageModule<W> {
             calls.inc();
             latency.observe(took.as_secs_f64());
         }
-        self.stats.record(took, result.is_err());
+        self.stats.record(
+            took,
+            result.as_ref().err().map(|e| classify(&slot.store, e)),
+        );
         self.record_outcome(result.is_err());
         self.write_log(&mut slot.store, request_id);
         match result {

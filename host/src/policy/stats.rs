@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use super::FailureKind;
+
 const BUCKETS: usize = 256;
 
 /// The counters of one module.
@@ -13,6 +15,8 @@ pub struct CallStats {
     loaded_at: SystemTime,
     calls: AtomicU64,
     failures: AtomicU64,
+    /// Failures by kind: trap, deadline, memory.
+    failures_by_kind: [AtomicU64; 3],
     /// Calls per call-time bucket (nanoseconds, log-linear).
     times: Box<[AtomicU64; BUCKETS]>,
 }
@@ -27,6 +31,10 @@ pub struct ModuleReport {
     pub loaded_at: SystemTime,
     pub calls: u64,
     pub failures: u64,
+    /// Failures that were traps, deadline overruns, memory excesses.
+    pub traps: u64,
+    pub deadlines: u64,
+    pub memory: u64,
     /// Median call time, in microseconds (`None` before the first call).
     pub p50_us: Option<f64>,
     /// 99th percentile call time, in microseconds.
@@ -61,17 +69,24 @@ impl Default for CallStats {
             loaded_at: SystemTime::now(),
             calls: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            failures_by_kind: std::array::from_fn(|_| AtomicU64::new(0)),
             times: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
         }
     }
 }
 
 impl CallStats {
-    /// Counts one call that took `took`.
-    pub fn record(&self, took: Duration, failed: bool) {
+    /// Counts one call that took `took` and failed as `failed` (or succeeded).
+    pub fn record(&self, took: Duration, failed: Option<FailureKind>) {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        if failed {
+        if let Some(kind) = failed {
             self.failures.fetch_add(1, Ordering::Relaxed);
+            let slot = match kind {
+                FailureKind::Trap | FailureKind::Refused => 0,
+                FailureKind::Deadline => 1,
+                FailureKind::Memory => 2,
+            };
+            self.failures_by_kind[slot].fetch_add(1, Ordering::Relaxed);
         }
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         self.times[bucket(nanos)].fetch_add(1, Ordering::Relaxed);
@@ -107,6 +122,9 @@ impl CallStats {
             loaded_at: self.loaded_at,
             calls: self.calls.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
+            traps: self.failures_by_kind[0].load(Ordering::Relaxed),
+            deadlines: self.failures_by_kind[1].load(Ordering::Relaxed),
+            memory: self.failures_by_kind[2].load(Ordering::Relaxed),
             p50_us: self.percentile(&counts, total, 0.50),
             p99_us: self.percentile(&counts, total, 0.99),
         }
@@ -135,12 +153,13 @@ mod tests {
         let stats = CallStats::default();
         assert_eq!(stats.report("m", "d").p50_us, None);
         for _ in 0..98 {
-            stats.record(Duration::from_micros(2), false);
+            stats.record(Duration::from_micros(2), None);
         }
-        stats.record(Duration::from_micros(500), true);
-        stats.record(Duration::from_micros(900), false);
+        stats.record(Duration::from_micros(500), Some(FailureKind::Deadline));
+        stats.record(Duration::from_micros(900), None);
         let r = stats.report("m", "d");
         assert_eq!((r.calls, r.failures), (100, 1));
+        assert_eq!((r.traps, r.deadlines, r.memory), (0, 1, 0));
         let p50 = r.p50_us.expect("p50");
         let p99 = r.p99_us.expect("p99");
         assert!((1.6..=2.5).contains(&p50), "p50 {p50}");

@@ -369,6 +369,16 @@ impl TenantPolicies {
 
     /// Puts a module in force for a project (`None` removes it), as a change of this instance.
     /// Every project's modules in force: (project, stage, report), sorted.
+    /// What `project`'s module for `stage` did on this instance, if one is loaded.
+    pub fn report(&self, project: &str, stage: Stage) -> Option<super::stats::ModuleReport> {
+        let map = self.map.load();
+        let installed = map.get(project)?.get(stage)?;
+        Some(match &installed.module {
+            TenantModule::Cors(m) => m.report(),
+            TenantModule::Quota(m) => m.report(),
+        })
+    }
+
     pub fn reports(&self) -> Vec<(String, Stage, super::stats::ModuleReport)> {
         let mut out = Vec::new();
         for (project, modules) in self.map.load().iter() {
