@@ -379,6 +379,17 @@ fn a_scaffolded_rust_plugin_builds_and_passes_its_check() {
         std::fs::read(plugin.join("wit/gateway.wit")).expect("wit copy"),
         printed.stdout
     );
+    let out_dir = dir.path().join("wit-copy");
+    let wrote = Command::new(binary())
+        .args(["wit", "--out"])
+        .arg(&out_dir)
+        .output()
+        .expect("wit --out");
+    assert!(wrote.status.success());
+    assert_eq!(
+        std::fs::read(out_dir.join("gateway.wit")).expect("written"),
+        printed.stdout
+    );
     let old = Command::new(binary())
         .args(["wit", "--version", "0.1.0"])
         .output()

@@ -294,3 +294,53 @@ async fn the_postgres_store_keeps_the_history_and_a_rollback_restores_a_module()
     let gw = InProcess::start_with_store(config(), Arc::new(store)).await;
     scenario(&gw, &fx).await;
 }
+
+/// The history cannot grow without bound: the PostgreSQL store keeps the newest events of a
+/// project's stage, the file store cuts its file past 4 MiB; both keep serving the newest.
+#[tokio::test]
+async fn a_history_written_in_a_loop_stays_bounded_in_both_stores() {
+    use aura_gateway::control::ControlStore;
+    let db = TestDatabase::create().await;
+    let pg = db.store().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    fx.seed(&db).await;
+    let file = fx.file_store(dir.path());
+    let kept = aura_gateway::control::postgres::HISTORY_KEPT as usize;
+    let event = |i: usize| {
+        let mut e = aura_gateway::policy::history::event(
+            &fx.admin.to_string(),
+            Some("alpha"),
+            aura_gateway::plane::Plane::Data,
+            "cors",
+            "install",
+            None,
+            Some(format!("{i:064}")),
+            None,
+        );
+        // About 4 KiB a line: the file passes its 4 MiB bound within this loop.
+        e.config = Some(format!("{{\"pad\": \"{}\"}}", "x".repeat(4_000)));
+        e
+    };
+    for i in 0..kept + 100 {
+        pg.append_policy_event(&event(i)).await.expect("append");
+        file.append_policy_event(&event(i)).await.expect("append");
+    }
+    let newest = format!("{:064}", kept + 99);
+    let rows = pg
+        .policy_events(Some("alpha"), Some("cors"), 10_000)
+        .await
+        .expect("read");
+    assert_eq!(rows.len(), kept);
+    assert_eq!(rows[0].digest_after.as_deref(), Some(newest.as_str()));
+    let size = std::fs::metadata(dir.path().join("policy-history.jsonl"))
+        .expect("file")
+        .len();
+    assert!(size <= 4 << 20, "{size} bytes");
+    let lines = file
+        .policy_events(Some("alpha"), Some("cors"), 10_000)
+        .await
+        .expect("read");
+    assert!(lines.len() < kept + 100, "{} lines", lines.len());
+    assert_eq!(lines[0].digest_after.as_deref(), Some(newest.as_str()));
+}

@@ -16,6 +16,9 @@ use super::{
 };
 use crate::config::ControlConfig;
 
+/// Policy events kept per project (or the operator) and stage; older ones are removed.
+pub const HISTORY_KEPT: i64 = 1_000;
+
 /// The migrations shipped with the gateway.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -300,6 +303,21 @@ impl ControlStore for PostgresStore {
         .bind(&e.mode)
         .bind(&e.reason)
         .bind(&e.config)
+        .execute(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        // Bounded: an organization admin installing in a loop keeps only the newest
+        // `HISTORY_KEPT` events per project and stage.
+        sqlx::query(
+            "DELETE FROM aura_control.policy_events \
+             WHERE project_ref IS NOT DISTINCT FROM $1 AND stage = $2 AND id <= ( \
+               SELECT id FROM aura_control.policy_events \
+               WHERE project_ref IS NOT DISTINCT FROM $1 AND stage = $2 \
+               ORDER BY id DESC OFFSET $3 LIMIT 1)",
+        )
+        .bind(&e.project_ref)
+        .bind(&e.stage)
+        .bind(HISTORY_KEPT)
         .execute(&self.pool)
         .await
         .map(|_| ())
