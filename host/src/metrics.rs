@@ -21,6 +21,10 @@ pub struct Metrics {
     /// reason (`per_call`: over the lines a call may keep, `rate`: over the module's rate,
     /// `bytes`: output over the capture size).
     pub plugin_log_dropped: IntCounterVec,
+    /// Shadow decisions that differed from the enforced ones (a failed shadow call included).
+    pub shadow_disagreements: IntCounterVec,
+    /// Shadow runs: `compared`, or `skipped` (no free place: a shadow never waits).
+    pub shadow_runs: IntCounterVec,
     /// Policy plugin call latency by plane and stage.
     pub plugin_latency: HistogramVec,
     /// Policy reloads by result (`applied`, `refused`) and automatic rollbacks (`rolled_back`).
@@ -115,6 +119,22 @@ impl Metrics {
                 "Plugin log lines dropped by plane, stage and reason (per_call, rate, bytes)",
             ),
             &["plane", "stage", "reason"],
+        )
+        .expect("valid metric");
+        let shadow_disagreements = IntCounterVec::new(
+            Opts::new(
+                "policy_shadow_disagreements_total",
+                "Shadow module decisions that differed from the enforced ones (failed shadow calls included), by plane, stage and project (`-`: the operator's)",
+            ),
+            &["plane", "stage", "project"],
+        )
+        .expect("valid metric");
+        let shadow_runs = IntCounterVec::new(
+            Opts::new(
+                "policy_shadow_runs_total",
+                "Shadow module runs by plane, stage and outcome (compared, skipped: no free place, a shadow never waits)",
+            ),
+            &["plane", "stage", "outcome"],
         )
         .expect("valid metric");
         let plugin_latency = HistogramVec::new(
@@ -262,6 +282,8 @@ impl Metrics {
             Box::new(plugin_calls.clone()),
             Box::new(plugin_failures.clone()),
             Box::new(plugin_log_dropped.clone()),
+            Box::new(shadow_disagreements.clone()),
+            Box::new(shadow_runs.clone()),
             Box::new(plugin_latency.clone()),
             Box::new(breaker_state.clone()),
             Box::new(policy_reloads.clone()),
@@ -288,6 +310,8 @@ impl Metrics {
             plugin_calls,
             plugin_failures,
             plugin_log_dropped,
+            shadow_disagreements,
+            shadow_runs,
             plugin_latency,
             breaker_state,
             policy_reloads,

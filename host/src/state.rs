@@ -172,13 +172,48 @@ impl AppState {
     /// `plugins.tenant_refresh_secs`.
     /// Records the operator's policy changes (reloads, automatic rollbacks) in the control
     /// store, one at a time, in order.
+    /// Takes a project's canary dropped for its failures out of the store (when the store still
+    /// holds that canary), records it and tells the other instances.
     fn spawn_policy_history(&self) {
+        use crate::policy::history::Queued;
         let (sender, mut events) = tokio::sync::mpsc::unbounded_channel();
         self.policies.set_history(sender);
-        let store = self.auth.store.clone();
+        let weak = Arc::downgrade(&self.0);
         tokio::spawn(async move {
-            while let Some(event) = events.recv().await {
-                crate::policy::history::record(store.as_ref(), &event).await;
+            while let Some(queued) = events.recv().await {
+                let Some(inner) = weak.upgrade() else { break };
+                let state = AppState(inner);
+                let store = state.auth.store.clone();
+                match queued {
+                    Queued::Operator(event) => {
+                        crate::policy::history::record(store.as_ref(), &event).await;
+                    }
+                    Queued::CanaryDropped(event) => {
+                        let project = event.project_ref.clone().unwrap_or_default();
+                        let _write = state.policies.tenants.write_lock().await;
+                        match store.policy_candidate(&project, &event.stage).await {
+                            Ok(Some(c)) if Some(&c.digest) == event.digest_before.as_ref() => {
+                                if let Err(e) =
+                                    store.delete_policy_candidate(&project, &event.stage).await
+                                {
+                                    tracing::error!(error = %e, project, "the dropped canary is still in the store");
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::error!(error = %e, project, "the dropped canary is still in the store");
+                            }
+                        }
+                        crate::policy::history::record(store.as_ref(), &event).await;
+                        crate::changes::publish(
+                            &state,
+                            crate::changes::Change::TenantModules {
+                                project_ref: project,
+                            },
+                        )
+                        .await;
+                    }
+                }
             }
         });
     }

@@ -186,15 +186,74 @@ async fn contract(store: &dyn ControlStore, fx: &Fixture) {
     );
     assert!(store.project_policies().await.expect("list").is_empty());
 
+    // A candidate next to the module in force: set, replaced, listed, removed once.
+    let shadow = aura_gateway::control::PolicyCandidateRecord {
+        project_ref: "alpha".into(),
+        stage: "cors".into(),
+        digest: digest.clone(),
+        config: "{}".into(),
+        mode: "shadow".into(),
+        percent: 0,
+    };
+    store.set_policy_candidate(&shadow).await.expect("set");
+    assert_eq!(
+        store.policy_candidate("alpha", "cors").await.expect("get"),
+        Some(shadow.clone())
+    );
+    let canary = aura_gateway::control::PolicyCandidateRecord {
+        mode: "canary".into(),
+        percent: 10,
+        ..shadow
+    };
+    store.set_policy_candidate(&canary).await.expect("replace");
+    assert_eq!(store.policy_candidates().await.expect("list"), vec![canary]);
+    assert!(
+        store
+            .policy_candidate("alpha", "quota")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert!(
+        store
+            .delete_policy_candidate("alpha", "cors")
+            .await
+            .expect("delete")
+    );
+    assert!(
+        !store
+            .delete_policy_candidate("alpha", "cors")
+            .await
+            .expect("again")
+    );
+    assert!(store.policy_candidates().await.expect("list").is_empty());
+
     // Stored modules nobody references nor used within the grace are collected; referenced or
     // recently used ones are kept.
     let kept_module = b"\0asm-referenced".to_vec();
     let kept = aura_gateway::policy::tenants::digest_of(&kept_module);
     let used_module = b"\0asm-in-use-by-an-instance".to_vec();
     let used = aura_gateway::policy::tenants::digest_of(&used_module);
-    for (d, m) in [(&kept, &kept_module), (&used, &used_module)] {
+    let tried_module = b"\0asm-on-trial".to_vec();
+    let tried = aura_gateway::policy::tenants::digest_of(&tried_module);
+    for (d, m) in [
+        (&kept, &kept_module),
+        (&used, &used_module),
+        (&tried, &tried_module),
+    ] {
         store.put_module(d, m).await.expect("put module");
     }
+    store
+        .set_policy_candidate(&aura_gateway::control::PolicyCandidateRecord {
+            project_ref: "beta".into(),
+            stage: "cors".into(),
+            digest: tried.clone(),
+            config: "{}".into(),
+            mode: "shadow".into(),
+            percent: 0,
+        })
+        .await
+        .expect("set");
     store
         .set_project_policy(&aura_gateway::control::ProjectPolicyRecord {
             project_ref: "beta".into(),
@@ -224,6 +283,10 @@ async fn contract(store: &dyn ControlStore, fx: &Fixture) {
     assert_eq!(store.module(&digest).await.expect("get"), None);
     assert!(store.module(&kept).await.expect("get").is_some());
     assert!(store.module(&used).await.expect("get").is_some());
+    assert!(
+        store.module(&tried).await.expect("get").is_some(),
+        "a candidate's module is kept"
+    );
     store.ping().await.expect("ping");
 }
 

@@ -23,6 +23,7 @@ mod nats_cluster;
 mod operability;
 mod plugins;
 mod policy_history;
+mod policy_rollout;
 mod ratelimit;
 mod readiness;
 mod tenants;

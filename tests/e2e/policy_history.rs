@@ -47,6 +47,28 @@ async fn history(gw: &InProcess, token: &str) -> Vec<Value> {
     body["events"].as_array().expect("events").clone()
 }
 
+/// The operator's history once it holds `events` events (it is written off the request path).
+async fn operator_history(gw: &InProcess, events: usize) -> Vec<Value> {
+    let mut operator = Vec::new();
+    for _ in 0..100 {
+        let (_, body) = json(
+            reqwest::Client::new()
+                .get(gw.mgmt_url("/v1/admin/policies/history"))
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .expect("answer"),
+        )
+        .await;
+        operator = body["events"].as_array().cloned().unwrap_or_default();
+        if operator.len() >= events {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    operator
+}
+
 async fn scenario(gw: &InProcess, fx: &Fixture) {
     let c = reqwest::Client::new();
     let (a, b) = modules();
@@ -231,22 +253,7 @@ async fn scenario(gw: &InProcess, fx: &Fixture) {
     aura_gateway::reload::reload_and_log(&gw.state, "test")
         .await
         .expect("applied");
-    let mut operator = Vec::new();
-    for _ in 0..100 {
-        let (_, body) = json(
-            c.get(gw.mgmt_url("/v1/admin/policies/history"))
-                .bearer_auth(ADMIN_TOKEN)
-                .send()
-                .await
-                .expect("answer"),
-        )
-        .await;
-        operator = body["events"].as_array().cloned().unwrap_or_default();
-        if !operator.is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let operator = operator_history(gw, 1).await;
     assert_eq!(
         operator.len(),
         1,
@@ -258,6 +265,38 @@ async fn scenario(gw: &InProcess, fx: &Fixture) {
     assert_eq!(operator[0]["project"], Value::Null);
     assert_eq!(operator[0]["digest_after"], da.as_str());
     assert_eq!(history(gw, &admin).await.len(), 5);
+    // The operator puts the previous modules back on the admin route: recorded as theirs.
+    let rollback = gw.mgmt_url("/v1/admin/policies/rollback");
+    let r = c
+        .post(&rollback)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::OK);
+    let builtin = digest(aura_gateway::policy::builtin::CORS);
+    let operator = operator_history(gw, 2).await;
+    assert_eq!(operator[0]["action"], "rollback", "{operator:?}");
+    assert_eq!(operator[0]["actor"], "operator");
+    assert_eq!(operator[0]["digest_before"], da.as_str());
+    assert_eq!(operator[0]["digest_after"], builtin.as_str());
+    let (status, body) = json(
+        c.post(&rollback)
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("answer"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "no_previous_modules");
+    let r = c
+        .post(&rollback)
+        .bearer_auth("not-the-token-0123456789")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let r = c
         .get(gw.mgmt_url("/v1/admin/policies/history"))
         .bearer_auth("not-the-token-0123456789")
@@ -282,7 +321,7 @@ async fn the_file_store_keeps_the_history_and_a_rollback_restores_a_module() {
     scenario(&gw, &fx).await;
     // One JSON line per change beside the control file.
     let lines = std::fs::read_to_string(dir.path().join("policy-history.jsonl")).expect("file");
-    assert_eq!(lines.lines().count(), 6);
+    assert_eq!(lines.lines().count(), 7);
 }
 
 #[tokio::test]

@@ -44,7 +44,7 @@ use uuid::Uuid;
 use super::records::is_sha256_hex;
 use super::{
     ApiKeyRecord, ControlStore, KeyRole, MemberRecord, OrgRole, OrganizationRecord,
-    PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, StoreError,
+    PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, StoreError,
 };
 
 /// The file's content.
@@ -63,6 +63,9 @@ pub struct ControlFile {
     /// `modules/<digest>.wasm` next to the control file.
     #[serde(default)]
     pub project_policies: Vec<ProjectPolicyRecord>,
+    /// Modules projects try next to the ones in force (shadow or canary).
+    #[serde(default)]
+    pub policy_candidates: Vec<PolicyCandidateRecord>,
 }
 
 /// The records, indexed.
@@ -73,6 +76,7 @@ struct Snapshot {
     organizations: HashSet<Uuid>,
     members: HashMap<(Uuid, Uuid), OrgRole>,
     policies: HashMap<(String, String), ProjectPolicyRecord>,
+    candidates: HashMap<(String, String), PolicyCandidateRecord>,
 }
 
 impl ControlFile {
@@ -164,6 +168,29 @@ impl ControlFile {
                 ));
             }
         }
+        let mut candidates = HashSet::new();
+        for c in &self.policy_candidates {
+            let name = format!("policy_candidates.{}.{}", c.project_ref, c.stage);
+            if !projects.contains(c.project_ref.as_str()) {
+                return Err(format!("{name}: project does not exist"));
+            }
+            if !is_sha256_hex(&c.digest) {
+                return Err(format!("{name}: digest must be 64 lower-case hex digits"));
+            }
+            match (c.mode.as_str(), c.percent) {
+                ("shadow", 0) | ("canary", 1..=100) => {}
+                ("shadow", _) => return Err(format!("{name}: a shadow has no percent")),
+                ("canary", _) => return Err(format!("{name}: percent must be 1 to 100")),
+                (other, _) => {
+                    return Err(format!(
+                        "{name}: mode {other:?} is not one of shadow, canary"
+                    ));
+                }
+            }
+            if !candidates.insert((c.project_ref.as_str(), c.stage.as_str())) {
+                return Err(format!("{name}: appears twice"));
+            }
+        }
         Ok(())
     }
 
@@ -189,6 +216,11 @@ impl ControlFile {
                 .project_policies
                 .into_iter()
                 .map(|p| ((p.project_ref.clone(), p.stage.clone()), p))
+                .collect(),
+            candidates: self
+                .policy_candidates
+                .into_iter()
+                .map(|c| ((c.project_ref.clone(), c.stage.clone()), c))
                 .collect(),
         }
     }
@@ -606,6 +638,82 @@ impl ControlStore for FileStore {
         Ok(self.snapshot.load().policies.values().cloned().collect())
     }
 
+    async fn set_policy_candidate(
+        &self,
+        candidate: &PolicyCandidateRecord,
+    ) -> Result<(), StoreError> {
+        let c = candidate.clone();
+        self.edit(move |doc| {
+            let list = doc
+                .entry("policy_candidates")
+                .or_insert(toml_edit::Item::ArrayOfTables(
+                    toml_edit::ArrayOfTables::new(),
+                ))
+                .as_array_of_tables_mut()
+                .ok_or_else(|| {
+                    StoreError::Invalid("policy_candidates must be an array of tables".into())
+                })?;
+            let index = list.iter().position(|t| {
+                t.get("project_ref").and_then(|v| v.as_str()) == Some(c.project_ref.as_str())
+                    && t.get("stage").and_then(|v| v.as_str()) == Some(c.stage.as_str())
+            });
+            let mut table = toml_edit::Table::new();
+            table["project_ref"] = toml_edit::value(c.project_ref.clone());
+            table["stage"] = toml_edit::value(c.stage.clone());
+            table["digest"] = toml_edit::value(c.digest.clone());
+            table["config"] = toml_edit::value(c.config.clone());
+            table["mode"] = toml_edit::value(c.mode.clone());
+            table["percent"] = toml_edit::value(i64::from(c.percent));
+            match index.and_then(|i| list.get_mut(i)) {
+                Some(existing) => *existing = table,
+                None => list.push(table),
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn policy_candidate(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<Option<PolicyCandidateRecord>, StoreError> {
+        Ok(self
+            .snapshot
+            .load()
+            .candidates
+            .get(&(project_ref.to_owned(), stage.to_owned()))
+            .cloned())
+    }
+
+    async fn delete_policy_candidate(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<bool, StoreError> {
+        if self.policy_candidate(project_ref, stage).await?.is_none() {
+            return Ok(false);
+        }
+        self.edit(|doc| {
+            if let Some(list) = doc
+                .get_mut("policy_candidates")
+                .and_then(|l| l.as_array_of_tables_mut())
+            {
+                list.retain(|t| {
+                    t.get("project_ref").and_then(|v| v.as_str()) != Some(project_ref)
+                        || t.get("stage").and_then(|v| v.as_str()) != Some(stage)
+                });
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(true)
+    }
+
+    async fn policy_candidates(&self) -> Result<Vec<PolicyCandidateRecord>, StoreError> {
+        Ok(self.snapshot.load().candidates.values().cloned().collect())
+    }
+
     async fn touch_modules(&self, digests: &[String]) -> Result<(), StoreError> {
         let Ok(dir) = self.modules_dir() else {
             return Ok(());
@@ -625,12 +733,12 @@ impl ControlStore for FileStore {
         let Ok(dir) = self.modules_dir() else {
             return Ok(Vec::new());
         };
-        let referenced: std::collections::HashSet<String> = self
-            .snapshot
-            .load()
+        let snapshot = self.snapshot.load();
+        let referenced: std::collections::HashSet<String> = snapshot
             .policies
             .values()
             .map(|p| p.digest.clone())
+            .chain(snapshot.candidates.values().map(|c| c.digest.clone()))
             .collect();
         let Ok(entries) = std::fs::read_dir(&dir) else {
             return Ok(Vec::new());

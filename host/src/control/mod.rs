@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use records::{
-    ApiKeyRecord, DbEngine, KeyRole, MemberRecord, OrgRole, OrganizationRecord, PolicyEventRecord,
-    ProjectPolicyRecord, ProjectRecord, Topology,
+    ApiKeyRecord, DbEngine, KeyRole, MemberRecord, OrgRole, OrganizationRecord,
+    PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, Topology,
 };
 
 use crate::config::{self, ControlConfig, StoreKind};
@@ -77,6 +77,25 @@ pub trait ControlStore: Send + Sync + std::fmt::Debug {
     ) -> Result<bool, StoreError>;
     /// Every project policy.
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError>;
+    /// Sets (or replaces) a project's candidate module for a stage (shadow or canary).
+    async fn set_policy_candidate(
+        &self,
+        candidate: &PolicyCandidateRecord,
+    ) -> Result<(), StoreError>;
+    /// A project's candidate module for a stage.
+    async fn policy_candidate(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<Option<PolicyCandidateRecord>, StoreError>;
+    /// Removes a project's candidate for a stage. Returns false when there was none.
+    async fn delete_policy_candidate(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<bool, StoreError>;
+    /// Every candidate module.
+    async fn policy_candidates(&self) -> Result<Vec<PolicyCandidateRecord>, StoreError>;
     /// Appends one change of a module in force to the history.
     async fn append_policy_event(&self, event: &PolicyEventRecord) -> Result<(), StoreError>;
     /// The most recent changes (newest first, at most `limit`) of `project_ref`'s modules

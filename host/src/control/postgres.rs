@@ -11,8 +11,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use uuid::Uuid;
 
 use super::{
-    ApiKeyRecord, ControlStore, DbEngine, KeyRole, OrgRole, PolicyEventRecord, ProjectPolicyRecord,
-    ProjectRecord, StoreError, Topology,
+    ApiKeyRecord, ControlStore, DbEngine, KeyRole, OrgRole, PolicyCandidateRecord,
+    PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, StoreError, Topology,
 };
 use crate::config::ControlConfig;
 
@@ -407,6 +407,73 @@ impl ControlStore for PostgresStore {
             .collect())
     }
 
+    async fn set_policy_candidate(
+        &self,
+        candidate: &PolicyCandidateRecord,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO aura_control.policy_candidates \
+             (project_ref, stage, digest, config, mode, percent) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (project_ref, stage) DO UPDATE SET digest = EXCLUDED.digest, \
+             config = EXCLUDED.config, mode = EXCLUDED.mode, percent = EXCLUDED.percent, \
+             updated_at = now()",
+        )
+        .bind(&candidate.project_ref)
+        .bind(&candidate.stage)
+        .bind(&candidate.digest)
+        .bind(&candidate.config)
+        .bind(&candidate.mode)
+        .bind(i16::from(candidate.percent))
+        .execute(&self.pool)
+        .await
+        .map(|_| ())
+        .map_err(unavailable)
+    }
+
+    async fn policy_candidate(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<Option<PolicyCandidateRecord>, StoreError> {
+        let row: Option<CandidateRow> = sqlx::query_as(
+            "SELECT project_ref, stage, digest, config, mode, percent \
+             FROM aura_control.policy_candidates WHERE project_ref = $1 AND stage = $2",
+        )
+        .bind(project_ref)
+        .bind(stage)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(row.map(candidate_of))
+    }
+
+    async fn delete_policy_candidate(
+        &self,
+        project_ref: &str,
+        stage: &str,
+    ) -> Result<bool, StoreError> {
+        sqlx::query(
+            "DELETE FROM aura_control.policy_candidates WHERE project_ref = $1 AND stage = $2",
+        )
+        .bind(project_ref)
+        .bind(stage)
+        .execute(&self.pool)
+        .await
+        .map(|r| r.rows_affected() > 0)
+        .map_err(unavailable)
+    }
+
+    async fn policy_candidates(&self) -> Result<Vec<PolicyCandidateRecord>, StoreError> {
+        let rows: Vec<CandidateRow> = sqlx::query_as(
+            "SELECT project_ref, stage, digest, config, mode, percent \
+             FROM aura_control.policy_candidates",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(rows.into_iter().map(candidate_of).collect())
+    }
+
     async fn touch_modules(&self, digests: &[String]) -> Result<(), StoreError> {
         if digests.is_empty() {
             return Ok(());
@@ -426,6 +493,7 @@ impl ControlStore for PostgresStore {
             "DELETE FROM aura_control.policy_modules m \
              WHERE m.last_used_at < now() - make_interval(secs => $1) \
              AND NOT EXISTS (SELECT 1 FROM aura_control.project_policies p WHERE p.digest = m.digest) \
+             AND NOT EXISTS (SELECT 1 FROM aura_control.policy_candidates c WHERE c.digest = m.digest) \
              RETURNING m.digest",
         )
         .bind(grace.as_secs_f64())
@@ -449,5 +517,20 @@ impl ControlStore for PostgresStore {
 
     fn postgres_pool(&self) -> Option<sqlx::PgPool> {
         Some(self.pool.clone())
+    }
+}
+
+type CandidateRow = (String, String, String, String, String, i16);
+
+fn candidate_of(
+    (project_ref, stage, digest, config, mode, percent): CandidateRow,
+) -> PolicyCandidateRecord {
+    PolicyCandidateRecord {
+        project_ref,
+        stage,
+        digest,
+        config,
+        mode,
+        percent: u8::try_from(percent.clamp(0, 100)).unwrap_or(0),
     }
 }

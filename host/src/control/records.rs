@@ -192,6 +192,26 @@ pub struct ProjectPolicyRecord {
     pub config: String,
 }
 
+/// A module a project tries for a stage next to the one in force
+/// (`aura_control.policy_candidates`): in `shadow` it runs on live requests and its decisions are
+/// compared with the enforced ones; in `canary` it decides for `percent` % of actors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyCandidateRecord {
+    pub project_ref: String,
+    /// The stage key (`cors`, `quota`).
+    pub stage: String,
+    /// SHA-256 of the module, hex; the module is in the module store.
+    pub digest: String,
+    /// The stage configuration, JSON text.
+    pub config: String,
+    /// `shadow` or `canary`.
+    pub mode: String,
+    /// The share of actors the canary decides for, 1–100 (0 for a shadow).
+    #[serde(default)]
+    pub percent: u8,
+}
+
 /// One change of a policy module in force (`aura_control.policy_events`): the audit trail and
 /// the history a rollback picks from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,13 +227,14 @@ pub struct PolicyEventRecord {
     pub stage: String,
     /// `data` or `management`.
     pub plane: String,
-    /// `install`, `delete`, `rollback`, `automatic_rollback`, `operator_reload`.
+    /// `install`, `delete`, `rollback`, `automatic_rollback`, `operator_reload`, `promote`,
+    /// `abort`.
     pub action: String,
     #[serde(default)]
     pub digest_before: Option<String>,
     #[serde(default)]
     pub digest_after: Option<String>,
-    /// How the module is used: `enforce`.
+    /// How the module is used: `enforce`, `shadow` or `canary`.
     pub mode: String,
     /// Why, for an automatic rollback.
     #[serde(default)]

@@ -163,6 +163,7 @@ pub async fn preflight(
             Some(id.as_str()),
             cx.plane,
             cors.host_project.as_deref(),
+            cx.client_ip,
             cors.input(),
         )
         .await;
@@ -204,6 +205,7 @@ pub async fn respond(
             cx.id.as_ref().map(RequestId::as_str),
             cx.plane,
             project,
+            cx.client_ip,
             cors.input(),
         )
         .await;

@@ -6,6 +6,9 @@
 //! - `GET /v1/admin/status`: version, git revision, build profile, uptime, config digest;
 //! - `GET /v1/admin/policies`: per plane and stage the module in force (name, digest, loaded at,
 //!   calls, failures, p50/p99 call time), the rollback candidate, every project's modules;
+//! - `GET /v1/admin/policies/history`: the operator's module changes;
+//! - `POST /v1/admin/policies/rollback`: the previous set of operator modules back in force
+//!   (until the next reload), recorded;
 //! - `GET /v1/admin/breakers`: every circuit breaker, its state, failures and last change;
 //! - `GET /v1/admin/config`: the effective configuration, secrets redacted;
 //! - `PUT /v1/admin/log-level` `{"level": "…"}`: a new tracing filter until the next restart.
@@ -31,6 +34,10 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/admin/status", get(status))
         .route("/v1/admin/policies", get(policies))
         .route("/v1/admin/policies/history", get(policy_history))
+        .route(
+            "/v1/admin/policies/rollback",
+            axum::routing::post(policy_rollback),
+        )
         .route("/v1/admin/breakers", get(breakers))
         .route("/v1/admin/config", get(config))
         .route("/v1/admin/log-level", put(log_level))
@@ -131,6 +138,29 @@ async fn policy_history(
             "events": events.iter().map(super::policies::event_json).collect::<Vec<_>>(),
         }))
         .into_response(),
+    }
+}
+
+/// `POST /v1/admin/policies/rollback`: the operator modules in force before the last reload
+/// are put back on this instance (each instance keeps its own previous set).
+async fn policy_rollback(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
+    if let Err(error) = guard(&state, &headers) {
+        return error.into_response();
+    }
+    if state.policies.roll_back_by_operator() {
+        state
+            .metrics
+            .policy_reloads
+            .with_label_values(&["rolled_back"])
+            .inc();
+        Json(json!({ "status": "rolled_back" })).into_response()
+    } else {
+        GatewayError::conflict(
+            "no_previous_modules",
+            "no previous set of modules is kept on this instance (none since the start, or \
+             already rolled back)",
+        )
+        .into_response()
     }
 }
 

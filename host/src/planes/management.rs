@@ -58,6 +58,14 @@ fn extra_routes() -> Router<AppState> {
             "/v1/projects/{project_ref}/policies/{stage}/rollback",
             post(super::policies::rollback),
         )
+        .route(
+            "/v1/projects/{project_ref}/policies/{stage}/promote",
+            post(super::policies::promote),
+        )
+        .route(
+            "/v1/projects/{project_ref}/policies/{stage}/abort",
+            post(super::policies::abort),
+        )
 }
 
 /// `GET /ready`: whether this instance should get traffic ([`crate::readiness`]). `503` until

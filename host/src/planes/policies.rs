@@ -4,6 +4,10 @@
 //! configuration, conformance vectors — stored by digest in the control store, and put in force
 //! for that project at once here and within `plugins.tenant_refresh_secs` on other instances.
 //!
+//! A module may also be installed as a *candidate* next to the one in force (`"mode": "shadow"`,
+//! or `"mode": "canary", "percent": N`; [`crate::policy::rollout`]): `POST …/promote` makes it
+//! the module in force, `POST …/abort` drops it, and `GET` shows how it compares.
+//!
 //! Every change is recorded with the console user who made it
 //! (`GET …/policies/{stage}/history`), and `POST …/policies/{stage}/rollback` puts a previous
 //! module back.
@@ -17,12 +21,14 @@ use http::StatusCode;
 use serde::Deserialize;
 
 use crate::auth::store_failed;
-use crate::control::{PolicyEventRecord, ProjectPolicyRecord};
+use crate::control::{PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord};
 use crate::error::GatewayError;
 use crate::phases::context::RouteContext;
 use crate::plane::Plane;
 use crate::policy::history;
-use crate::policy::tenants::{PrepareError, tenant_stage};
+use crate::policy::rollout::{ShadowReport, Trial};
+use crate::policy::stats::ModuleReport;
+use crate::policy::tenants::{PrepareError, Slot, tenant_stage};
 use crate::state::AppState;
 
 /// The body of a `PUT`.
@@ -36,6 +42,12 @@ pub struct PutPolicy {
     /// The stage configuration.
     #[serde(default)]
     pub config: Option<serde_json::Value>,
+    /// `enforce` (the default), `shadow` or `canary`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// A canary's share of actors, 1–100.
+    #[serde(default)]
+    pub percent: Option<i64>,
 }
 
 fn refused(reason: impl Into<String>) -> GatewayError {
@@ -146,6 +158,17 @@ async fn put_inner(
             ));
         }
     };
+    let percent = request
+        .percent
+        .map(|p| {
+            u8::try_from(p)
+                .ok()
+                .filter(|p| *p <= 100)
+                .ok_or_else(|| format!("percent: {p} is not from 1 to 100"))
+        })
+        .transpose()
+        .and_then(|percent| Trial::parse(request.mode.as_deref().unwrap_or("enforce"), percent));
+    let trial = percent.map_err(|e| GatewayError::bad_request("invalid_body", e))?;
     let config = request
         .config
         .unwrap_or_else(|| serde_json::json!({}))
@@ -167,30 +190,54 @@ async fn put_inner(
     let store = &state.auth.store;
     {
         // The store write and the local change together, in request order; a refresh running
-        // meanwhile never reverts them.
+        // meanwhile never reverts them. A candidate goes next to the module in force.
         let _write = state.policies.tenants.write_lock().await;
-        let before = store
-            .project_policy(&project, &stage_key)
-            .await
-            .map_err(|e| store_failed(&e))?
-            .map(|p| p.digest);
+        let before = match trial {
+            None => store
+                .project_policy(&project, &stage_key)
+                .await
+                .map(|p| p.map(|p| p.digest)),
+            Some(_) => store
+                .policy_candidate(&project, &stage_key)
+                .await
+                .map(|c| c.map(|c| c.digest)),
+        }
+        .map_err(|e| store_failed(&e))?;
         store
             .put_module(&digest, &bytes)
             .await
             .map_err(|e| store_failed(&e))?;
-        store
-            .set_project_policy(&ProjectPolicyRecord {
-                project_ref: project.clone(),
-                stage: stage_key.clone(),
-                digest: digest.clone(),
-                config: config.clone(),
-            })
-            .await
-            .map_err(|e| store_failed(&e))?;
-        state
-            .policies
-            .tenants
-            .apply(&project, stage, Some(prepared.installed));
+        let tenants = &state.policies.tenants;
+        match trial {
+            None => {
+                store
+                    .set_project_policy(&ProjectPolicyRecord {
+                        project_ref: project.clone(),
+                        stage: stage_key.clone(),
+                        digest: digest.clone(),
+                        config: config.clone(),
+                    })
+                    .await
+                    .map_err(|e| store_failed(&e))?;
+                tenants.apply(&project, stage, Some(prepared.installed));
+            }
+            Some(trial) => {
+                store
+                    .set_policy_candidate(&PolicyCandidateRecord {
+                        project_ref: project.clone(),
+                        stage: stage_key.clone(),
+                        digest: digest.clone(),
+                        config: config.clone(),
+                        mode: trial.mode().to_owned(),
+                        percent: trial.percent(),
+                    })
+                    .await
+                    .map_err(|e| store_failed(&e))?;
+                let series = tenants.shadow_metrics.series(Plane::Data, stage, &project);
+                let candidate = prepared.installed.on_trial(trial, Some(series));
+                tenants.apply_slot(&project, stage, Slot::Candidate, Some(candidate));
+            }
+        }
         let mut event = history::event(
             actor,
             Some(&project),
@@ -201,6 +248,7 @@ async fn put_inner(
             Some(digest.clone()),
             None,
         );
+        event.mode = trial.map_or("enforce", Trial::mode).to_owned();
         event.config = Some(config);
         history::record(store.as_ref(), &event).await;
     }
@@ -212,10 +260,12 @@ async fn put_inner(
     )
     .await;
     let (report, compile) = (prepared.report, prepared.compile);
+    let mode = trial.map_or("enforce", Trial::mode);
     tracing::info!(
         project = %project,
         stage = %stage_key,
         %digest,
+        mode,
         report = %report,
         compile_ms = compile.compile_ms,
         compile_peak_rss = compile.peak_rss_bytes,
@@ -226,53 +276,111 @@ async fn put_inner(
         "project": project,
         "stage": stage_key,
         "digest": digest,
+        "mode": mode,
+        "percent": trial.map(Trial::percent).filter(|p| *p > 0),
         "check": report.to_string(),
         "compile": compile,
     }))
     .into_response())
 }
 
-/// `GET`: the project's module for the stage.
+/// The JSON of a module's health on this instance.
+fn health_json(r: &ModuleReport) -> serde_json::Value {
+    let round = |v: Option<f64>| v.map(|v| (v * 100.0).round() / 100.0);
+    serde_json::json!({
+        "calls": r.calls,
+        "failures": {
+            "total": r.failures,
+            "trap": r.traps,
+            "deadline": r.deadlines,
+            "memory": r.memory,
+        },
+        "p50_us": round(r.p50_us),
+        "p99_us": round(r.p99_us),
+    })
+}
+
+/// The JSON of a shadow's comparison on this instance.
+fn shadow_json(r: &ShadowReport) -> serde_json::Value {
+    serde_json::json!({
+        "compared": r.compared,
+        "disagreements": r.disagreements,
+        "failures": r.failures,
+        "skipped": r.skipped,
+        "sample": r.sample.iter().map(|d| serde_json::json!({
+            "at": d.at.to_rfc3339(),
+            "request_id": d.request_id,
+            "method": d.method,
+            "path": d.path,
+            "enforced": d.enforced,
+            "shadow": d.shadow,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn config_json(config: &str) -> serde_json::Value {
+    serde_json::from_str::<serde_json::Value>(config).unwrap_or_default()
+}
+
+/// `GET`: the project's module for the stage and its candidate, with how each did on the
+/// answering instance since it was loaded there.
 pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Response {
     let (project, stage_key) = match path_params(path) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    match state.auth.store.project_policy(&project, &stage_key).await {
-        Err(e) => store_failed(&e).into_response(),
-        Ok(None) => GatewayError::not_found("no module installed for this stage").into_response(),
-        Ok(Some(p)) => {
-            // How the module did on this instance since it was loaded here.
-            let health = tenant_stage(&stage_key)
-                .and_then(|stage| state.policies.tenants.report(&project, stage))
-                .filter(|r| r.digest == p.digest)
-                .map(|r| {
-                    let round = |v: Option<f64>| v.map(|v| (v * 100.0).round() / 100.0);
-                    serde_json::json!({
-                        "calls": r.calls,
-                        "failures": {
-                            "total": r.failures,
-                            "trap": r.traps,
-                            "deadline": r.deadlines,
-                            "memory": r.memory,
-                        },
-                        "p50_us": round(r.p50_us),
-                        "p99_us": round(r.p99_us),
-                    })
-                });
-            Json(serde_json::json!({
-                "project": p.project_ref,
-                "stage": p.stage,
-                "digest": p.digest,
-                "config": serde_json::from_str::<serde_json::Value>(&p.config).unwrap_or_default(),
-                "health": health,
-            }))
-            .into_response()
+    let answer = async {
+        let store = &state.auth.store;
+        let enforced = store
+            .project_policy(&project, &stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?;
+        let candidate = store
+            .policy_candidate(&project, &stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?;
+        if enforced.is_none() && candidate.is_none() {
+            return Err(GatewayError::not_found(
+                "no module installed for this stage",
+            ));
         }
+        let stage = tenant_stage(&stage_key);
+        let health = stage
+            .and_then(|stage| state.policies.tenants.installed(&project, stage))
+            .filter(|i| enforced.as_ref().is_some_and(|p| p.digest == i.digest))
+            .map(|i| health_json(&i.report()));
+        let candidate = candidate.map(|c| {
+            let loaded = stage
+                .and_then(|stage| state.policies.tenants.candidate(&project, stage))
+                .map(|(i, _)| i)
+                .filter(|i| i.digest == c.digest);
+            serde_json::json!({
+                "digest": c.digest,
+                "config": config_json(&c.config),
+                "mode": c.mode,
+                "percent": Some(c.percent).filter(|p| *p > 0),
+                "health": loaded.as_ref().map(|i| health_json(&i.report())),
+                "shadow": loaded
+                    .as_ref()
+                    .and_then(|i| i.comparison.as_ref())
+                    .map(|c| shadow_json(&c.report())),
+            })
+        });
+        Ok(Json(serde_json::json!({
+            "project": project,
+            "stage": stage_key,
+            "digest": enforced.as_ref().map(|p| p.digest.clone()),
+            "config": enforced.as_ref().map(|p| config_json(&p.config)),
+            "health": health,
+            "candidate": candidate,
+        }))
+        .into_response())
     }
+    .await;
+    answer.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `DELETE`: the project goes back to the plane's module.
+/// `DELETE`: the project goes back to the plane's module; a candidate goes too.
 pub async fn delete(
     State(state): State<AppState>,
     axum::Extension(route): axum::Extension<RouteContext>,
@@ -282,25 +390,57 @@ pub async fn delete(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    let _write = state.policies.tenants.write_lock().await;
-    let before = match state.auth.store.project_policy(&project, &stage_key).await {
-        Ok(p) => p.map(|p| p.digest),
-        Err(e) => return store_failed(&e).into_response(),
-    };
-    match state
-        .auth
-        .store
-        .delete_project_policy(&project, &stage_key)
-        .await
-    {
-        Err(e) => store_failed(&e).into_response(),
-        Ok(false) => GatewayError::not_found("no module installed for this stage").into_response(),
-        Ok(true) => {
-            if let Some(stage) = tenant_stage(&stage_key) {
-                state.policies.tenants.apply(&project, stage, None);
-            }
+    let answer = async {
+        let store = &state.auth.store;
+        let _write = state.policies.tenants.write_lock().await;
+        let before = store
+            .project_policy(&project, &stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?
+            .map(|p| p.digest);
+        let candidate = store
+            .policy_candidate(&project, &stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?;
+        let deleted = store
+            .delete_project_policy(&project, &stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?;
+        let aborted = candidate.is_some()
+            && store
+                .delete_policy_candidate(&project, &stage_key)
+                .await
+                .map_err(|e| store_failed(&e))?;
+        if !deleted && !aborted {
+            return Err(GatewayError::not_found(
+                "no module installed for this stage",
+            ));
+        }
+        let user = console_user(&route);
+        if let Some(stage) = tenant_stage(&stage_key) {
+            state.policies.tenants.apply(&project, stage, None);
+            state
+                .policies
+                .tenants
+                .apply_slot(&project, stage, Slot::Candidate, None);
+        }
+        if let Some(c) = candidate.filter(|_| aborted) {
+            let mut event = history::event(
+                &user,
+                Some(&project),
+                Plane::Data,
+                &stage_key,
+                "abort",
+                Some(c.digest),
+                None,
+                None,
+            );
+            event.mode = c.mode;
+            history::record(store.as_ref(), &event).await;
+        }
+        if deleted {
             let event = history::event(
-                &console_user(&route),
+                &user,
                 Some(&project),
                 Plane::Data,
                 &stage_key,
@@ -309,7 +449,190 @@ pub async fn delete(
                 None,
                 None,
             );
-            history::record(state.auth.store.as_ref(), &event).await;
+            history::record(store.as_ref(), &event).await;
+        }
+        Ok(())
+    }
+    .await;
+    match answer {
+        Err(e) => e.into_response(),
+        Ok(()) => {
+            crate::changes::publish(
+                &state,
+                crate::changes::Change::TenantModules {
+                    project_ref: project.clone(),
+                },
+            )
+            .await;
+            StatusCode::NO_CONTENT.into_response()
+        }
+    }
+}
+
+/// `POST …/policies/{stage}/promote`: the candidate becomes the module in force, with its
+/// configuration.
+pub async fn promote(
+    State(state): State<AppState>,
+    axum::Extension(route): axum::Extension<RouteContext>,
+    path: PolicyPath,
+) -> Response {
+    let (project, stage_key) = match path_params(path) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    promote_inner(&state, &project, &stage_key, &console_user(&route))
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+fn no_candidate() -> GatewayError {
+    GatewayError::conflict(
+        "no_candidate",
+        "no shadow or canary module is installed for this stage",
+    )
+}
+
+async fn promote_inner(
+    state: &AppState,
+    project: &str,
+    stage_key: &str,
+    actor: &str,
+) -> Result<Response, GatewayError> {
+    let stage = tenant_stage(stage_key).ok_or_else(no_candidate)?;
+    ensure_project(state, project).await?;
+    let store = &state.auth.store;
+    let candidate = store
+        .policy_candidate(project, stage_key)
+        .await
+        .map_err(|e| store_failed(&e))?
+        .ok_or_else(no_candidate)?;
+    let bytes = store
+        .module(&candidate.digest)
+        .await
+        .map_err(|e| store_failed(&e))?
+        .ok_or_else(|| GatewayError::not_found("the candidate's module is no longer stored"))?;
+    // Loaded again as a module in force (its compilation is cached): the candidate's own
+    // instance keeps its comparison until it is dropped.
+    let prepared = state
+        .policies
+        .tenants
+        .prepare(project, stage, &bytes, &candidate.config)
+        .await
+        .map_err(|e| {
+            GatewayError::unavailable("policy_check_unavailable", e.to_string())
+                .retry_after(std::time::Duration::from_secs(1))
+        })?;
+    {
+        let _write = state.policies.tenants.write_lock().await;
+        // Another change may have come first.
+        let still = store
+            .policy_candidate(project, stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?;
+        if still.as_ref() != Some(&candidate) {
+            return Err(GatewayError::conflict(
+                "candidate_changed",
+                "the candidate changed meanwhile; read it again",
+            ));
+        }
+        let before = store
+            .project_policy(project, stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?
+            .map(|p| p.digest);
+        store
+            .set_project_policy(&ProjectPolicyRecord {
+                project_ref: project.to_owned(),
+                stage: stage_key.to_owned(),
+                digest: candidate.digest.clone(),
+                config: candidate.config.clone(),
+            })
+            .await
+            .map_err(|e| store_failed(&e))?;
+        store
+            .delete_policy_candidate(project, stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?;
+        let tenants = &state.policies.tenants;
+        tenants.apply(project, stage, Some(prepared.installed));
+        tenants.apply_slot(project, stage, Slot::Candidate, None);
+        let mut event = history::event(
+            actor,
+            Some(project),
+            Plane::Data,
+            stage_key,
+            "promote",
+            before,
+            Some(candidate.digest.clone()),
+            None,
+        );
+        event.config = Some(candidate.config.clone());
+        history::record(store.as_ref(), &event).await;
+    }
+    crate::changes::publish(
+        state,
+        crate::changes::Change::TenantModules {
+            project_ref: project.to_owned(),
+        },
+    )
+    .await;
+    tracing::info!(project, stage = stage_key, digest = %candidate.digest, from = %candidate.mode, "tenant candidate promoted");
+    Ok(Json(serde_json::json!({
+        "project": project,
+        "stage": stage_key,
+        "digest": candidate.digest,
+        "mode": "enforce",
+    }))
+    .into_response())
+}
+
+/// `POST …/policies/{stage}/abort`: drops the candidate; the module in force stays.
+pub async fn abort(
+    State(state): State<AppState>,
+    axum::Extension(route): axum::Extension<RouteContext>,
+    path: PolicyPath,
+) -> Response {
+    let (project, stage_key) = match path_params(path) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let answer = async {
+        ensure_project(&state, &project).await?;
+        let store = &state.auth.store;
+        let _write = state.policies.tenants.write_lock().await;
+        let candidate = store
+            .policy_candidate(&project, &stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?
+            .ok_or_else(no_candidate)?;
+        store
+            .delete_policy_candidate(&project, &stage_key)
+            .await
+            .map_err(|e| store_failed(&e))?;
+        if let Some(stage) = tenant_stage(&stage_key) {
+            state
+                .policies
+                .tenants
+                .apply_slot(&project, stage, Slot::Candidate, None);
+        }
+        let mut event = history::event(
+            &console_user(&route),
+            Some(&project),
+            Plane::Data,
+            &stage_key,
+            "abort",
+            Some(candidate.digest),
+            None,
+            None,
+        );
+        event.mode = candidate.mode;
+        history::record(store.as_ref(), &event).await;
+        Ok::<_, GatewayError>(())
+    }
+    .await;
+    match answer {
+        Err(e) => e.into_response(),
+        Ok(()) => {
             crate::changes::publish(
                 &state,
                 crate::changes::Change::TenantModules {
@@ -411,10 +734,14 @@ pub async fn rollback(
         };
         ensure_project(&state, &project).await?;
         let store = &state.auth.store;
-        let events = store
+        // Only the modules that were in force: a shadow or canary never was.
+        let events: Vec<PolicyEventRecord> = store
             .policy_events(Some(&project), Some(&stage_key), 1000)
             .await
-            .map_err(|e| store_failed(&e))?;
+            .map_err(|e| store_failed(&e))?
+            .into_iter()
+            .filter(|e| e.mode == "enforce")
+            .collect();
         let current = store
             .project_policy(&project, &stage_key)
             .await

@@ -408,6 +408,8 @@ pub(crate) struct StageModule<W: StageWorld> {
     log_rate: LogRate,
     call_metrics: std::sync::OnceLock<(prometheus::IntCounter, prometheus::Histogram)>,
     health: Mutex<Health>,
+    /// Whether the failure share of the current window is over the rollback threshold.
+    failing: AtomicBool,
     stats: super::stats::CallStats,
 }
 
@@ -484,6 +486,7 @@ impl<W: StageWorld> StageModule<W> {
                 calls: 0,
                 failures: 0,
             }),
+            failing: AtomicBool::new(false),
             stats: super::stats::CallStats::default(),
         };
         if module.runtime.settings.instance_reuse == InstanceReuse::Pooled {
@@ -577,6 +580,13 @@ impl<W: StageWorld> StageModule<W> {
                 failures: 0,
             };
         }
+        self.failing.store(false, Ordering::Release);
+    }
+
+    /// Whether the module's failure share in the current window is over
+    /// `plugins.rollback_failure_ratio` (with at least `plugins.rollback_min_calls` calls).
+    pub(crate) fn failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
     }
 
     /// Counts a call outcome; a failure share over the threshold asks for a rollback.
@@ -594,13 +604,12 @@ impl<W: StageWorld> StageModule<W> {
         }
         health.calls += 1;
         health.failures += u64::from(failed);
+        let over = health.calls >= settings.rollback_min_calls
+            && health.failures as f64 / health.calls as f64 > settings.rollback_failure_ratio;
+        self.failing.store(over, Ordering::Release);
         // A project's own module never rolls back the operator's modules: its failures fail
         // that project's requests only.
-        if failed
-            && !self.name.starts_with(super::tenants::TENANT_MODULE_PREFIX)
-            && health.calls >= settings.rollback_min_calls
-            && health.failures as f64 / health.calls as f64 > settings.rollback_failure_ratio
-        {
+        if failed && over && !self.name.starts_with(super::tenants::TENANT_MODULE_PREFIX) {
             self.runtime
                 .rollback_requested
                 .store(true, Ordering::Release);

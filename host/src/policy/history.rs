@@ -15,6 +15,17 @@ use crate::plane::Plane;
 /// The actor of changes made by the operator (configuration file, reload, automatic rollback).
 pub const OPERATOR: &str = "operator";
 
+/// What the registry hands to its writer task, off the request path.
+#[derive(Debug, Clone)]
+pub enum Queued {
+    /// An operator change to record.
+    Operator(PolicyEventRecord),
+    /// A project's canary dropped for its failures (already out of force on this instance): it
+    /// is removed from the store when the store still holds it, recorded, and announced to the
+    /// other instances. `digest_before` is the canary's digest.
+    CanaryDropped(PolicyEventRecord),
+}
+
 /// An event at now, in `enforce` mode.
 #[expect(
     clippy::too_many_arguments,

@@ -31,6 +31,8 @@ pub struct Busy;
 pub struct TenantPool {
     jobs: SyncSender<Job>,
     slots: Arc<Semaphore>,
+    /// Places for shadow runs: half the threads, so that shadows never take them all.
+    shadows: Arc<Semaphore>,
     per_project: usize,
     queue_timeout: Duration,
 }
@@ -53,6 +55,7 @@ impl TenantPool {
         Self {
             jobs,
             slots: Arc::new(Semaphore::new(threads)),
+            shadows: Arc::new(Semaphore::new((threads / 2).max(1))),
             per_project: per_project.max(1),
             queue_timeout,
         }
@@ -94,6 +97,21 @@ impl TenantPool {
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => return Err(Busy),
         }
         rx.await.map_err(|_| Busy)
+    }
+}
+
+impl TenantPool {
+    /// Runs `call` on the pool when a shadow place and a thread are free at once, without
+    /// waiting for either ([`Busy`] otherwise): a shadow run must never hold up a request. The
+    /// caller does not wait for it.
+    pub fn try_spawn(&self, call: impl FnOnce() + Send + 'static) -> Result<(), Busy> {
+        let shadow = self.shadows.clone().try_acquire_owned().map_err(|_| Busy)?;
+        let slot = self.slots.clone().try_acquire_owned().map_err(|_| Busy)?;
+        let job: Job = Box::new(move || {
+            call();
+            drop((shadow, slot));
+        });
+        self.jobs.try_send(job).map_err(|_| Busy)
     }
 }
 
@@ -142,6 +160,34 @@ mod tests {
         release_tx.send(()).expect("release");
         held.await.expect("task").expect("ran");
         assert_eq!(pool.run(&spinning, || 3).await, Ok(3), "place given back");
+    }
+
+    #[tokio::test]
+    async fn a_shadow_run_never_waits_and_leaves_threads_to_the_calls() {
+        let pool = Arc::new(TenantPool::new(2, 2, Duration::from_millis(100)));
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let (ran_tx, ran_rx) = std::sync::mpsc::channel::<()>();
+        pool.try_spawn(move || {
+            let _ = ran_tx.send(());
+            let _ = release_rx.recv();
+        })
+        .expect("a free place");
+        ran_rx.recv().expect("the shadow ran");
+        // Half the threads are for shadows: the next shadow is skipped at once...
+        let started = std::time::Instant::now();
+        assert_eq!(pool.try_spawn(|| {}), Err(Busy));
+        assert!(started.elapsed() < Duration::from_millis(50));
+        // ... while a call still finds a thread.
+        let gate = pool.project_gate();
+        assert_eq!(pool.run(&gate, || 7).await, Ok(7));
+        release_tx.send(()).expect("release");
+        for _ in 0..100 {
+            if pool.try_spawn(|| {}).is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the shadow place was not given back");
     }
 
     #[tokio::test]

@@ -18,6 +18,7 @@ mod limits;
 pub mod native;
 pub mod plugin_log;
 pub mod registry;
+pub mod rollout;
 pub mod sandbox;
 pub mod stages;
 pub mod stats;

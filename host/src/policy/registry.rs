@@ -6,13 +6,16 @@
 //! that fails: a swapped-in operator module failing too often is replaced by the previous set
 //! (automatic rollback); a project's module never rolls back the operator's.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 
+use super::history::Queued;
+use super::rollout::{Trial, on_canary};
 use super::stages::{CorsDecision, CorsInput, QuotaDecision};
-use super::tenants::{TenantCallError, TenantPolicies};
-use super::{PluginError, Policies, PolicyEngine};
+use super::tenants::{Installed, TenantCallError, TenantPolicies};
+use super::{PluginError, Policies, PolicyEngine, Stage};
 use crate::actor::Actor;
 use crate::control::PolicyEventRecord;
 use crate::error::GatewayError;
@@ -30,8 +33,8 @@ pub struct PolicyRegistry {
     /// Modules installed by projects.
     pub tenants: TenantPolicies,
     metrics: Metrics,
-    /// Where operator changes go to be recorded ([`super::history`]).
-    history: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<PolicyEventRecord>>,
+    /// Where operator changes and dropped canaries go to be recorded ([`super::history`]).
+    history: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Queued>>,
 }
 
 impl PolicyRegistry {
@@ -53,7 +56,7 @@ impl PolicyRegistry {
     }
 
     /// Where operator changes are sent to be recorded from now on.
-    pub fn set_history(&self, sender: tokio::sync::mpsc::UnboundedSender<PolicyEventRecord>) {
+    pub fn set_history(&self, sender: tokio::sync::mpsc::UnboundedSender<Queued>) {
         let _ = self.history.set(sender);
     }
 
@@ -61,8 +64,44 @@ impl PolicyRegistry {
     fn record(&self, events: Vec<PolicyEventRecord>) {
         if let Some(sender) = self.history.get() {
             for event in events {
-                let _ = sender.send(event);
+                let _ = sender.send(Queued::Operator(event));
             }
+        }
+    }
+
+    /// A project's canary failed a call: when it now fails too often on its share, it is taken
+    /// out of force here at once and queued to be removed from the store and recorded.
+    fn canary_failed(&self, project: &str, stage: Stage, canary: &Installed, error: &PluginError) {
+        if !canary.failing_too_often()
+            || !self.tenants.drop_candidate(project, stage, &canary.digest)
+        {
+            return;
+        }
+        let reason = format!("the canary fails too often on its share: {error}");
+        tracing::error!(
+            project,
+            stage = %stage,
+            digest = %canary.digest,
+            %reason,
+            "a project's canary module was dropped; the module in force decides for everyone"
+        );
+        self.metrics
+            .policy_reloads
+            .with_label_values(&["canary_dropped"])
+            .inc();
+        let mut event = super::history::event(
+            super::history::OPERATOR,
+            Some(project),
+            Plane::Data,
+            stage.key(),
+            "automatic_rollback",
+            Some(canary.digest.clone()),
+            None,
+            Some(reason),
+        );
+        event.mode = "canary".to_owned();
+        if let Some(sender) = self.history.get() {
+            let _ = sender.send(Queued::CanaryDropped(event));
         }
     }
 
@@ -102,6 +141,22 @@ impl PolicyRegistry {
         }
     }
 
+    /// Puts the previous modules back in force at the operator's request (the admin route),
+    /// recorded as a `rollback`. False when there is nothing to roll back to.
+    pub fn roll_back_by_operator(&self) -> bool {
+        let before = self.current.load_full();
+        if !self.roll_back() {
+            return false;
+        }
+        let after = self.current.load_full();
+        after.reset_health();
+        self.record(super::history::operator_changes(
+            &before, &after, "rollback", None,
+        ));
+        tracing::warn!("the operator rolled the policy modules back to the previous set");
+        true
+    }
+
     /// The fail-closed answer to a failed call of an operator module (counted and logged by the
     /// runtime). A swapped-in module failing too often is replaced by the previous set here.
     pub fn plugin_failed(&self, error: &PluginError) -> GatewayError {
@@ -138,7 +193,54 @@ impl PolicyRegistry {
 
     /// The CORS decision for a request of `project` (when known): the project's own module on
     /// the data plane when it installed one (run on the tenant pool), the plane's otherwise.
+    ///
+    /// When the project tries a candidate: a canary decides instead for the clients (by
+    /// address: a browser's preflight and its request are on the same side) on its share; a
+    /// shadow runs after the decision, off the request's path, and is compared with it.
     pub async fn cors(
+        &self,
+        pinned: &Policies,
+        request_id: Option<&str>,
+        plane: Plane,
+        project: Option<&str>,
+        client: Option<IpAddr>,
+        input: CorsInput<'_>,
+    ) -> Result<CorsDecision, GatewayError> {
+        if let (Plane::Data, Some(project)) = (plane, project)
+            && let Some((candidate, gate)) = self.tenants.candidate(project, Stage::Cors)
+        {
+            match candidate.trial {
+                Some(Trial::Canary { percent })
+                    if on_canary(project, Stage::Cors, &client_subject(client), percent) =>
+                {
+                    let result = self
+                        .tenants
+                        .run_cors(candidate.clone(), &gate, request_id, plane, input)
+                        .await;
+                    if let Err(TenantCallError::Plugin(e)) = &result {
+                        self.canary_failed(project, Stage::Cors, &candidate, e);
+                    }
+                    return result.map_err(|e| self.tenant_call_failed(&e));
+                }
+                Some(Trial::Shadow) => {
+                    let decision = self
+                        .enforced_cors(pinned, request_id, plane, Some(project), input)
+                        .await;
+                    if let Ok(enforced) = &decision {
+                        self.tenants
+                            .shadow_cors(candidate, request_id, plane, input, enforced);
+                    }
+                    return decision;
+                }
+                _ => {}
+            }
+        }
+        self.enforced_cors(pinned, request_id, plane, project, input)
+            .await
+    }
+
+    /// The CORS decision of the module in force for the request.
+    async fn enforced_cors(
         &self,
         pinned: &Policies,
         request_id: Option<&str>,
@@ -162,7 +264,71 @@ impl PolicyRegistry {
     }
 
     /// The quota rule of a request, and whose module answered it.
+    ///
+    /// When the project tries a candidate: a canary decides instead for the actors (user, else
+    /// API key) on its share; a shadow runs after the decision, off the request's path, and is
+    /// compared with it.
     pub async fn quota(
+        &self,
+        pinned: &Policies,
+        request_id: Option<&str>,
+        actor: &Actor,
+        method: &str,
+        path: &str,
+        route_group: &'static str,
+    ) -> Result<(QuotaDecision, RuleSource), GatewayError> {
+        if let (Plane::Data, Some(project)) = (actor.plane, actor.project.as_deref())
+            && let Some((candidate, gate)) = self.tenants.candidate(project, Stage::Quota)
+        {
+            match candidate.trial {
+                Some(Trial::Canary { percent })
+                    if on_canary(project, Stage::Quota, &actor_subject(actor), percent) =>
+                {
+                    let result = self
+                        .tenants
+                        .run_quota(
+                            candidate.clone(),
+                            &gate,
+                            request_id,
+                            method,
+                            path,
+                            route_group,
+                            actor,
+                        )
+                        .await;
+                    if let Err(TenantCallError::Plugin(e)) = &result {
+                        self.canary_failed(project, Stage::Quota, &candidate, e);
+                    }
+                    return result
+                        .map(|d| (d, RuleSource::Tenant))
+                        .map_err(|e| self.tenant_call_failed(&e));
+                }
+                Some(Trial::Shadow) => {
+                    let decision = self
+                        .enforced_quota(pinned, request_id, actor, method, path, route_group)
+                        .await;
+                    if let Ok((enforced, _)) = &decision {
+                        self.tenants.shadow_quota(
+                            candidate,
+                            request_id,
+                            method,
+                            path,
+                            route_group,
+                            actor,
+                            enforced,
+                        );
+                    }
+                    return decision;
+                }
+                _ => {}
+            }
+        }
+        self.enforced_quota(pinned, request_id, actor, method, path, route_group)
+            .await
+    }
+
+    /// The quota rule of the module in force for the request.
+    async fn enforced_quota(
         &self,
         pinned: &Policies,
         request_id: Option<&str>,
@@ -188,4 +354,19 @@ impl PolicyRegistry {
             .map(|d| (d, RuleSource::Operator))
             .map_err(|e| self.plugin_failed(&e))
     }
+}
+
+/// The canary subject of a CORS decision: the client's address (the actor is not known yet on a
+/// preflight).
+fn client_subject(client: Option<IpAddr>) -> String {
+    client.map_or_else(|| "-".to_owned(), |ip| ip.to_string())
+}
+
+/// The canary subject of a quota decision: the user, else the API key, else the address.
+fn actor_subject(actor: &Actor) -> String {
+    actor
+        .user_id
+        .clone()
+        .or_else(|| actor.key_id.clone())
+        .unwrap_or_else(|| client_subject(actor.client_ip))
 }

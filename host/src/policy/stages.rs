@@ -140,6 +140,12 @@ macro_rules! wrapper {
                 self.module.reset_health()
             }
 
+            /// Whether the module fails too often in the current window (the automatic
+            /// rollback's thresholds, `plugins.rollback_*`).
+            pub fn failing_too_often(&self) -> bool {
+                self.module.failing()
+            }
+
             /// The largest linear memory an instance of the module has had, in bytes.
             pub fn peak_memory(&self) -> usize {
                 self.module.peak_memory()

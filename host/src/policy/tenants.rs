@@ -27,11 +27,14 @@ use wasmtime::component::Component;
 use super::compile::{CompileError, CompileReport, Compiler};
 use super::conformance::{self, StageReport};
 use super::isolation::{Busy, TenantPool};
+use super::rollout::{
+    Compared, Comparison, ShadowMetrics, ShadowSeries, Trial, describe_cors, describe_quota,
+};
 use super::stages::{CorsDecision, CorsInput, CorsQuery, QuotaDecision};
-use super::{CorsStage, PluginError, PolicyEngine, QuotaStage, Stage};
+use super::{CorsStage, FailureKind, PluginError, PolicyEngine, QuotaStage, Stage};
 use crate::actor::Actor;
 use crate::config::PluginRuntimeConfig;
-use crate::control::{ControlStore, ProjectPolicyRecord};
+use crate::control::ControlStore;
 use crate::metrics::Metrics;
 use crate::plane::Plane;
 
@@ -51,12 +54,48 @@ pub enum TenantModule {
     Quota(QuotaStage),
 }
 
-/// A tenant module in force, with what it was loaded from.
+/// A tenant module in force or on trial, with what it was loaded from.
 #[derive(Debug)]
 pub struct Installed {
     pub digest: String,
     pub config: String,
     pub module: TenantModule,
+    /// `None`: the module in force; a shadow or a canary otherwise.
+    pub trial: Option<Trial>,
+    /// A shadow's comparison with the enforced decisions.
+    pub comparison: Option<Comparison>,
+}
+
+impl Installed {
+    /// This module as a candidate tried as `trial`, its disagreements counted in `series`.
+    pub fn on_trial(mut self, trial: Trial, series: Option<ShadowSeries>) -> Self {
+        self.comparison = (trial == Trial::Shadow).then(|| Comparison::new(series));
+        self.trial = Some(trial);
+        self
+    }
+
+    /// Calls, failures and call times since the module was loaded.
+    pub fn report(&self) -> super::stats::ModuleReport {
+        match &self.module {
+            TenantModule::Cors(m) => m.report(),
+            TenantModule::Quota(m) => m.report(),
+        }
+    }
+
+    /// Whether the module fails too often in the current window.
+    pub fn failing_too_often(&self) -> bool {
+        match &self.module {
+            TenantModule::Cors(m) => m.failing_too_often(),
+            TenantModule::Quota(m) => m.failing_too_often(),
+        }
+    }
+}
+
+/// Which module of a project's stage: the one in force, or the candidate on trial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Slot {
+    Enforced,
+    Candidate,
 }
 
 /// SHA-256 of a module, hex.
@@ -117,14 +156,17 @@ pub fn prepare_compiled(
         config.to_owned(),
     );
     let (module, report) = match stage {
+        // The failure window starts after the checks: a canary is judged on live calls only.
         Stage::Cors => {
             let m = CorsStage::load(runtime, Plane::Data, loaded).map_err(|e| e.to_string())?;
             let r = conformance::check_cors_stage(Plane::Data, &m).map_err(|e| e.to_string())?;
+            m.reset_health();
             (TenantModule::Cors(m), r)
         }
         Stage::Quota => {
             let m = QuotaStage::load(runtime, Plane::Data, loaded).map_err(|e| e.to_string())?;
             let r = conformance::check_quota_stage(Plane::Data, &m).map_err(|e| e.to_string())?;
+            m.reset_health();
             (TenantModule::Quota(m), r)
         }
         other => {
@@ -138,6 +180,8 @@ pub fn prepare_compiled(
             digest,
             config: config.to_owned(),
             module,
+            trial: None,
+            comparison: None,
         },
         report,
     ))
@@ -159,20 +203,42 @@ pub enum TenantCallError {
 struct ProjectModules {
     cors: Option<Arc<Installed>>,
     quota: Option<Arc<Installed>>,
+    cors_candidate: Option<Arc<Installed>>,
+    quota_candidate: Option<Arc<Installed>>,
     gate: Arc<Semaphore>,
 }
 
 impl ProjectModules {
-    fn get(&self, stage: Stage) -> Option<&Arc<Installed>> {
-        match stage {
-            Stage::Cors => self.cors.as_ref(),
-            Stage::Quota => self.quota.as_ref(),
+    fn get(&self, stage: Stage, slot: Slot) -> Option<&Arc<Installed>> {
+        match (stage, slot) {
+            (Stage::Cors, Slot::Enforced) => self.cors.as_ref(),
+            (Stage::Quota, Slot::Enforced) => self.quota.as_ref(),
+            (Stage::Cors, Slot::Candidate) => self.cors_candidate.as_ref(),
+            (Stage::Quota, Slot::Candidate) => self.quota_candidate.as_ref(),
             _ => None,
         }
     }
+
+    fn set(&mut self, stage: Stage, slot: Slot, installed: Arc<Installed>) {
+        let place = match (stage, slot) {
+            (Stage::Cors, Slot::Enforced) => &mut self.cors,
+            (Stage::Quota, Slot::Enforced) => &mut self.quota,
+            (Stage::Cors, Slot::Candidate) => &mut self.cors_candidate,
+            (Stage::Quota, Slot::Candidate) => &mut self.quota_candidate,
+            _ => return,
+        };
+        *place = Some(installed);
+    }
 }
 
-type Key = (String, Stage);
+const SLOTS: [(Stage, Slot); 4] = [
+    (Stage::Cors, Slot::Enforced),
+    (Stage::Quota, Slot::Enforced),
+    (Stage::Cors, Slot::Candidate),
+    (Stage::Quota, Slot::Candidate),
+];
+
+type Key = (String, Stage, Slot);
 
 /// Changes made on this instance, in order.
 #[derive(Debug, Default)]
@@ -201,6 +267,8 @@ pub struct TenantPolicies {
     /// Load refusals by digest, stage and configuration.
     refused: moka::sync::Cache<String, String>,
     metrics: Metrics,
+    /// The shadows' metric series.
+    pub shadow_metrics: Arc<ShadowMetrics>,
 }
 
 fn refusal_key(digest: &str, stage: Stage, config: &str) -> String {
@@ -232,30 +300,53 @@ impl TenantPolicies {
                 .max_capacity(10_000)
                 .time_to_live(Duration::from_secs(settings.tenant_refused_retry_secs))
                 .build(),
+            shadow_metrics: ShadowMetrics::new(metrics.clone()),
             metrics,
         }
     }
 
-    fn lookup(&self, project: &str, stage: Stage) -> Option<(Arc<Installed>, Arc<Semaphore>)> {
+    fn lookup(
+        &self,
+        project: &str,
+        stage: Stage,
+        slot: Slot,
+    ) -> Option<(Arc<Installed>, Arc<Semaphore>)> {
         let map = self.map.load();
         if map.is_empty() {
             return None;
         }
         let modules = map.get(project)?;
-        Some((modules.get(stage)?.clone(), modules.gate.clone()))
+        Some((modules.get(stage, slot)?.clone(), modules.gate.clone()))
     }
 
     /// The project's module for `stage`, if it installed one.
     pub fn installed(&self, project: &str, stage: Stage) -> Option<Arc<Installed>> {
-        self.lookup(project, stage).map(|(installed, _)| installed)
+        self.lookup(project, stage, Slot::Enforced)
+            .map(|(installed, _)| installed)
     }
 
-    /// Digests of every module in force.
+    /// The project's candidate for `stage` (shadow or canary), with the project's gate.
+    pub fn candidate(
+        &self,
+        project: &str,
+        stage: Stage,
+    ) -> Option<(Arc<Installed>, Arc<Semaphore>)> {
+        self.lookup(project, stage, Slot::Candidate)
+    }
+
+    /// Digests of every module loaded, in force or on trial.
     pub fn digests(&self) -> HashSet<String> {
         self.map
             .load()
             .values()
-            .flat_map(|m| [m.cors.as_ref(), m.quota.as_ref()])
+            .flat_map(|m| {
+                [
+                    m.cors.as_ref(),
+                    m.quota.as_ref(),
+                    m.cors_candidate.as_ref(),
+                    m.quota_candidate.as_ref(),
+                ]
+            })
             .flatten()
             .map(|i| i.digest.clone())
             .collect()
@@ -277,23 +368,73 @@ impl TenantPolicies {
         plane: Plane,
         input: CorsInput<'_>,
     ) -> Option<Result<CorsDecision, TenantCallError>> {
-        let (installed, gate) = self.lookup(project, Stage::Cors)?;
+        let (installed, gate) = self.lookup(project, Stage::Cors, Slot::Enforced)?;
+        Some(
+            self.run_cors(installed, &gate, request_id, plane, input)
+                .await,
+        )
+    }
+
+    /// Runs `installed` (a cors module) for one request on the tenant pool under `gate`.
+    pub async fn run_cors(
+        &self,
+        installed: Arc<Installed>,
+        gate: &Arc<Semaphore>,
+        request_id: Option<&str>,
+        plane: Plane,
+        input: CorsInput<'_>,
+    ) -> Result<CorsDecision, TenantCallError> {
         // Owned only for a project that has a module: the call runs on another thread.
         let query = CorsQuery::from(input);
         let request_id = request_id.map(str::to_owned);
         let result = self
             .pool
-            .run(&gate, move || match &installed.module {
+            .run(gate, move || match &installed.module {
                 TenantModule::Cors(stage) => {
                     stage.decide(request_id.as_deref(), plane, query.input())
                 }
                 TenantModule::Quota(_) => unreachable!("a cors slot holds a cors module"),
             })
             .await;
-        Some(match result {
+        match result {
             Ok(decision) => decision.map_err(TenantCallError::Plugin),
             Err(busy) => Err(self.shed(Stage::Cors, busy)),
-        })
+        }
+    }
+
+    /// Runs a shadow cors module for one request off the request's path and compares its
+    /// decision with `enforced`; skipped (and counted) when no place is free at once.
+    pub fn shadow_cors(
+        &self,
+        shadow: Arc<Installed>,
+        request_id: Option<&str>,
+        plane: Plane,
+        input: CorsInput<'_>,
+        enforced: &CorsDecision,
+    ) {
+        let Some(comparison) = &shadow.comparison else {
+            return;
+        };
+        let compared = Compared::new(request_id, input.method, input.path);
+        let enforced = describe_cors(enforced);
+        let query = CorsQuery::from(input);
+        let request_id = compared.request_id.clone();
+        let runner = shadow.clone();
+        let spawned = self.pool.try_spawn(move || {
+            let TenantModule::Cors(stage) = &runner.module else {
+                return;
+            };
+            let decision = stage
+                .decide(Some(&request_id), plane, query.input())
+                .map(|d| describe_cors(&d))
+                .map_err(|e| e.kind().map_or("error", FailureKind::as_str).to_owned());
+            if let Some(comparison) = &runner.comparison {
+                comparison.record(compared, enforced, decision);
+            }
+        });
+        if spawned.is_err() {
+            comparison.skipped();
+        }
     }
 
     /// The project's quota rule, when it installed a quota module (run on the tenant pool).
@@ -306,22 +447,92 @@ impl TenantPolicies {
         route_group: &'static str,
         actor: &Actor,
     ) -> Option<Result<QuotaDecision, TenantCallError>> {
-        let (installed, gate) = self.lookup(project, Stage::Quota)?;
+        let (installed, gate) = self.lookup(project, Stage::Quota, Slot::Enforced)?;
+        Some(
+            self.run_quota(
+                installed,
+                &gate,
+                request_id,
+                method,
+                path,
+                route_group,
+                actor,
+            )
+            .await,
+        )
+    }
+
+    /// Runs `installed` (a quota module) for one request on the tenant pool under `gate`.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the stage's inputs, each distinct"
+    )]
+    pub async fn run_quota(
+        &self,
+        installed: Arc<Installed>,
+        gate: &Arc<Semaphore>,
+        request_id: Option<&str>,
+        method: &str,
+        path: &str,
+        route_group: &'static str,
+        actor: &Actor,
+    ) -> Result<QuotaDecision, TenantCallError> {
         let (method, path, actor) = (method.to_owned(), path.to_owned(), actor.clone());
         let request_id = request_id.map(str::to_owned);
         let result = self
             .pool
-            .run(&gate, move || match &installed.module {
+            .run(gate, move || match &installed.module {
                 TenantModule::Quota(stage) => {
                     stage.decide(request_id.as_deref(), &method, &path, route_group, &actor)
                 }
                 TenantModule::Cors(_) => unreachable!("a quota slot holds a quota module"),
             })
             .await;
-        Some(match result {
+        match result {
             Ok(decision) => decision.map_err(TenantCallError::Plugin),
             Err(busy) => Err(self.shed(Stage::Quota, busy)),
-        })
+        }
+    }
+
+    /// Runs a shadow quota module for one request off the request's path and compares its
+    /// decision with `enforced`; skipped (and counted) when no place is free at once.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the stage's inputs, each distinct"
+    )]
+    pub fn shadow_quota(
+        &self,
+        shadow: Arc<Installed>,
+        request_id: Option<&str>,
+        method: &str,
+        path: &str,
+        route_group: &'static str,
+        actor: &Actor,
+        enforced: &QuotaDecision,
+    ) {
+        let Some(comparison) = &shadow.comparison else {
+            return;
+        };
+        let compared = Compared::new(request_id, method, path);
+        let enforced = describe_quota(enforced);
+        let (method, path, actor) = (method.to_owned(), path.to_owned(), actor.clone());
+        let request_id = compared.request_id.clone();
+        let runner = shadow.clone();
+        let spawned = self.pool.try_spawn(move || {
+            let TenantModule::Quota(stage) = &runner.module else {
+                return;
+            };
+            let decision = stage
+                .decide(Some(&request_id), &method, &path, route_group, &actor)
+                .map(|d| describe_quota(&d))
+                .map_err(|e| e.kind().map_or("error", FailureKind::as_str).to_owned());
+            if let Some(comparison) = &runner.comparison {
+                comparison.record(compared, enforced, decision);
+            }
+        });
+        if spawned.is_err() {
+            comparison.skipped();
+        }
     }
 
     /// A place for one upload, or `None` when `plugins.tenant_max_concurrent_uploads` are in
@@ -371,24 +582,15 @@ impl TenantPolicies {
     /// Every project's modules in force: (project, stage, report), sorted.
     /// What `project`'s module for `stage` did on this instance, if one is loaded.
     pub fn report(&self, project: &str, stage: Stage) -> Option<super::stats::ModuleReport> {
-        let map = self.map.load();
-        let installed = map.get(project)?.get(stage)?;
-        Some(match &installed.module {
-            TenantModule::Cors(m) => m.report(),
-            TenantModule::Quota(m) => m.report(),
-        })
+        Some(self.installed(project, stage)?.report())
     }
 
     pub fn reports(&self) -> Vec<(String, Stage, super::stats::ModuleReport)> {
         let mut out = Vec::new();
         for (project, modules) in self.map.load().iter() {
             for stage in [Stage::Cors, Stage::Quota] {
-                if let Some(installed) = modules.get(stage) {
-                    let report = match &installed.module {
-                        TenantModule::Cors(m) => m.report(),
-                        TenantModule::Quota(m) => m.report(),
-                    };
-                    out.push((project.clone(), stage, report));
+                if let Some(installed) = modules.get(stage, Slot::Enforced) {
+                    out.push((project.clone(), stage, installed.report()));
                 }
             }
         }
@@ -397,18 +599,53 @@ impl TenantPolicies {
     }
 
     pub fn apply(&self, project: &str, stage: Stage, installed: Option<Installed>) {
+        self.apply_slot(project, stage, Slot::Enforced, installed);
+    }
+
+    /// Puts a module in `slot` for a project (`None` empties it), as a change of this instance.
+    pub fn apply_slot(
+        &self,
+        project: &str,
+        stage: Stage,
+        slot: Slot,
+        installed: Option<Installed>,
+    ) {
+        self.apply_if(project, stage, slot, installed, |_| true);
+    }
+
+    /// Empties the candidate slot when it still holds `digest` (a canary dropped for its
+    /// failures); false when another change came first.
+    pub fn drop_candidate(&self, project: &str, stage: Stage, digest: &str) -> bool {
+        self.apply_if(project, stage, Slot::Candidate, None, |current| {
+            current.is_some_and(|c| c.digest == digest)
+        })
+    }
+
+    fn apply_if(
+        &self,
+        project: &str,
+        stage: Stage,
+        slot: Slot,
+        installed: Option<Installed>,
+        only_if: impl FnOnce(Option<&Arc<Installed>>) -> bool,
+    ) -> bool {
         let installed = installed.map(Arc::new);
         let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-        changes.seq += 1;
-        let seq = changes.seq;
-        changes.touched.insert((project.to_owned(), stage), seq);
         let current = self.map.load_full();
         let mut flat = flatten(&current);
+        let key = (project.to_owned(), stage, slot);
+        if !only_if(flat.get(&key)) {
+            return false;
+        }
+        changes.seq += 1;
+        let seq = changes.seq;
+        changes.touched.insert(key.clone(), seq);
         match installed {
-            Some(i) => flat.insert((project.to_owned(), stage), i),
-            None => flat.remove(&(project.to_owned(), stage)),
+            Some(i) => flat.insert(key, i),
+            None => flat.remove(&key),
         };
         self.map.store(Arc::new(self.group(&current, flat)));
+        true
     }
 
     /// Groups modules by project, keeping each project's gate.
@@ -418,22 +655,20 @@ impl TenantPolicies {
         flat: HashMap<Key, Arc<Installed>>,
     ) -> HashMap<String, Arc<ProjectModules>> {
         let mut grouped: HashMap<String, ProjectModules> = HashMap::new();
-        for ((project, stage), installed) in flat {
+        for ((project, stage, slot), installed) in flat {
             let entry = grouped
                 .entry(project.clone())
                 .or_insert_with(|| ProjectModules {
                     cors: None,
                     quota: None,
+                    cors_candidate: None,
+                    quota_candidate: None,
                     gate: current
                         .get(&project)
                         .map(|m| m.gate.clone())
                         .unwrap_or_else(|| self.pool.project_gate()),
                 });
-            match stage {
-                Stage::Cors => entry.cors = Some(installed),
-                Stage::Quota => entry.quota = Some(installed),
-                _ => {}
-            }
+            entry.set(stage, slot, installed);
         }
         grouped
             .into_iter()
@@ -455,23 +690,51 @@ impl TenantPolicies {
                 return false;
             }
         };
+        let candidates = match store.policy_candidates().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "tenant policies: store unavailable; keeping the modules in force");
+                return false;
+            }
+        };
+        let wanted = records
+            .into_iter()
+            .map(|p| {
+                (
+                    p.project_ref,
+                    p.stage,
+                    Slot::Enforced,
+                    p.digest,
+                    p.config,
+                    None,
+                )
+            })
+            .chain(candidates.into_iter().filter_map(|c| {
+                // A record another version wrote with a trial this one does not know is skipped.
+                let trial = Trial::parse(&c.mode, Some(c.percent).filter(|p| *p > 0))
+                    .ok()
+                    .flatten()?;
+                Some((
+                    c.project_ref,
+                    c.stage,
+                    Slot::Candidate,
+                    c.digest,
+                    c.config,
+                    Some(trial),
+                ))
+            }));
         let current = self.map.load_full();
         let current_flat = flatten(&current);
         let mut loaded: HashMap<Key, Arc<Installed>> = HashMap::new();
-        for ProjectPolicyRecord {
-            project_ref,
-            stage,
-            digest,
-            config,
-        } in records
-        {
+        for (project_ref, stage, slot, digest, config, trial) in wanted {
             let Some(stage) = tenant_stage(&stage) else {
                 continue;
             };
-            let key = (project_ref.clone(), stage);
+            let key = (project_ref.clone(), stage, slot);
             if let Some(existing) = current_flat.get(&key)
                 && existing.digest == digest
                 && existing.config == config
+                && existing.trial == trial
             {
                 loaded.insert(key, existing.clone());
                 continue;
@@ -489,7 +752,14 @@ impl TenantPolicies {
             };
             match self.prepare(&project_ref, stage, &bytes, &config).await {
                 Ok(prepared) => {
-                    loaded.insert(key, Arc::new(prepared.installed));
+                    let installed = match trial {
+                        None => prepared.installed,
+                        Some(trial) => prepared.installed.on_trial(
+                            trial,
+                            Some(self.shadow_metrics.series(Plane::Data, stage, &project_ref)),
+                        ),
+                    };
+                    loaded.insert(key, Arc::new(installed));
                 }
                 Err(PrepareError::Unavailable(reason)) => {
                     tracing::warn!(project = %project_ref, stage = %stage, %reason, "tenant module not checked now; kept as it was");
@@ -530,9 +800,9 @@ impl TenantPolicies {
 fn flatten(map: &HashMap<String, Arc<ProjectModules>>) -> HashMap<Key, Arc<Installed>> {
     let mut flat = HashMap::new();
     for (project, modules) in map {
-        for stage in [Stage::Cors, Stage::Quota] {
-            if let Some(installed) = modules.get(stage) {
-                flat.insert((project.clone(), stage), installed.clone());
+        for (stage, slot) in SLOTS {
+            if let Some(installed) = modules.get(stage, slot) {
+                flat.insert((project.clone(), stage, slot), installed.clone());
             }
         }
     }

@@ -358,6 +358,27 @@ impl ControlStore for CountingStore {
         }
         records
     }
+    async fn set_policy_candidate(
+        &self,
+        c: &aura_gateway::control::PolicyCandidateRecord,
+    ) -> Result<(), StoreError> {
+        self.inner.set_policy_candidate(c).await
+    }
+    async fn policy_candidate(
+        &self,
+        r: &str,
+        s: &str,
+    ) -> Result<Option<aura_gateway::control::PolicyCandidateRecord>, StoreError> {
+        self.inner.policy_candidate(r, s).await
+    }
+    async fn delete_policy_candidate(&self, r: &str, s: &str) -> Result<bool, StoreError> {
+        self.inner.delete_policy_candidate(r, s).await
+    }
+    async fn policy_candidates(
+        &self,
+    ) -> Result<Vec<aura_gateway::control::PolicyCandidateRecord>, StoreError> {
+        self.inner.policy_candidates().await
+    }
     async fn touch_modules(&self, digests: &[String]) -> Result<(), StoreError> {
         self.inner.touch_modules(digests).await
     }

@@ -1,0 +1,573 @@
+//! Trying a project's module on live traffic through the gateway binary, with both control
+//! stores: a shadow that disagrees never changes a response and its disagreements are counted and
+//! sampled; a canary decides for its share of actors, always the same ones; a canary failing on
+//! its share is dropped by itself with the reason in the history; promote and abort.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::support::fixture::{CONSOLE_SECRET, Fixture, USER_SECRET, console_token, user_token};
+use crate::support::gateway::{METRICS_TOKEN, Process, metric};
+use crate::support::nats_server::shared;
+use crate::support::postgres::TestDatabase;
+use crate::support::responder::{Responder, reply};
+use crate::support::unique_prefix;
+
+const APP: &str = "https://app.test";
+const OTHER: &str = "https://other.test";
+
+/// A gateway binary over `control` (a `[control]` table), answering functions over NATS.
+async fn gateway(dir: &Path, control: &str, plugins: &str) -> (Process, Responder) {
+    let nats = shared();
+    let prefix = unique_prefix();
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"host = "127.0.0.1"
+
+[log]
+level = "info"
+
+[nats]
+url = "{nats}"
+subject_prefix = "{prefix}"
+
+{control}
+
+[metrics]
+token = "{METRICS_TOKEN}"
+
+[auth.user_jwt]
+hs256_secret = "{USER_SECRET}"
+
+[auth.console_jwt]
+hs256_secret = "{CONSOLE_SECRET}"
+
+[rate_limit.data_plane_per_ip]
+rate_per_second = 1000000
+burst = 1000000
+
+[rate_limit.management_plane_per_ip]
+rate_per_second = 1000000
+burst = 1000000
+
+[plugins]
+tenant_refresh_secs = 3600
+{plugins}
+"#,
+            nats = nats.url(),
+        ),
+    )
+    .expect("config");
+    let responder = Responder::start(
+        &nats.url(),
+        &format!("{prefix}.functions.http"),
+        Duration::ZERO,
+        |_| reply(200, &[], b"ok"),
+    )
+    .await;
+    (Process::serve(&config, dir), responder)
+}
+
+/// A gateway binary over `fx`'s records in a control file.
+async fn file_gateway(dir: &Path, fx: &Fixture, plugins: &str) -> (Process, Responder) {
+    std::fs::write(dir.join("control.toml"), fx.control_file()).expect("control file");
+    gateway(
+        dir,
+        "[control]\nfile = \"control.toml\"\nreload_interval_ms = 200",
+        plugins,
+    )
+    .await
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+async fn json(r: reqwest::Response) -> (StatusCode, Value) {
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+struct Console<'a> {
+    gw: &'a Process,
+    token: String,
+    c: reqwest::Client,
+}
+
+impl Console<'_> {
+    fn url(&self, stage: &str, tail: &str) -> String {
+        self.gw
+            .mgmt_url(&format!("/v1/projects/alpha/policies/{stage}{tail}"))
+    }
+
+    async fn put(&self, stage: &str, body: Value) -> (StatusCode, Value) {
+        json(
+            self.c
+                .put(self.url(stage, ""))
+                .bearer_auth(&self.token)
+                .json(&body)
+                .send()
+                .await
+                .expect("answer"),
+        )
+        .await
+    }
+
+    async fn get(&self, stage: &str) -> Value {
+        let (status, body) = json(
+            self.c
+                .get(self.url(stage, ""))
+                .bearer_auth(&self.token)
+                .send()
+                .await
+                .expect("answer"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    async fn post(&self, stage: &str, action: &str) -> (StatusCode, Value) {
+        json(
+            self.c
+                .post(self.url(stage, &format!("/{action}")))
+                .bearer_auth(&self.token)
+                .send()
+                .await
+                .expect("answer"),
+        )
+        .await
+    }
+
+    async fn history(&self, stage: &str) -> Vec<Value> {
+        let (status, body) = json(
+            self.c
+                .get(self.url(stage, "/history"))
+                .bearer_auth(&self.token)
+                .send()
+                .await
+                .expect("answer"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["events"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+/// `GET /v1/functions/<path>` as `user` of alpha (with the anon key), with `origin` when given.
+async fn call(
+    gw: &Process,
+    fx: &Fixture,
+    path: &str,
+    user: Uuid,
+    origin: Option<&str>,
+) -> reqwest::Response {
+    let mut request = reqwest::Client::new()
+        .get(gw.data_url(&format!("/v1/functions/{path}")))
+        .header("apikey", &fx.anon_key)
+        .bearer_auth(user_token("alpha", user));
+    if let Some(origin) = origin {
+        request = request.header("origin", origin);
+    }
+    request.send().await.expect("answer")
+}
+
+async fn poll<T>(what: &str, gw: &Process, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(done) = check().await {
+            return done;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} never happened; log:\n{}",
+            gw.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A shadow CORS module that denies an origin the enforced one allows.
+async fn shadow(gw: &Process, fx: &Fixture, console: &Console<'_>) {
+    let cors = aura_gateway::policy::builtin::CORS;
+    let (status, body) = console
+        .put(
+            "cors",
+            json!({ "module": b64(cors), "config": { "allow_origins": [APP, OTHER] } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let digest = body["digest"].as_str().expect("digest").to_owned();
+    let (status, body) = console
+        .put(
+            "cors",
+            json!({ "digest": digest, "config": { "allow_origins": [APP] }, "mode": "shadow" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["mode"], "shadow");
+
+    let user = Uuid::new_v4();
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let origin = if i % 2 == 0 { APP } else { OTHER };
+        let r = call(gw, fx, "hello", user, Some(origin)).await;
+        // The enforced decision, unchanged: both origins allowed.
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["access-control-allow-origin"], origin);
+        ids.push(r.headers()["x-request-id"].to_str().expect("id").to_owned());
+    }
+    let candidate = poll("twenty shadow comparisons", gw, async || {
+        let body = console.get("cors").await;
+        let compared = body["candidate"]["shadow"]["compared"].as_u64()?;
+        (compared >= 20).then(|| body["candidate"].clone())
+    })
+    .await;
+    let shadow = &candidate["shadow"];
+    assert_eq!(candidate["mode"], "shadow");
+    assert_eq!(candidate["config"], json!({ "allow_origins": [APP] }));
+    assert_eq!(shadow["compared"], 20, "{candidate}");
+    assert_eq!(shadow["disagreements"], 10, "{candidate}");
+    assert_eq!(shadow["failures"], 0);
+    let sample = shadow["sample"].as_array().expect("sample");
+    assert_eq!(sample.len(), 10);
+    for d in sample {
+        assert_eq!(d["shadow"], "deny", "{d}");
+        assert!(
+            d["enforced"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("allow origin=https://other.test")),
+            "{d}"
+        );
+        assert_eq!(d["method"], "GET");
+        assert_eq!(d["path"], "/v1/functions/hello");
+        assert!(ids.iter().any(|id| d["request_id"] == id.as_str()), "{d}");
+    }
+    // No credential reaches the sample.
+    let text = candidate.to_string();
+    assert!(!text.contains(&fx.anon_key) && !text.contains("Bearer"));
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "aura_policy_shadow_disagreements_total",
+            &["project=\"alpha\"", "stage=\"cors\""]
+        ),
+        10.0,
+        "{metrics}"
+    );
+
+    // Abort: the shadow goes, the module in force stays.
+    let (status, _) = console.post("cors", "abort").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let body = console.get("cors").await;
+    assert_eq!(body["candidate"], Value::Null);
+    assert_eq!(body["digest"], digest.as_str());
+    let (status, body) = console.post("cors", "abort").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body["error"]["code"], "no_candidate");
+    let events = console.history("cors").await;
+    let actions: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap_or(""),
+                e["mode"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("abort", "shadow"),
+            ("install", "shadow"),
+            ("install", "enforce")
+        ]
+    );
+    assert_eq!(events[1]["actor"], fx.admin.to_string());
+}
+
+/// How many of `users` got the canary's burst on `path`, checking each user twice lands on the
+/// same side.
+async fn canary_share(gw: &Process, fx: &Fixture, users: &[Uuid], burst: &str) -> usize {
+    let mut sides = HashMap::new();
+    for round in 0..2 {
+        for user in users {
+            let r = call(gw, fx, "hello", *user, None).await;
+            assert_eq!(r.status(), StatusCode::OK);
+            let on = r.headers()["ratelimit-limit"] == burst;
+            if round == 0 {
+                sides.insert(*user, on);
+            } else {
+                assert_eq!(sides[user], on, "user {user} changed sides");
+            }
+        }
+    }
+    sides.values().filter(|on| **on).count()
+}
+
+/// A quota canary at 10 %, a failing canary dropped by itself, promote.
+async fn canary(gw: &Process, fx: &Fixture, console: &Console<'_>) {
+    let quota = std::fs::read(aura_gateway::policy::builtin::TESTING_QUOTA_PLUGIN_PATH)
+        .expect("testing quota plugin");
+    let users: Vec<Uuid> = (0..200).map(|_| Uuid::new_v4()).collect();
+    let ten_percent = json!({
+        "module": b64(&quota),
+        "config": { "rate_per_second": 100, "burst": 777 },
+        "mode": "canary",
+        "percent": 10,
+    });
+    let (status, body) = console.put("quota", ten_percent.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (body["mode"].clone(), body["percent"].clone()),
+        (json!("canary"), json!(10))
+    );
+    let on = canary_share(gw, fx, &users, "777").await;
+    // 10 % of 200 is 20; the binomial spread stays well within this range.
+    assert!((6..=40).contains(&on), "{on} of 200 actors on the canary");
+    let body = console.get("quota").await;
+    assert_eq!(
+        body["digest"],
+        Value::Null,
+        "no module of the project's own in force"
+    );
+    assert!(
+        body["candidate"]["health"]["calls"]
+            .as_u64()
+            .is_some_and(|n| n >= 2 * on as u64),
+        "{body}"
+    );
+
+    // A canary failing on its share: half the actors' calls spin past the deadline.
+    let (status, body) = console
+        .put(
+            "quota",
+            json!({ "module": b64(&quota), "config": {}, "mode": "canary", "percent": 50 }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut failed = 0;
+    for user in &users {
+        let r = call(gw, fx, "spin", *user, None).await;
+        if r.status() == StatusCode::INTERNAL_SERVER_ERROR {
+            failed += 1;
+        } else {
+            assert_eq!(r.status(), StatusCode::OK);
+        }
+    }
+    assert!(failed >= 20, "{failed} requests failed on the canary");
+    assert!(
+        failed <= 30,
+        "{failed}: the canary was not dropped in time; log:\n{}",
+        gw.log_text()
+    );
+    let events = poll("the canary dropped and recorded", gw, async || {
+        let events = console.history("quota").await;
+        (events.first()?["action"] == "automatic_rollback").then_some(events)
+    })
+    .await;
+    assert_eq!(events[0]["mode"], "canary");
+    assert_eq!(events[0]["actor"], "operator");
+    let reason = events[0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("fails too often") && reason.contains("deadline"),
+        "{reason}"
+    );
+    // Nothing of the project's own is left for the stage.
+    let r = console
+        .c
+        .get(console.url("quota", ""))
+        .bearer_auth(&console.token)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    for user in users.iter().take(20) {
+        assert_eq!(
+            call(gw, fx, "spin", *user, None).await.status(),
+            StatusCode::OK
+        );
+    }
+
+    // A developer may not promote; an admin does, and everyone gets the module.
+    let developer = Console {
+        gw,
+        token: console_token(fx.developer),
+        c: reqwest::Client::new(),
+    };
+    let (status, body) = console.put("quota", ten_percent).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let digest = body["digest"].clone();
+    assert_eq!(
+        developer.post("quota", "promote").await.0,
+        StatusCode::FORBIDDEN
+    );
+    let (status, body) = console.post("quota", "promote").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let body = console.get("quota").await;
+    assert_eq!(body["digest"], digest);
+    assert_eq!(
+        body["config"],
+        json!({ "rate_per_second": 100, "burst": 777 })
+    );
+    assert_eq!(body["candidate"], Value::Null);
+    assert_eq!(canary_share(gw, fx, &users[..20], "777").await, 20);
+    let events = console.history("quota").await;
+    assert_eq!(events[0]["action"], "promote");
+    assert_eq!(events[0]["mode"], "enforce");
+    assert_eq!(events[0]["digest_after"], digest);
+    assert_eq!(events[0]["actor"], fx.admin.to_string());
+}
+
+async fn scenario(gw: &Process, fx: &Fixture) {
+    let console = Console {
+        gw,
+        token: console_token(fx.admin),
+        c: reqwest::Client::new(),
+    };
+    shadow(gw, fx, &console).await;
+    canary(gw, fx, &console).await;
+}
+
+#[tokio::test]
+async fn shadow_and_canary_through_the_binary_with_the_file_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let (gw, _responder) = file_gateway(dir.path(), &fx, "").await;
+    scenario(&gw, &fx).await;
+    // The control file holds no candidate any more (promoted), the history file every change.
+    let control = std::fs::read_to_string(dir.path().join("control.toml")).expect("file");
+    assert!(!control.contains("policy_candidates"), "{control}");
+    let history = std::fs::read_to_string(dir.path().join("policy-history.jsonl")).expect("file");
+    assert_eq!(history.lines().count(), 8, "{history}");
+}
+
+#[tokio::test]
+async fn shadow_and_canary_through_the_binary_with_postgres() {
+    let db = TestDatabase::create().await;
+    db.store().await;
+    let fx = Fixture::new();
+    fx.seed(&db).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gw, _responder) = gateway(
+        dir.path(),
+        &format!(
+            "[control]\nstore = \"postgres\"\ndatabase_url = \"{}\"",
+            db.url
+        ),
+        "",
+    )
+    .await;
+    scenario(&gw, &fx).await;
+    let store = db.store().await;
+    use aura_gateway::control::ControlStore;
+    assert!(store.policy_candidates().await.expect("read").is_empty());
+    let events = store
+        .policy_events(Some("alpha"), None, 100)
+        .await
+        .expect("read");
+    assert_eq!(events.len(), 8);
+}
+
+/// A hostile shadow — it spins to the deadline on every call — never slows or changes a
+/// response: the runs that find no free place are skipped and counted; bad trial requests are
+/// refused naming the field, and change nothing.
+#[tokio::test]
+async fn a_spinning_shadow_changes_no_response_and_is_skipped_when_busy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let (gw, _responder) = file_gateway(dir.path(), &fx, "call_deadline_ms = 300").await;
+    let console = Console {
+        gw: &gw,
+        token: console_token(fx.admin),
+        c: reqwest::Client::new(),
+    };
+    let testing =
+        std::fs::read(aura_gateway::policy::builtin::TESTING_PLUGIN_PATH).expect("plugin");
+    for (body, field) in [
+        (
+            json!({ "module": b64(&testing), "mode": "dry-run" }),
+            "mode",
+        ),
+        (
+            json!({ "module": b64(&testing), "mode": "canary" }),
+            "percent",
+        ),
+        (
+            json!({ "module": b64(&testing), "mode": "canary", "percent": 0 }),
+            "percent",
+        ),
+        (
+            json!({ "module": b64(&testing), "mode": "shadow", "percent": 5 }),
+            "percent",
+        ),
+        (
+            json!({ "module": b64(&testing), "mode": "canary", "percent": 250 }),
+            "percent",
+        ),
+    ] {
+        let (status, answer) = console.put("cors", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert_eq!(answer["error"]["code"], "invalid_body");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{message}");
+    }
+    let r = console
+        .c
+        .get(console.url("cors", ""))
+        .bearer_auth(&console.token)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND, "nothing was installed");
+
+    let (status, body) = console
+        .put("cors", json!({ "module": b64(&testing), "mode": "shadow" }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let user = Uuid::new_v4();
+    let answers = futures::future::join_all(
+        (0..40).map(|_| call(&gw, &fx, "hello", user, Some("https://loop.test"))),
+    )
+    .await;
+    for r in &answers {
+        // The plane's module decides, as before the shadow.
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    }
+    let shadow = poll("every shadow run accounted for", &gw, async || {
+        let body = console.get("cors").await;
+        let s = &body["candidate"]["shadow"];
+        let done = s["compared"].as_u64()? + s["skipped"].as_u64()?;
+        (done == 40).then(|| s.clone())
+    })
+    .await;
+    assert!(
+        shadow["skipped"].as_u64().is_some_and(|n| n > 0),
+        "{shadow}"
+    );
+    assert_eq!(shadow["failures"], shadow["compared"], "{shadow}");
+    assert_eq!(shadow["disagreements"], shadow["compared"]);
+    assert_eq!(
+        shadow["sample"][0]["shadow"], "failed (deadline)",
+        "{shadow}"
+    );
+    let metrics = gw.metrics().await;
+    assert!(
+        metric(
+            &metrics,
+            "aura_policy_shadow_runs_total",
+            &["stage=\"cors\"", "outcome=\"skipped\""]
+        ) > 0.0,
+        "{metrics}"
+    );
+}
