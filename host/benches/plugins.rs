@@ -192,11 +192,61 @@ fn bench_native(c: &mut Criterion) {
     group.finish();
 }
 
+/// What a project's candidate adds to a request's own path: choosing the canary side, and
+/// handing a shadow run to the tenant pool (the run itself happens there, off the path).
+fn bench_rollout(c: &mut Criterion) {
+    use aura_gateway::policy::Stage;
+    use aura_gateway::policy::isolation::TenantPool;
+    use aura_gateway::policy::rollout::{Compared, Comparison, describe_cors, on_canary};
+    use aura_gateway::policy::stages::{CorsDecision, CorsQuery};
+    let mut group = c.benchmark_group("rollout");
+    group.bench_function("canary_side", |b| {
+        b.iter(|| {
+            on_canary(
+                black_box("abcd1234efgh5678"),
+                Stage::Quota,
+                black_box("3f0e7a52-9c1b-4d8e-a7f3-2b6c9d0e1f42"),
+                10,
+            )
+        })
+    });
+    let policies = policies(InstanceReuse::Pooled);
+    let input = CorsInput {
+        method: "GET",
+        path: "/v1/db/rest/v1/todos",
+        origin: "https://app.example.com",
+        request_method: None,
+        request_headers: None,
+    };
+    let enforced: CorsDecision = policies
+        .data
+        .cors
+        .decide(None, Plane::Data, input)
+        .expect("decision");
+    let pool = TenantPool::new(2, 2, std::time::Duration::from_millis(100));
+    let comparison = Comparison::new(None);
+    group.bench_function("shadow_handoff", |b| {
+        b.iter(|| {
+            let compared =
+                Compared::new(Some("4bf92f3577b34da6a3ce929d0e0e4736"), "GET", input.path);
+            let enforced = describe_cors(black_box(&enforced));
+            let query = CorsQuery::from(input);
+            if pool
+                .try_spawn(move || drop(black_box((compared, enforced, query))))
+                .is_err()
+            {
+                comparison.skipped();
+            }
+        })
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(std::time::Duration::from_millis(500))
         .measurement_time(std::time::Duration::from_secs(2));
-    targets = bench_wasm, bench_native
+    targets = bench_wasm, bench_native, bench_rollout
 }
 criterion_main!(benches);

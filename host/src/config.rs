@@ -783,6 +783,17 @@ pub struct StageConfig {
     pub module: String,
     /// The stage's own configuration, passed to the plugin's `configure` as JSON.
     pub config: serde_json::Value,
+    /// A module tried next to this one on live traffic (the `cors` and `quota` stages only): its
+    /// own `module` and `config`, with `mode` = `shadow` (run and compared, never deciding) or
+    /// `canary` with `percent` (deciding for that share of actors).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<Box<StageConfig>>,
+    /// In a candidate: `shadow` or `canary`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// In a canary: the share of actors it decides for, 1–100.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub percent: Option<u8>,
 }
 
 impl Default for StageConfig {
@@ -790,6 +801,9 @@ impl Default for StageConfig {
         Self {
             module: BUILTIN.to_owned(),
             config: serde_json::Value::Object(serde_json::Map::new()),
+            candidate: None,
+            mode: None,
+            percent: None,
         }
     }
 }
@@ -809,6 +823,14 @@ impl StageConfig {
     /// The digest of a module in the control store's module store (`module = "sha256:<hex>"`).
     pub fn module_digest(&self) -> Option<&str> {
         self.module.strip_prefix(STORE_PREFIX)
+    }
+
+    /// How the candidate is tried (`None` for a stage's module in force, or a mode that
+    /// validation refuses).
+    pub fn trial(&self) -> Option<crate::policy::rollout::Trial> {
+        crate::policy::rollout::Trial::parse(self.mode.as_deref()?, self.percent)
+            .ok()
+            .flatten()
     }
 }
 
@@ -1665,6 +1687,39 @@ impl Config {
             }
         }
         for (key, stage) in self.stages() {
+            let is_candidate = key.ends_with(".candidate");
+            if !is_candidate && (stage.mode.is_some() || stage.percent.is_some()) {
+                return Err(problem(
+                    &format!("{key}.mode"),
+                    "only a candidate has a mode and a percent",
+                ));
+            }
+            if stage.candidate.is_some()
+                && (is_candidate || !(key.ends_with(".cors") || key.ends_with(".quota")))
+            {
+                return Err(problem(
+                    &format!("{key}.candidate"),
+                    "only the cors and quota stages take a candidate (one, not nested)",
+                ));
+            }
+            if is_candidate {
+                let Some(mode) = stage.mode.as_deref() else {
+                    return Err(problem(&format!("{key}.mode"), "shadow or canary"));
+                };
+                match crate::policy::rollout::Trial::parse(mode, stage.percent) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        return Err(problem(
+                            &format!("{key}.mode"),
+                            "a candidate is tried as shadow or canary",
+                        ));
+                    }
+                    Err(e) => {
+                        let (field, reason) = e.split_once(": ").unwrap_or(("mode", &e));
+                        return Err(problem(&format!("{key}.{field}"), reason));
+                    }
+                }
+            }
             if !stage.config.is_object() {
                 return Err(problem(&format!("{key}.config"), "must be a table"));
             }
@@ -1692,11 +1747,12 @@ impl Config {
         Ok(())
     }
 
-    /// Every stage of both planes with its dotted key.
+    /// Every stage of both planes with its dotted key, then every candidate
+    /// (`<stage key>.candidate`).
     pub fn stages(&self) -> Vec<(&'static str, &StageConfig)> {
         let d = &self.data_plane.plugins;
         let m = &self.management_plane.plugins;
-        vec![
+        let stages = [
             ("data_plane.plugins.api_key", &d.api_key),
             ("data_plane.plugins.cors", &d.cors),
             ("data_plane.plugins.quota", &d.quota),
@@ -1704,7 +1760,22 @@ impl Config {
             ("management_plane.plugins.cors", &m.cors),
             ("management_plane.plugins.quota", &m.quota),
             ("management_plane.plugins.db_routing", &m.db_routing),
-        ]
+        ];
+        let candidates = [
+            "data_plane.plugins.api_key.candidate",
+            "data_plane.plugins.cors.candidate",
+            "data_plane.plugins.quota.candidate",
+            "data_plane.plugins.db_routing.candidate",
+            "management_plane.plugins.cors.candidate",
+            "management_plane.plugins.quota.candidate",
+            "management_plane.plugins.db_routing.candidate",
+        ];
+        let tried: Vec<(&'static str, &StageConfig)> = stages
+            .iter()
+            .zip(candidates)
+            .filter_map(|((_, stage), key)| Some((key, stage.candidate.as_deref()?)))
+            .collect();
+        stages.into_iter().chain(tried).collect()
     }
 }
 
@@ -1751,6 +1822,56 @@ mod tests {
             Ok(())
         });
         result.expect("jail ran")
+    }
+
+    #[test]
+    fn a_candidate_is_named_by_its_key_when_it_is_wrong() {
+        let ok = load(
+            "[data_plane.plugins.cors.candidate]\nmode = \"shadow\"\n\
+             [management_plane.plugins.quota.candidate]\nmode = \"canary\"\npercent = 5\n",
+            &[],
+        )
+        .expect("a shadow and a canary");
+        let keys: Vec<&str> = ok.stages().iter().map(|(k, _)| *k).collect();
+        assert!(
+            keys.contains(&"data_plane.plugins.cors.candidate"),
+            "{keys:?}"
+        );
+        assert!(keys.contains(&"management_plane.plugins.quota.candidate"));
+        for (toml, key) in [
+            (
+                "[data_plane.plugins.api_key.candidate]\nmode = \"shadow\"\n",
+                "data_plane.plugins.api_key.candidate",
+            ),
+            (
+                "[data_plane.plugins.cors.candidate]\nmode = \"canary\"\n",
+                "data_plane.plugins.cors.candidate.percent",
+            ),
+            (
+                "[data_plane.plugins.cors.candidate]\nmode = \"shadow\"\npercent = 3\n",
+                "data_plane.plugins.cors.candidate.percent",
+            ),
+            (
+                "[data_plane.plugins.quota.candidate]\nmode = \"enforce\"\n",
+                "data_plane.plugins.quota.candidate.mode",
+            ),
+            (
+                "[data_plane.plugins.quota.candidate]\nmodule = \"builtin\"\n",
+                "data_plane.plugins.quota.candidate.mode",
+            ),
+            (
+                "[data_plane.plugins.quota]\nmode = \"shadow\"\n",
+                "data_plane.plugins.quota.mode",
+            ),
+            (
+                "[data_plane.plugins.cors.candidate]\nmode = \"shadow\"\n\
+                 [data_plane.plugins.cors.candidate.candidate]\nmode = \"shadow\"\n",
+                "data_plane.plugins.cors.candidate.candidate",
+            ),
+        ] {
+            let e = load(toml, &[]).expect_err(toml);
+            assert_eq!(e.key, key, "{toml}: {e}");
+        }
     }
 
     #[test]

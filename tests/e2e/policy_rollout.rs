@@ -426,6 +426,22 @@ async fn canary(gw: &Process, fx: &Fixture, console: &Console<'_>) {
     assert_eq!(events[0]["mode"], "enforce");
     assert_eq!(events[0]["digest_after"], digest);
     assert_eq!(events[0]["actor"], fx.admin.to_string());
+
+    // Replaced by the default quota module, then rolled back: the promoted module is back with
+    // its configuration (a promote counts as having been in force).
+    let (status, body) = console
+        .put(
+            "quota",
+            json!({ "module": b64(aura_gateway::policy::builtin::QUOTA), "config": {} }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(canary_share(gw, fx, &users[..20], "777").await, 0);
+    let (status, body) = console.post("quota", "rollback").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["digest"], digest);
+    assert_eq!(console.get("quota").await["config"]["burst"], 777);
+    assert_eq!(canary_share(gw, fx, &users[..20], "777").await, 20);
 }
 
 async fn scenario(gw: &Process, fx: &Fixture) {
@@ -448,7 +464,7 @@ async fn shadow_and_canary_through_the_binary_with_the_file_store() {
     let control = std::fs::read_to_string(dir.path().join("control.toml")).expect("file");
     assert!(!control.contains("policy_candidates"), "{control}");
     let history = std::fs::read_to_string(dir.path().join("policy-history.jsonl")).expect("file");
-    assert_eq!(history.lines().count(), 8, "{history}");
+    assert_eq!(history.lines().count(), 10, "{history}");
 }
 
 #[tokio::test]
@@ -475,7 +491,7 @@ async fn shadow_and_canary_through_the_binary_with_postgres() {
         .policy_events(Some("alpha"), None, 100)
         .await
         .expect("read");
-    assert_eq!(events.len(), 8);
+    assert_eq!(events.len(), 10);
 }
 
 /// A hostile shadow — it spins to the deadline on every call — never slows or changes a
@@ -570,4 +586,187 @@ async fn a_spinning_shadow_changes_no_response_and_is_skipped_when_busy() {
         ) > 0.0,
         "{metrics}"
     );
+}
+
+const ADMIN_TOKEN: &str = "admin-token-for-rollout-0123456789";
+
+/// The operator's candidates from the configuration file.
+fn operator_plugins(quota_candidate: &str) -> String {
+    format!(
+        r#"[admin]
+token = "{ADMIN_TOKEN}"
+
+[data_plane.plugins.cors]
+config = {{ allow_origins = ["{APP}", "{OTHER}"] }}
+
+[data_plane.plugins.cors.candidate]
+config = {{ allow_origins = ["{APP}"] }}
+mode = "shadow"
+
+[data_plane.plugins.quota.candidate]
+module = {path:?}
+{quota_candidate}
+"#,
+        path = aura_gateway::policy::builtin::TESTING_QUOTA_PLUGIN_PATH,
+    )
+}
+
+async fn admin(gw: &Process, method: reqwest::Method, path: &str) -> (StatusCode, Value) {
+    json(
+        reqwest::Client::new()
+            .request(method, gw.mgmt_url(path))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("answer"),
+    )
+    .await
+}
+
+/// The operator's own shadow and canary, from the configuration: compared and shared like a
+/// project's; aborted, promoted and rolled back on the admin routes; a failing canary dropped by
+/// itself; every change in the operator's history.
+#[tokio::test]
+async fn the_operators_shadow_and_canary_from_the_configuration() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Fixture::new();
+    let ten_percent =
+        "config = { rate_per_second = 100, burst = 777 }\nmode = \"canary\"\npercent = 10";
+    // The `[plugins]` table of the helper's configuration ends the file: the operator's tables
+    // come after a line of their own.
+    let (gw, _responder) = file_gateway(
+        dir.path(),
+        &fx,
+        &format!("\n{}", operator_plugins(ten_percent)),
+    )
+    .await;
+
+    // The shadow: compared on the requests the plane's module decides, nothing changed.
+    let user = Uuid::new_v4();
+    for i in 0..20 {
+        let origin = if i % 2 == 0 { APP } else { OTHER };
+        let r = call(&gw, &fx, "hello", user, Some(origin)).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["access-control-allow-origin"], origin);
+    }
+    let shadow = poll("the operator's shadow compared", &gw, async || {
+        let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies").await;
+        let shadow = body["candidates"]["data"]["cors"]["shadow"].clone();
+        (shadow["compared"].as_u64()? >= 20).then_some(shadow)
+    })
+    .await;
+    assert_eq!(shadow["disagreements"], 10, "{shadow}");
+    assert_eq!(shadow["sample"][0]["shadow"], "deny");
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "aura_policy_shadow_disagreements_total",
+            &["project=\"-\"", "stage=\"cors\""]
+        ),
+        10.0
+    );
+
+    // The canary on about 10 % of actors, always the same ones.
+    let users: Vec<Uuid> = (0..200).map(|_| Uuid::new_v4()).collect();
+    let on = canary_share(&gw, &fx, &users, "777").await;
+    assert!((6..=40).contains(&on), "{on} of 200 actors on the canary");
+
+    // Abort the shadow, promote the canary: on this instance, until the next reload.
+    let (status, body) = admin(
+        &gw,
+        reqwest::Method::POST,
+        "/v1/admin/policies/data/cors/abort",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = admin(
+        &gw,
+        reqwest::Method::POST,
+        "/v1/admin/policies/data/cors/abort",
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "no_candidate");
+    let (status, body) = admin(
+        &gw,
+        reqwest::Method::POST,
+        "/v1/admin/policies/data/quota/promote",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(canary_share(&gw, &fx, &users[..20], "777").await, 20);
+    let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies").await;
+    assert_eq!(body["candidates"]["data"]["cors"]["tried"], false, "{body}");
+    assert_eq!(body["candidates"]["data"]["quota"], Value::Null, "{body}");
+    let quota_digest = aura_gateway::policy::tenants::digest_of(
+        &std::fs::read(aura_gateway::policy::builtin::TESTING_QUOTA_PLUGIN_PATH).expect("plugin"),
+    );
+    assert_eq!(
+        body["planes"]["data"]["quota"]["digest"],
+        quota_digest.as_str()
+    );
+    let history = poll("the operator's changes recorded", &gw, async || {
+        let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies/history").await;
+        let events = body["events"].as_array()?.clone();
+        (events.len() >= 2).then_some(events)
+    })
+    .await;
+    assert_eq!(history[0]["action"], "promote", "{history:?}");
+    assert_eq!(history[0]["mode"], "enforce");
+    assert_eq!(history[0]["digest_after"], quota_digest.as_str());
+    assert_eq!(history[1]["action"], "abort");
+    assert_eq!(history[1]["mode"], "shadow");
+    assert_eq!(history[1]["project"], Value::Null);
+    // The operator's rollback puts the set before the promote back.
+    let (status, _) = admin(&gw, reqwest::Method::POST, "/v1/admin/policies/rollback").await;
+    assert_eq!(status, StatusCode::OK);
+    let back = canary_share(&gw, &fx, &users, "777").await;
+    assert_eq!(back, on, "the canary's share is back as it was");
+
+    // A canary failing on its share, after a reload, is dropped by itself.
+    std::fs::write(
+        dir.path().join("gateway.toml"),
+        std::fs::read_to_string(dir.path().join("gateway.toml"))
+            .expect("config")
+            .replace(ten_percent, "mode = \"canary\"\npercent = 50"),
+    )
+    .expect("config");
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &gw.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(hup.success());
+    poll("the reload", &gw, async || {
+        let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies").await;
+        (body["candidates"]["data"]["quota"]["percent"] == 50).then_some(())
+    })
+    .await;
+    let mut failed = 0;
+    for user in &users {
+        if call(&gw, &fx, "spin", *user, None).await.status() == StatusCode::INTERNAL_SERVER_ERROR {
+            failed += 1;
+        }
+    }
+    assert!(
+        (20..=30).contains(&failed),
+        "{failed} requests failed on the canary"
+    );
+    let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies").await;
+    assert_eq!(
+        body["candidates"]["data"]["quota"]["tried"], false,
+        "{body}"
+    );
+    let dropped = poll("the drop recorded", &gw, async || {
+        let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies/history").await;
+        let events = body["events"].as_array()?.clone();
+        events
+            .into_iter()
+            .find(|e| e["action"] == "automatic_rollback")
+    })
+    .await;
+    assert_eq!(dropped["mode"], "canary");
+    assert_eq!(dropped["stage"], "quota");
+    let reason = dropped["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("deadline"), "{reason}");
 }

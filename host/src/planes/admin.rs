@@ -9,6 +9,8 @@
 //! - `GET /v1/admin/policies/history`: the operator's module changes;
 //! - `POST /v1/admin/policies/rollback`: the previous set of operator modules back in force
 //!   (until the next reload), recorded;
+//! - `POST /v1/admin/policies/{plane}/{stage}/promote|abort`: the operator's candidate for a
+//!   stage made the module in force, or no longer tried, on this instance until the next reload;
 //! - `GET /v1/admin/breakers`: every circuit breaker, its state, failures and last change;
 //! - `GET /v1/admin/config`: the effective configuration, secrets redacted;
 //! - `PUT /v1/admin/log-level` `{"level": "…"}`: a new tracing filter until the next restart.
@@ -37,6 +39,10 @@ pub fn routes() -> Router<AppState> {
         .route(
             "/v1/admin/policies/rollback",
             axum::routing::post(policy_rollback),
+        )
+        .route(
+            "/v1/admin/policies/{plane}/{stage}/{action}",
+            axum::routing::post(candidate_action),
         )
         .route("/v1/admin/breakers", get(breakers))
         .route("/v1/admin/config", get(config))
@@ -111,6 +117,80 @@ fn module_json(m: &ModuleReport) -> Value {
     })
 }
 
+/// The operator's candidates of both planes: module, mode, percent, whether still tried, and a
+/// shadow's comparison.
+fn candidates_json(policies: &Policies) -> Value {
+    use crate::policy::rollout::{Candidate, Tried};
+    fn one<S: Tried>(c: &Candidate<S>) -> Value {
+        let mut v = module_json(&c.stage.report());
+        if let Value::Object(m) = &mut v {
+            m.insert("mode".into(), json!(c.trial.mode()));
+            m.insert(
+                "percent".into(),
+                json!(Some(c.trial.percent()).filter(|p| *p > 0)),
+            );
+            m.insert("tried".into(), json!(!c.is_dropped()));
+            if c.trial == crate::policy::rollout::Trial::Shadow {
+                m.insert(
+                    "shadow".into(),
+                    super::policies::shadow_json(&c.comparison.report()),
+                );
+            }
+        }
+        v
+    }
+    let plane = |p: &PlanePolicies| {
+        let mut out = serde_json::Map::new();
+        if let Some(c) = &p.cors_candidate {
+            out.insert("cors".into(), one(c));
+        }
+        if let Some(c) = &p.quota_candidate {
+            out.insert("quota".into(), one(c));
+        }
+        out
+    };
+    json!({ "data": plane(&policies.data), "management": plane(&policies.management) })
+}
+
+/// `POST /v1/admin/policies/{plane}/{stage}/promote|abort`.
+async fn candidate_action(
+    State(state): State<AppState>,
+    headers: http::HeaderMap,
+    path: Result<
+        axum::extract::Path<(String, String, String)>,
+        axum::extract::rejection::PathRejection,
+    >,
+) -> Response {
+    if let Err(error) = guard(&state, &headers) {
+        return error.into_response();
+    }
+    let Ok(axum::extract::Path((plane, stage, action))) = path else {
+        return GatewayError::not_found("no such route").into_response();
+    };
+    let (Some(plane), Some(stage)) = (
+        crate::plane::Plane::parse(&plane),
+        crate::policy::tenants::tenant_stage(&stage),
+    ) else {
+        return GatewayError::not_found("plane: data or management; stage: cors or quota")
+            .into_response();
+    };
+    let done = match action.as_str() {
+        "promote" => state.policies.promote_operator_candidate(plane, stage),
+        "abort" => state.policies.abort_operator_candidate(plane, stage),
+        _ => return GatewayError::not_found("actions: promote, abort").into_response(),
+    };
+    if done {
+        Json(json!({ "plane": plane.as_str(), "stage": stage.key(), "status": action }))
+            .into_response()
+    } else {
+        GatewayError::conflict(
+            "no_candidate",
+            "no candidate is being tried for this stage on this instance",
+        )
+        .into_response()
+    }
+}
+
 fn planes_json(policies: &Policies) -> Value {
     let plane = |p: &PlanePolicies| {
         p.reports()
@@ -179,6 +259,7 @@ async fn policies(State(state): State<AppState>, headers: http::HeaderMap) -> Re
     }
     Json(json!({
         "planes": planes_json(&state.policies.snapshot()),
+        "candidates": candidates_json(&state.policies.snapshot()),
         "rollback_candidate": state.policies.rollback_candidate().map(|p| planes_json(&p)),
         "projects": projects,
     }))

@@ -301,7 +301,7 @@ fn health_json(r: &ModuleReport) -> serde_json::Value {
 }
 
 /// The JSON of a shadow's comparison on this instance.
-fn shadow_json(r: &ShadowReport) -> serde_json::Value {
+pub(crate) fn shadow_json(r: &ShadowReport) -> serde_json::Value {
     serde_json::json!({
         "compared": r.compared,
         "disagreements": r.disagreements,

@@ -358,6 +358,13 @@ pub fn check(policies: &Policies) -> Result<Vec<StageReport>, ConformanceError> 
         reports.push(check_cors(plane)?);
         reports.push(check_quota(plane)?);
         reports.push(check_db_routing(plane)?);
+        // A candidate passes the same vectors before it is tried.
+        if let Some(c) = &plane.cors_candidate {
+            reports.push(check_cors_stage(plane.plane, &c.stage)?);
+        }
+        if let Some(c) = &plane.quota_candidate {
+            reports.push(check_quota_stage(plane.plane, &c.stage)?);
+        }
     }
     Ok(reports)
 }

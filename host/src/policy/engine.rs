@@ -410,6 +410,8 @@ pub(crate) struct StageModule<W: StageWorld> {
     health: Mutex<Health>,
     /// Whether the failure share of the current window is over the rollback threshold.
     failing: AtomicBool,
+    /// A candidate: its failures drop it alone, never the operator's modules in force.
+    judged_alone: AtomicBool,
     stats: super::stats::CallStats,
 }
 
@@ -487,6 +489,7 @@ impl<W: StageWorld> StageModule<W> {
                 failures: 0,
             }),
             failing: AtomicBool::new(false),
+            judged_alone: AtomicBool::new(false),
             stats: super::stats::CallStats::default(),
         };
         if module.runtime.settings.instance_reuse == InstanceReuse::Pooled {
@@ -589,6 +592,12 @@ impl<W: StageWorld> StageModule<W> {
         self.failing.load(Ordering::Acquire)
     }
 
+    /// Marks the module as a candidate: failing too often no longer asks for the rollback of
+    /// the operator's modules.
+    pub(crate) fn judge_alone(&self, alone: bool) {
+        self.judged_alone.store(alone, Ordering::Release);
+    }
+
     /// Counts a call outcome; a failure share over the threshold asks for a rollback.
     fn record_outcome(&self, failed: bool) {
         let settings = &self.runtime.settings;
@@ -609,7 +618,11 @@ impl<W: StageWorld> StageModule<W> {
         self.failing.store(over, Ordering::Release);
         // A project's own module never rolls back the operator's modules: its failures fail
         // that project's requests only.
-        if failed && over && !self.name.starts_with(super::tenants::TENANT_MODULE_PREFIX) {
+        if failed
+            && over
+            && !self.name.starts_with(super::tenants::TENANT_MODULE_PREFIX)
+            && !self.judged_alone.load(Ordering::Acquire)
+        {
             self.runtime
                 .rollback_requested
                 .store(true, Ordering::Release);

@@ -69,12 +69,14 @@ pub async fn record(store: &dyn ControlStore, event: &PolicyEventRecord) {
     }
 }
 
-/// The digest of each stage module of both planes.
-fn digests(p: &Policies) -> Vec<(Plane, Stage, String)> {
+/// The digest of each stage module of both planes and of each candidate: (plane, stage, mode,
+/// digest), the mode `enforce` for the modules in force.
+fn digests(p: &Policies) -> Vec<(Plane, Stage, &'static str, String)> {
+    use super::rollout::Tried;
     let mut out = Vec::new();
     for plane in [Plane::Data, Plane::Management] {
+        let pp = p.plane(plane);
         for stage in [Stage::ApiKey, Stage::Cors, Stage::Quota, Stage::DbRouting] {
-            let pp = p.plane(plane);
             let digest = match stage {
                 Stage::ApiKey => pp.api_key.as_ref().map(|s| s.digest().to_owned()),
                 Stage::Cors => Some(pp.cors.digest().to_owned()),
@@ -82,40 +84,74 @@ fn digests(p: &Policies) -> Vec<(Plane, Stage, String)> {
                 Stage::DbRouting => Some(pp.db_routing.digest().to_owned()),
             };
             if let Some(digest) = digest {
-                out.push((plane, stage, digest));
+                out.push((plane, stage, "enforce", digest));
             }
+        }
+        if let Some(c) = &pp.cors_candidate {
+            out.push((
+                plane,
+                Stage::Cors,
+                c.trial.mode(),
+                Tried::digest(&*c.stage).to_owned(),
+            ));
+        }
+        if let Some(c) = &pp.quota_candidate {
+            out.push((
+                plane,
+                Stage::Quota,
+                c.trial.mode(),
+                Tried::digest(&*c.stage).to_owned(),
+            ));
         }
     }
     out
 }
 
-/// One operator event per stage whose module differs between `before` and `after`.
+/// One operator event per module (in force, or a candidate) that differs between `before` and
+/// `after`, in the mode it has after (before, for a candidate that is gone).
 pub fn operator_changes(
     before: &Policies,
     after: &Policies,
     action: &str,
     reason: Option<&str>,
 ) -> Vec<PolicyEventRecord> {
-    let old = digests(before);
-    digests(after)
-        .into_iter()
-        .filter_map(|(plane, stage, digest)| {
-            let previous = old
-                .iter()
-                .find(|(p, s, _)| *p == plane && *s == stage)
-                .map(|(_, _, d)| d.clone());
-            (previous.as_deref() != Some(digest.as_str())).then(|| {
-                event(
-                    OPERATOR,
-                    None,
-                    plane,
-                    stage.key(),
-                    action,
-                    previous,
-                    Some(digest),
-                    reason.map(str::to_owned),
-                )
-            })
+    let (old, new) = (digests(before), digests(after));
+    // A module in force and a candidate are separate slots of a stage.
+    let slot = |mode: &str| mode == "enforce";
+    let find = |list: &[(Plane, Stage, &'static str, String)], plane, stage, enforce| {
+        list.iter()
+            .find(|(p, s, m, _)| *p == plane && *s == stage && slot(m) == enforce)
+            .map(|(_, _, m, d)| (*m, d.clone()))
+    };
+    let mut keys: Vec<(Plane, Stage, bool)> = Vec::new();
+    for (p, s, m, _) in old.iter().chain(new.iter()) {
+        if !keys.contains(&(*p, *s, slot(m))) {
+            keys.push((*p, *s, slot(m)));
+        }
+    }
+    keys.into_iter()
+        .filter_map(|(plane, stage, enforce)| {
+            let previous = find(&old, plane, stage, enforce);
+            let next = find(&new, plane, stage, enforce);
+            if previous.as_ref().map(|p| &p.1) == next.as_ref().map(|n| &n.1) {
+                return None;
+            }
+            let mode = next
+                .as_ref()
+                .or(previous.as_ref())
+                .map_or("enforce", |m| m.0);
+            let mut e = event(
+                OPERATOR,
+                None,
+                plane,
+                stage.key(),
+                action,
+                previous.map(|p| p.1),
+                next.map(|n| n.1),
+                reason.map(str::to_owned),
+            );
+            e.mode = mode.to_owned();
+            Some(e)
         })
         .collect()
 }

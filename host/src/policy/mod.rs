@@ -264,13 +264,17 @@ pub struct PlanePolicies {
     /// The plane.
     pub plane: Plane,
     /// API key extraction (data plane only).
-    pub api_key: Option<ApiKeyStage>,
+    pub api_key: Option<Arc<ApiKeyStage>>,
     /// CORS.
-    pub cors: CorsStage,
+    pub cors: Arc<CorsStage>,
     /// Per-actor quota rules.
-    pub quota: QuotaStage,
+    pub quota: Arc<QuotaStage>,
     /// `/v1/db/*` routing.
-    pub db_routing: DbRoutingStage,
+    pub db_routing: Arc<DbRoutingStage>,
+    /// The operator's CORS module on trial (`cors.candidate`).
+    pub cors_candidate: Option<Arc<rollout::Candidate<CorsStage>>>,
+    /// The operator's quota module on trial (`quota.candidate`).
+    pub quota_candidate: Option<Arc<rollout::Candidate<QuotaStage>>>,
 }
 
 impl PlanePolicies {
@@ -359,42 +363,71 @@ impl Policies {
                 component_for(runtime, &mut cache, &key, stage, plane, sc, base, stored)?;
             Ok::<_, PluginError>((name, digest, component, sc.config.to_string()))
         };
+        // A candidate's module, marked so that its failures drop it alone.
+        macro_rules! candidate {
+            ($wrapper:ident, $plane:expr, $stage:expr, $sc:expr) => {
+                match (
+                    $sc.candidate.as_deref(),
+                    $sc.candidate.as_deref().and_then(StageConfig::trial),
+                ) {
+                    (Some(c), Some(trial)) => {
+                        let loaded = $wrapper::load(runtime, $plane, load($plane, $stage, c)?)?;
+                        loaded.judge_alone(true);
+                        Some(Arc::new(rollout::Candidate::new(loaded, trial)))
+                    }
+                    _ => None,
+                }
+            };
+        }
         let d = &config.data_plane.plugins;
         let m = &config.management_plane.plugins;
+        let dp = Plane::Data;
         let data = PlanePolicies {
-            plane: Plane::Data,
-            api_key: Some(ApiKeyStage::load(
+            plane: dp,
+            api_key: Some(Arc::new(ApiKeyStage::load(
                 runtime,
-                Plane::Data,
-                load(Plane::Data, Stage::ApiKey, &d.api_key)?,
+                dp,
+                load(dp, Stage::ApiKey, &d.api_key)?,
+            )?)),
+            cors: Arc::new(CorsStage::load(
+                runtime,
+                dp,
+                load(dp, Stage::Cors, &d.cors)?,
             )?),
-            cors: CorsStage::load(
+            quota: Arc::new(QuotaStage::load(
                 runtime,
-                Plane::Data,
-                load(Plane::Data, Stage::Cors, &d.cors)?,
-            )?,
-            quota: QuotaStage::load(
+                dp,
+                load(dp, Stage::Quota, &d.quota)?,
+            )?),
+            db_routing: Arc::new(DbRoutingStage::load(
                 runtime,
-                Plane::Data,
-                load(Plane::Data, Stage::Quota, &d.quota)?,
-            )?,
-            db_routing: DbRoutingStage::load(
-                runtime,
-                Plane::Data,
-                load(Plane::Data, Stage::DbRouting, &d.db_routing)?,
-            )?,
+                dp,
+                load(dp, Stage::DbRouting, &d.db_routing)?,
+            )?),
+            cors_candidate: candidate!(CorsStage, dp, Stage::Cors, d.cors),
+            quota_candidate: candidate!(QuotaStage, dp, Stage::Quota, d.quota),
         };
         let mp = Plane::Management;
         let management = PlanePolicies {
             plane: mp,
             api_key: None,
-            cors: CorsStage::load(runtime, mp, load(mp, Stage::Cors, &m.cors)?)?,
-            quota: QuotaStage::load(runtime, mp, load(mp, Stage::Quota, &m.quota)?)?,
-            db_routing: DbRoutingStage::load(
+            cors: Arc::new(CorsStage::load(
+                runtime,
+                mp,
+                load(mp, Stage::Cors, &m.cors)?,
+            )?),
+            quota: Arc::new(QuotaStage::load(
+                runtime,
+                mp,
+                load(mp, Stage::Quota, &m.quota)?,
+            )?),
+            db_routing: Arc::new(DbRoutingStage::load(
                 runtime,
                 mp,
                 load(mp, Stage::DbRouting, &m.db_routing)?,
-            )?,
+            )?),
+            cors_candidate: candidate!(CorsStage, mp, Stage::Cors, m.cors),
+            quota_candidate: candidate!(QuotaStage, mp, Stage::Quota, m.quota),
         };
         Ok(Self {
             data: Arc::new(data),
@@ -411,7 +444,52 @@ impl Policies {
             p.cors.reset_health();
             p.quota.reset_health();
             p.db_routing.reset_health();
+            if let Some(c) = &p.cors_candidate {
+                c.stage.reset_health();
+            }
+            if let Some(c) = &p.quota_candidate {
+                c.stage.reset_health();
+            }
         }
+    }
+
+    /// These policies with `plane`'s candidate for `stage` as its module in force (the
+    /// candidate slot emptied); `None` when there is no candidate being tried.
+    pub fn promoted(&self, plane: Plane, stage: Stage) -> Option<Policies> {
+        let p = self.plane(plane);
+        let mut next = PlanePolicies {
+            plane,
+            api_key: p.api_key.clone(),
+            cors: p.cors.clone(),
+            quota: p.quota.clone(),
+            db_routing: p.db_routing.clone(),
+            cors_candidate: p.cors_candidate.clone(),
+            quota_candidate: p.quota_candidate.clone(),
+        };
+        match stage {
+            Stage::Cors => {
+                let c = next.cors_candidate.take().filter(|c| !c.is_dropped())?;
+                c.stage.judge_alone(false);
+                next.cors = c.stage.clone();
+            }
+            Stage::Quota => {
+                let c = next.quota_candidate.take().filter(|c| !c.is_dropped())?;
+                c.stage.judge_alone(false);
+                next.quota = c.stage.clone();
+            }
+            Stage::ApiKey | Stage::DbRouting => return None,
+        }
+        let next = Arc::new(next);
+        Some(match plane {
+            Plane::Data => Policies {
+                data: next,
+                management: self.management.clone(),
+            },
+            Plane::Management => Policies {
+                data: self.data.clone(),
+                management: next,
+            },
+        })
     }
 
     /// The policies of `plane`.

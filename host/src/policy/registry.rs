@@ -12,8 +12,11 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::history::Queued;
-use super::rollout::{Trial, on_canary};
-use super::stages::{CorsDecision, CorsInput, QuotaDecision};
+use super::rollout::{
+    Candidate, Compared, OPERATOR_SCOPE, Trial, Tried, describe_cors, describe_quota, failure_kind,
+    on_canary,
+};
+use super::stages::{CorsDecision, CorsInput, CorsQuery, QuotaDecision};
 use super::tenants::{Installed, TenantCallError, TenantPolicies};
 use super::{PluginError, Policies, PolicyEngine, Stage};
 use crate::actor::Actor;
@@ -77,13 +80,30 @@ impl PolicyRegistry {
         {
             return;
         }
+        let event = self.canary_dropped(Some(project), Plane::Data, stage, &canary.digest, error);
+        if let Some(sender) = self.history.get() {
+            let _ = sender.send(Queued::CanaryDropped(event));
+        }
+    }
+
+    /// Logs and counts a canary (a project's, or the operator's: `project` none) dropped for
+    /// `error`, and gives its history event.
+    fn canary_dropped(
+        &self,
+        project: Option<&str>,
+        plane: Plane,
+        stage: Stage,
+        digest: &str,
+        error: &PluginError,
+    ) -> PolicyEventRecord {
         let reason = format!("the canary fails too often on its share: {error}");
         tracing::error!(
-            project,
+            project = project.unwrap_or("-"),
+            plane = %plane,
             stage = %stage,
-            digest = %canary.digest,
+            digest,
             %reason,
-            "a project's canary module was dropped; the module in force decides for everyone"
+            "a canary module was dropped; the module in force decides for everyone"
         );
         self.metrics
             .policy_reloads
@@ -91,18 +111,16 @@ impl PolicyRegistry {
             .inc();
         let mut event = super::history::event(
             super::history::OPERATOR,
-            Some(project),
-            Plane::Data,
+            project,
+            plane,
             stage.key(),
             "automatic_rollback",
-            Some(canary.digest.clone()),
+            Some(digest.to_owned()),
             None,
             Some(reason),
         );
         event.mode = "canary".to_owned();
-        if let Some(sender) = self.history.get() {
-            let _ = sender.send(Queued::CanaryDropped(event));
-        }
+        event
     }
 
     /// The modules in force now: a request pins these for its whole life, so that every stage
@@ -224,7 +242,7 @@ impl PolicyRegistry {
                 }
                 Some(Trial::Shadow) => {
                     let decision = self
-                        .enforced_cors(pinned, request_id, plane, Some(project), input)
+                        .enforced_cors(pinned, request_id, plane, Some(project), client, input)
                         .await;
                     if let Ok(enforced) = &decision {
                         self.tenants
@@ -235,7 +253,7 @@ impl PolicyRegistry {
                 _ => {}
             }
         }
-        self.enforced_cors(pinned, request_id, plane, project, input)
+        self.enforced_cors(pinned, request_id, plane, project, client, input)
             .await
     }
 
@@ -246,6 +264,7 @@ impl PolicyRegistry {
         request_id: Option<&str>,
         plane: Plane,
         project: Option<&str>,
+        client: Option<IpAddr>,
         input: CorsInput<'_>,
     ) -> Result<CorsDecision, GatewayError> {
         if let (Plane::Data, Some(project)) = (plane, project)
@@ -256,11 +275,132 @@ impl PolicyRegistry {
         {
             return result.map_err(|e| self.tenant_call_failed(&e));
         }
-        pinned
-            .plane(plane)
-            .cors
+        let pp = pinned.plane(plane);
+        // The operator's candidate, for the requests the plane's module decides.
+        if let Some(c) = pp.cors_candidate.as_ref().filter(|c| !c.is_dropped()) {
+            match c.trial {
+                Trial::Canary { percent }
+                    if on_canary(
+                        OPERATOR_SCOPE,
+                        Stage::Cors,
+                        &client_subject(client),
+                        percent,
+                    ) =>
+                {
+                    return c.stage.decide(request_id, plane, input).map_err(|e| {
+                        self.operator_canary_failed(plane, Stage::Cors, c, &e);
+                        GatewayError::policy_failed(Stage::Cors.key())
+                    });
+                }
+                Trial::Shadow => {
+                    let decision = pp
+                        .cors
+                        .decide(request_id, plane, input)
+                        .map_err(|e| self.plugin_failed(&e))?;
+                    c.comparison.count_in(|| {
+                        self.tenants
+                            .shadow_metrics
+                            .series(plane, Stage::Cors, OPERATOR_SCOPE)
+                    });
+                    let compared = Compared::new(request_id, input.method, input.path);
+                    let enforced = describe_cors(&decision);
+                    let query = CorsQuery::from(input);
+                    let runner = c.clone();
+                    self.tenants.spawn_shadow(&c.comparison, move || {
+                        let shadow = runner
+                            .stage
+                            .decide(Some(&compared.request_id), plane, query.input())
+                            .map(|d| describe_cors(&d))
+                            .map_err(|e| failure_kind(&e));
+                        runner.comparison.record(compared, enforced, shadow);
+                    });
+                    return Ok(decision);
+                }
+                Trial::Canary { .. } => {}
+            }
+        }
+        pp.cors
             .decide(request_id, plane, input)
             .map_err(|e| self.plugin_failed(&e))
+    }
+
+    /// An operator's canary failed a call: when it now fails too often on its share it is no
+    /// longer tried (until the next reload), recorded with the reason.
+    fn operator_canary_failed<S: Tried>(
+        &self,
+        plane: Plane,
+        stage: Stage,
+        canary: &Candidate<S>,
+        error: &PluginError,
+    ) {
+        if !canary.stage.failing_too_often() || !canary.drop_now() {
+            return;
+        }
+        let event = self.canary_dropped(None, plane, stage, canary.stage.digest(), error);
+        self.record(vec![event]);
+    }
+
+    /// Stops trying the operator's candidate for `stage` of `plane` on this instance (until the
+    /// next reload), recorded as an `abort`. False when none is being tried.
+    pub fn abort_operator_candidate(&self, plane: Plane, stage: Stage) -> bool {
+        let pinned = self.current.load_full();
+        let pp = pinned.plane(plane);
+        let (digest, mode) = match stage {
+            Stage::Cors => match &pp.cors_candidate {
+                Some(c) if c.drop_now() => (c.stage.digest().to_owned(), c.trial.mode()),
+                _ => return false,
+            },
+            Stage::Quota => match &pp.quota_candidate {
+                Some(c) if c.drop_now() => (c.stage.digest().to_owned(), c.trial.mode()),
+                _ => return false,
+            },
+            Stage::ApiKey | Stage::DbRouting => return false,
+        };
+        let mut event = super::history::event(
+            super::history::OPERATOR,
+            None,
+            plane,
+            stage.key(),
+            "abort",
+            Some(digest),
+            None,
+            None,
+        );
+        event.mode = mode.to_owned();
+        self.record(vec![event]);
+        true
+    }
+
+    /// Makes the operator's candidate for `stage` of `plane` the module in force on this
+    /// instance (until the next reload), recorded as a `promote`; the set it replaces is kept
+    /// for a rollback. False when none is being tried.
+    pub fn promote_operator_candidate(&self, plane: Plane, stage: Stage) -> bool {
+        let before = self.current.load_full();
+        let Some(next) = before.promoted(plane, stage) else {
+            return false;
+        };
+        let next = Arc::new(next);
+        self.current.store(next.clone());
+        self.previous.store(Some(before.clone()));
+        let mut events = super::history::operator_changes(&before, &next, "promote", None);
+        events
+            .retain(|e| e.stage == stage.key() && e.plane == plane.as_str() && e.mode == "enforce");
+        if events.is_empty() {
+            // The candidate was the same module as the one in force.
+            events.push(super::history::event(
+                super::history::OPERATOR,
+                None,
+                plane,
+                stage.key(),
+                "promote",
+                None,
+                None,
+                None,
+            ));
+        }
+        self.record(events);
+        tracing::warn!(plane = %plane, stage = %stage, "the operator's candidate module is now in force on this instance");
+        true
     }
 
     /// The quota rule of a request, and whose module answered it.
@@ -347,9 +487,57 @@ impl PolicyRegistry {
                 .map(|d| (d, RuleSource::Tenant))
                 .map_err(|e| self.tenant_call_failed(&e));
         }
-        pinned
-            .plane(actor.plane)
-            .quota
+        let pp = pinned.plane(actor.plane);
+        // The operator's candidate, for the requests the plane's module decides.
+        if let Some(c) = pp.quota_candidate.as_ref().filter(|c| !c.is_dropped()) {
+            match c.trial {
+                Trial::Canary { percent }
+                    if on_canary(OPERATOR_SCOPE, Stage::Quota, &actor_subject(actor), percent) =>
+                {
+                    return c
+                        .stage
+                        .decide(request_id, method, path, route_group, actor)
+                        .map(|d| (d, RuleSource::Operator))
+                        .map_err(|e| {
+                            self.operator_canary_failed(actor.plane, Stage::Quota, c, &e);
+                            GatewayError::policy_failed(Stage::Quota.key())
+                        });
+                }
+                Trial::Shadow => {
+                    let decision = pp
+                        .quota
+                        .decide(request_id, method, path, route_group, actor)
+                        .map_err(|e| self.plugin_failed(&e))?;
+                    let plane = actor.plane;
+                    c.comparison.count_in(|| {
+                        self.tenants
+                            .shadow_metrics
+                            .series(plane, Stage::Quota, OPERATOR_SCOPE)
+                    });
+                    let compared = Compared::new(request_id, method, path);
+                    let enforced = describe_quota(&decision);
+                    let (method, path, who) = (method.to_owned(), path.to_owned(), actor.clone());
+                    let runner = c.clone();
+                    self.tenants.spawn_shadow(&c.comparison, move || {
+                        let shadow = runner
+                            .stage
+                            .decide(
+                                Some(&compared.request_id),
+                                &method,
+                                &path,
+                                route_group,
+                                &who,
+                            )
+                            .map(|d| describe_quota(&d))
+                            .map_err(|e| failure_kind(&e));
+                        runner.comparison.record(compared, enforced, shadow);
+                    });
+                    return Ok((decision, RuleSource::Operator));
+                }
+                Trial::Canary { .. } => {}
+            }
+        }
+        pp.quota
             .decide(request_id, method, path, route_group, actor)
             .map(|d| (d, RuleSource::Operator))
             .map_err(|e| self.plugin_failed(&e))

@@ -152,27 +152,37 @@ pub struct Comparison {
     failures: AtomicU64,
     skipped: AtomicU64,
     sample: Mutex<VecDeque<Disagreement>>,
-    series: Option<ShadowSeries>,
+    series: std::sync::OnceLock<ShadowSeries>,
 }
 
 impl Comparison {
     /// A comparison counted in `series` (none in checks and tests).
     pub fn new(series: Option<ShadowSeries>) -> Self {
-        Self {
+        let comparison = Self {
             compared: AtomicU64::new(0),
             disagreements: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             sample: Mutex::new(VecDeque::with_capacity(SAMPLE_KEPT)),
-            series,
+            series: std::sync::OnceLock::new(),
+        };
+        if let Some(series) = series {
+            let _ = comparison.series.set(series);
         }
+        comparison
+    }
+
+    /// Counts in the series `make` gives, unless it already counts in one (an operator's
+    /// candidate is loaded before the metrics exist).
+    pub fn count_in(&self, make: impl FnOnce() -> ShadowSeries) {
+        self.series.get_or_init(make);
     }
 
     /// Records one shadow run: the enforced decision's text and the shadow's (`Err`: the shadow
     /// call failed, with its failure kind).
     pub fn record(&self, request: Compared, enforced: String, shadow: Result<String, String>) {
         self.compared.fetch_add(1, Ordering::Relaxed);
-        if let Some(series) = &self.series {
+        if let Some(series) = self.series.get() {
             series.compared.inc();
         }
         let shadow = match shadow {
@@ -184,7 +194,7 @@ impl Comparison {
             }
         };
         self.disagreements.fetch_add(1, Ordering::Relaxed);
-        if let Some(series) = &self.series {
+        if let Some(series) = self.series.get() {
             series.disagreements.inc();
         }
         let entry = Disagreement {
@@ -206,7 +216,7 @@ impl Comparison {
     /// A run that found no free place.
     pub fn skipped(&self) {
         self.skipped.fetch_add(1, Ordering::Relaxed);
-        if let Some(series) = &self.series {
+        if let Some(series) = self.series.get() {
             series.skipped.inc();
         }
     }
@@ -225,6 +235,61 @@ impl Comparison {
                 .unwrap_or_default(),
         }
     }
+}
+
+/// What the host needs of a module on trial.
+pub trait Tried {
+    /// SHA-256 of the module, hex.
+    fn digest(&self) -> &str;
+    /// Whether it fails too often in the current window (`plugins.rollback_*`).
+    fn failing_too_often(&self) -> bool;
+    /// Calls, failures and call times since it was loaded.
+    fn report(&self) -> super::stats::ModuleReport;
+}
+
+/// The scope of the operator's canaries in [`on_canary`] (project refs are never `-`).
+pub const OPERATOR_SCOPE: &str = "-";
+
+/// An operator's candidate for a stage of a plane, loaded from the configuration with the
+/// modules in force: tried until the next reload, unless the operator aborts it or it is dropped
+/// for failing on its share.
+#[derive(Debug)]
+pub struct Candidate<S> {
+    pub stage: Arc<S>,
+    pub trial: Trial,
+    /// A shadow's comparison with the enforced decisions.
+    pub comparison: Comparison,
+    dropped: std::sync::atomic::AtomicBool,
+}
+
+impl<S> Candidate<S> {
+    /// `stage` tried as `trial`.
+    pub fn new(stage: S, trial: Trial) -> Self {
+        Self {
+            stage: Arc::new(stage),
+            trial,
+            comparison: Comparison::new(None),
+            dropped: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether it was aborted or dropped (it is then no longer tried).
+    pub fn is_dropped(&self) -> bool {
+        self.dropped.load(Ordering::Acquire)
+    }
+
+    /// Stops trying it; false when it already was.
+    pub fn drop_now(&self) -> bool {
+        !self.dropped.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// A failed call's kind as a sample shows it.
+pub fn failure_kind(error: &super::PluginError) -> String {
+    error
+        .kind()
+        .map_or("error", super::FailureKind::as_str)
+        .to_owned()
 }
 
 /// A CORS decision as text, to compare and to show.

@@ -146,9 +146,31 @@ macro_rules! wrapper {
                 self.module.failing()
             }
 
+            /// Marks the module as a candidate tried next to the module in force: its failures
+            /// drop it alone, never the operator's modules in force.
+            pub fn judge_alone(&self, alone: bool) {
+                self.module.judge_alone(alone)
+            }
+
             /// The largest linear memory an instance of the module has had, in bytes.
             pub fn peak_memory(&self) -> usize {
                 self.module.peak_memory()
+            }
+        }
+    };
+}
+
+macro_rules! tried {
+    ($name:ident) => {
+        impl super::rollout::Tried for $name {
+            fn digest(&self) -> &str {
+                self.module.digest()
+            }
+            fn failing_too_often(&self) -> bool {
+                self.module.failing()
+            }
+            fn report(&self) -> super::stats::ModuleReport {
+                self.module.report()
             }
         }
     };
@@ -217,6 +239,7 @@ pub struct CorsStage {
     native: Option<super::native::Cors>,
 }
 wrapper!(CorsStage, Cors);
+tried!(CorsStage);
 
 impl CorsStage {
     /// Decides the CORS answer for one request with an `Origin` (`request_id` goes with the
@@ -300,6 +323,7 @@ pub struct QuotaStage {
     native: Option<super::native::Quota>,
 }
 wrapper!(QuotaStage, Quota);
+tried!(QuotaStage);
 
 impl QuotaStage {
     /// The quota rule of one request (`request_id` goes with the plugin's log lines).

@@ -29,9 +29,10 @@ use super::conformance::{self, StageReport};
 use super::isolation::{Busy, TenantPool};
 use super::rollout::{
     Compared, Comparison, ShadowMetrics, ShadowSeries, Trial, describe_cors, describe_quota,
+    failure_kind,
 };
 use super::stages::{CorsDecision, CorsInput, CorsQuery, QuotaDecision};
-use super::{CorsStage, FailureKind, PluginError, PolicyEngine, QuotaStage, Stage};
+use super::{CorsStage, PluginError, PolicyEngine, QuotaStage, Stage};
 use crate::actor::Actor;
 use crate::config::PluginRuntimeConfig;
 use crate::control::ControlStore;
@@ -420,21 +421,18 @@ impl TenantPolicies {
         let query = CorsQuery::from(input);
         let request_id = compared.request_id.clone();
         let runner = shadow.clone();
-        let spawned = self.pool.try_spawn(move || {
+        self.spawn_shadow(comparison, move || {
             let TenantModule::Cors(stage) = &runner.module else {
                 return;
             };
             let decision = stage
                 .decide(Some(&request_id), plane, query.input())
                 .map(|d| describe_cors(&d))
-                .map_err(|e| e.kind().map_or("error", FailureKind::as_str).to_owned());
+                .map_err(|e| failure_kind(&e));
             if let Some(comparison) = &runner.comparison {
                 comparison.record(compared, enforced, decision);
             }
         });
-        if spawned.is_err() {
-            comparison.skipped();
-        }
     }
 
     /// The project's quota rule, when it installed a quota module (run on the tenant pool).
@@ -518,19 +516,24 @@ impl TenantPolicies {
         let (method, path, actor) = (method.to_owned(), path.to_owned(), actor.clone());
         let request_id = compared.request_id.clone();
         let runner = shadow.clone();
-        let spawned = self.pool.try_spawn(move || {
+        self.spawn_shadow(comparison, move || {
             let TenantModule::Quota(stage) = &runner.module else {
                 return;
             };
             let decision = stage
                 .decide(Some(&request_id), &method, &path, route_group, &actor)
                 .map(|d| describe_quota(&d))
-                .map_err(|e| e.kind().map_or("error", FailureKind::as_str).to_owned());
+                .map_err(|e| failure_kind(&e));
             if let Some(comparison) = &runner.comparison {
                 comparison.record(compared, enforced, decision);
             }
         });
-        if spawned.is_err() {
+    }
+
+    /// Runs a shadow's `job` on the tenant pool when a shadow place and a thread are free at
+    /// once; counts a skip in `comparison` otherwise. Nothing waits for it.
+    pub fn spawn_shadow(&self, comparison: &Comparison, job: impl FnOnce() + Send + 'static) {
+        if self.pool.try_spawn(job).is_err() {
             comparison.skipped();
         }
     }
