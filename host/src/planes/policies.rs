@@ -54,6 +54,18 @@ fn refused(reason: impl Into<String>) -> GatewayError {
     GatewayError::bad_request("policy_refused", reason)
 }
 
+/// The answer to a module that was not put in force, by its cause.
+fn prepare_failed(e: PrepareError) -> GatewayError {
+    match e {
+        PrepareError::TooLarge { .. } => GatewayError::payload_too_large(e.to_string()),
+        PrepareError::Refused(reason) => refused(reason),
+        PrepareError::Unavailable(reason) => {
+            GatewayError::unavailable("policy_check_unavailable", reason)
+                .retry_after(std::time::Duration::from_secs(1))
+        }
+    }
+}
+
 async fn ensure_project(state: &AppState, project: &str) -> Result<(), GatewayError> {
     match state.auth.store.project(project).await {
         Ok(Some(_)) => Ok(()),
@@ -178,14 +190,7 @@ async fn put_inner(
         .tenants
         .prepare(&project, stage, &bytes, &config)
         .await
-        .map_err(|e| match e {
-            PrepareError::TooLarge { .. } => GatewayError::payload_too_large(e.to_string()),
-            PrepareError::Refused(reason) => refused(reason),
-            PrepareError::Unavailable(reason) => {
-                GatewayError::unavailable("policy_check_unavailable", reason)
-                    .retry_after(std::time::Duration::from_secs(1))
-            }
-        })?;
+        .map_err(prepare_failed)?;
     let digest = prepared.installed.digest.clone();
     let store = &state.auth.store;
     {
@@ -518,10 +523,7 @@ async fn promote_inner(
         .tenants
         .prepare(project, stage, &bytes, &candidate.config)
         .await
-        .map_err(|e| {
-            GatewayError::unavailable("policy_check_unavailable", e.to_string())
-                .retry_after(std::time::Duration::from_secs(1))
-        })?;
+        .map_err(prepare_failed)?;
     {
         let _write = state.policies.tenants.write_lock().await;
         // Another change may have come first.

@@ -435,26 +435,33 @@ impl Policies {
         })
     }
 
-    /// Starts new failure windows for every module (when put in force).
+    /// Starts new failure windows for every module (when put in force), and marks which are
+    /// judged alone: the candidates, not the modules in force (a module promoted then rolled
+    /// back is a candidate again).
     pub fn reset_health(&self) {
         for p in [&self.data, &self.management] {
             if let Some(a) = &p.api_key {
                 a.reset_health();
             }
             p.cors.reset_health();
+            p.cors.judge_alone(false);
             p.quota.reset_health();
+            p.quota.judge_alone(false);
             p.db_routing.reset_health();
             if let Some(c) = &p.cors_candidate {
                 c.stage.reset_health();
+                c.stage.judge_alone(true);
             }
             if let Some(c) = &p.quota_candidate {
                 c.stage.reset_health();
+                c.stage.judge_alone(true);
             }
         }
     }
 
     /// These policies with `plane`'s candidate for `stage` as its module in force (the
-    /// candidate slot emptied); `None` when there is no candidate being tried.
+    /// candidate slot emptied); `None` when there is no candidate being tried. Put in force with
+    /// [`Policies::reset_health`], which judges the promoted module with the others again.
     pub fn promoted(&self, plane: Plane, stage: Stage) -> Option<Policies> {
         let p = self.plane(plane);
         let mut next = PlanePolicies {
@@ -469,12 +476,10 @@ impl Policies {
         match stage {
             Stage::Cors => {
                 let c = next.cors_candidate.take().filter(|c| !c.is_dropped())?;
-                c.stage.judge_alone(false);
                 next.cors = c.stage.clone();
             }
             Stage::Quota => {
                 let c = next.quota_candidate.take().filter(|c| !c.is_dropped())?;
-                c.stage.judge_alone(false);
                 next.quota = c.stage.clone();
             }
             Stage::ApiKey | Stage::DbRouting => return None,

@@ -152,6 +152,7 @@ impl PolicyRegistry {
     pub fn roll_back(&self) -> bool {
         match self.previous.swap(None) {
             Some(previous) => {
+                previous.reset_health();
                 self.current.store(previous);
                 true
             }
@@ -167,7 +168,6 @@ impl PolicyRegistry {
             return false;
         }
         let after = self.current.load_full();
-        after.reset_health();
         self.record(super::history::operator_changes(
             &before, &after, "rollback", None,
         ));
@@ -379,6 +379,7 @@ impl PolicyRegistry {
         let Some(next) = before.promoted(plane, stage) else {
             return false;
         };
+        next.reset_health();
         let next = Arc::new(next);
         self.current.store(next.clone());
         self.previous.store(Some(before.clone()));
