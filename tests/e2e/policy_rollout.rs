@@ -287,6 +287,16 @@ async fn shadow(gw: &Process, fx: &Fixture, console: &Console<'_>) {
     let body = console.get("cors").await;
     assert_eq!(body["candidate"], Value::Null);
     assert_eq!(body["digest"], digest.as_str());
+    // The project's disagreement series goes with its last shadow: projects that tried a
+    // module once do not pile up series.
+    let metrics = gw.metrics().await;
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("aura_policy_shadow_disagreements_total")
+                && l.contains("project=\"alpha\"")),
+        "{metrics}"
+    );
     let (status, body) = console.post("cors", "abort").await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"]["code"], "no_candidate");
