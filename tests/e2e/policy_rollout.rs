@@ -135,6 +135,17 @@ impl Console<'_> {
         body
     }
 
+    /// The status of `GET` on the stage.
+    async fn status(&self, stage: &str) -> StatusCode {
+        self.c
+            .get(self.url(stage, ""))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("answer")
+            .status()
+    }
+
     async fn post(&self, stage: &str, action: &str) -> (StatusCode, Value) {
         json(
             self.c
@@ -409,14 +420,7 @@ async fn canary(gw: &Process, fx: &Fixture, console: &Console<'_>) {
         "{reason}"
     );
     // Nothing of the project's own is left for the stage.
-    let r = console
-        .c
-        .get(console.url("quota", ""))
-        .bearer_auth(&console.token)
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert_eq!(console.status("quota").await, StatusCode::NOT_FOUND);
     for user in users.iter().take(20) {
         assert_eq!(
             call(gw, fx, "spin", *user, None).await.status(),
@@ -563,14 +567,11 @@ async fn a_spinning_shadow_changes_no_response_and_is_skipped_when_busy() {
         let message = answer["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(field), "{message}");
     }
-    let r = console
-        .c
-        .get(console.url("cors", ""))
-        .bearer_auth(&console.token)
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::NOT_FOUND, "nothing was installed");
+    assert_eq!(
+        console.status("cors").await,
+        StatusCode::NOT_FOUND,
+        "nothing was installed"
+    );
 
     let (status, body) = console
         .put("cors", json!({ "module": b64(&testing), "mode": "shadow" }))
@@ -612,6 +613,19 @@ async fn a_spinning_shadow_changes_no_response_and_is_skipped_when_busy() {
         ) > 0.0,
         "{metrics}"
     );
+    // A delete takes the candidate with it (here the stage's only module of the project's).
+    let r = console
+        .c
+        .delete(console.url("cors", ""))
+        .bearer_auth(&console.token);
+    assert_eq!(
+        r.send().await.expect("answer").status(),
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(console.status("cors").await, StatusCode::NOT_FOUND);
+    let events = console.history("cors").await;
+    assert_eq!(events[0]["action"], "abort", "{events:?}");
+    assert_eq!(events[0]["mode"], "shadow");
 }
 
 const ADMIN_TOKEN: &str = "admin-token-for-rollout-0123456789";
@@ -754,6 +768,28 @@ async fn the_operators_shadow_and_canary_from_the_configuration() {
     assert_eq!(status, StatusCode::OK);
     let back = canary_share(&gw, &fx, &users, "777").await;
     assert_eq!(back, on, "the canary's share is back as it was");
+    // The rollback is recorded for the module in force and for the candidate that came back.
+    let history = poll("the rollback recorded", &gw, async || {
+        let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies/history").await;
+        let events = body["events"].as_array()?.clone();
+        (events.len() >= 4).then_some(events)
+    })
+    .await;
+    let rolled: Vec<(&str, &str)> = history
+        .iter()
+        .filter(|e| e["action"] == "rollback")
+        .map(|e| {
+            (
+                e["mode"].as_str().unwrap_or(""),
+                e["digest_after"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert!(
+        rolled.contains(&("canary", quota_digest.as_str())),
+        "{history:?}"
+    );
+    assert_eq!(rolled.len(), 2, "{history:?}");
 
     // A canary failing on its share, after a reload, is dropped by itself.
     std::fs::write(
@@ -800,4 +836,15 @@ async fn the_operators_shadow_and_canary_from_the_configuration() {
     assert_eq!(dropped["stage"], "quota");
     let reason = dropped["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("deadline"), "{reason}");
+    // Judged alone: the canary's failures never rolled back the modules in force.
+    let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies/history").await;
+    let events = body["events"].as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["action"] == "automatic_rollback")
+            .count(),
+        1,
+        "{events:?}"
+    );
 }

@@ -54,6 +54,17 @@ fn refused(reason: impl Into<String>) -> GatewayError {
     GatewayError::bad_request("policy_refused", reason)
 }
 
+/// Tells the other instances that `project`'s modules changed.
+async fn announce(state: &AppState, project: &str) {
+    crate::changes::publish(
+        state,
+        crate::changes::Change::TenantModules {
+            project_ref: project.to_owned(),
+        },
+    )
+    .await;
+}
+
 /// The answer to a module that was not put in force, by its cause.
 fn prepare_failed(e: PrepareError) -> GatewayError {
     match e {
@@ -257,13 +268,7 @@ async fn put_inner(
         event.config = Some(config);
         history::record(store.as_ref(), &event).await;
     }
-    crate::changes::publish(
-        &state,
-        crate::changes::Change::TenantModules {
-            project_ref: project.clone(),
-        },
-    )
-    .await;
+    announce(&state, &project).await;
     let (report, compile) = (prepared.report, prepared.compile);
     let mode = trial.map_or("enforce", Trial::mode);
     tracing::info!(
@@ -462,13 +467,7 @@ pub async fn delete(
     match answer {
         Err(e) => e.into_response(),
         Ok(()) => {
-            crate::changes::publish(
-                &state,
-                crate::changes::Change::TenantModules {
-                    project_ref: project.clone(),
-                },
-            )
-            .await;
+            announce(&state, &project).await;
             StatusCode::NO_CONTENT.into_response()
         }
     }
@@ -571,13 +570,7 @@ async fn promote_inner(
         event.config = Some(candidate.config.clone());
         history::record(store.as_ref(), &event).await;
     }
-    crate::changes::publish(
-        state,
-        crate::changes::Change::TenantModules {
-            project_ref: project.to_owned(),
-        },
-    )
-    .await;
+    announce(state, project).await;
     tracing::info!(project, stage = stage_key, digest = %candidate.digest, from = %candidate.mode, "tenant candidate promoted");
     Ok(Json(serde_json::json!({
         "project": project,
@@ -635,13 +628,7 @@ pub async fn abort(
     match answer {
         Err(e) => e.into_response(),
         Ok(()) => {
-            crate::changes::publish(
-                &state,
-                crate::changes::Change::TenantModules {
-                    project_ref: project.clone(),
-                },
-            )
-            .await;
+            announce(&state, &project).await;
             StatusCode::NO_CONTENT.into_response()
         }
     }
