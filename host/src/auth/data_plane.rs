@@ -24,25 +24,20 @@ pub fn is_public(method: &Method, path: &str) -> bool {
     }
 }
 
+static APIKEY: header::HeaderName = header::HeaderName::from_static("apikey");
+static X_API_KEY: header::HeaderName = header::HeaderName::from_static("x-api-key");
+
 /// Headers and query parameters that carry credentials or impersonate the gateway: removed from
 /// every request before anything is forwarded. `stage_headers` are the headers the `api-key`
 /// stage asked to read: whatever it found there is a credential too.
 pub fn strip_client_credentials(parts: &mut Parts, stage_headers: &[String]) {
-    let names: Vec<header::HeaderName> = parts
-        .headers
-        .keys()
-        .filter(|n| {
-            let n = n.as_str();
-            n == "apikey"
-                || n == "x-api-key"
-                || n.starts_with("x-aura-")
-                || stage_headers.iter().any(|s| s == n)
-        })
-        .cloned()
-        .collect();
-    for name in names {
-        parts.headers.remove(name);
+    let headers = &mut parts.headers;
+    headers.remove(&APIKEY);
+    headers.remove(&X_API_KEY);
+    for name in stage_headers {
+        headers.remove(name.as_str());
     }
+    crate::proxy::headers::remove_prefixed(headers, "x-aura-");
     if let Some(query) = parts.uri.query()
         && !crate::proxy::envelope::apikey_query_values(Some(query)).is_empty()
     {
@@ -240,6 +235,8 @@ mod tests {
             .header("apikey", "k")
             .header("x-api-key", "k")
             .header("x-aura-role", "service_role")
+            .header("x-aura-project", "other")
+            .header("apikey", "k2")
             .header("x-custom-key", "k")
             .header("authorization", "Bearer t")
             .body(())
@@ -251,6 +248,8 @@ mod tests {
         assert!(parts.headers.get("apikey").is_none());
         assert!(parts.headers.get("x-api-key").is_none());
         assert!(parts.headers.get("x-aura-role").is_none());
+        assert!(parts.headers.get("x-aura-project").is_none());
         assert!(parts.headers.get("authorization").is_some());
+        assert_eq!(parts.headers.len(), 1);
     }
 }

@@ -20,20 +20,7 @@ use crate::state::AppState;
 
 /// Removes every CORS header a backend may have set: the gateway alone answers CORS.
 pub fn strip(headers: &mut HeaderMap) {
-    let found = headers
-        .keys()
-        .any(|n| n.as_str().starts_with("access-control-"));
-    if !found {
-        return;
-    }
-    let names: Vec<http::HeaderName> = headers
-        .keys()
-        .filter(|n| n.as_str().starts_with("access-control-"))
-        .cloned()
-        .collect();
-    for name in names {
-        headers.remove(name);
-    }
+    crate::proxy::headers::remove_prefixed(headers, "access-control-");
 }
 
 fn join(values: &[String]) -> Option<HeaderValue> {

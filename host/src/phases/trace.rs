@@ -69,6 +69,23 @@ pub fn parse_traceparent(value: &[u8]) -> Option<SpanContext> {
     ))
 }
 
+/// A version-`00` `traceparent` value, written on the stack (lower-case hex, no formatter).
+pub fn traceparent(trace_id: TraceId, span_id: SpanId, sampled: bool) -> [u8; 55] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut value = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    let digits = trace_id.to_bytes().into_iter().chain(span_id.to_bytes());
+    // The trace id's 32 digits start at 3, the span id's 16 at 36.
+    let places = (3..35).step_by(2).chain((36..52).step_by(2));
+    for (byte, at) in digits.zip(places) {
+        value[at] = HEX[usize::from(byte >> 4)];
+        value[at + 1] = HEX[usize::from(byte & 0x0f)];
+    }
+    if sampled {
+        value[54] = b'1';
+    }
+    value
+}
+
 /// Links the request span to a trusted caller's trace, and sets the `traceparent` the backends
 /// receive (the request span as their parent). `trusted` says whether the TCP peer is a
 /// trusted proxy.
@@ -106,14 +123,7 @@ pub fn propagate(span: &Span, request: &mut Request, trusted: bool) {
         let sampled = caller.as_ref().is_none_or(|c| c.trace_flags().is_sampled());
         (trace_id, span_id, sampled)
     };
-    let mut value = [0u8; 55];
-    use std::io::Write as _;
-    let mut cursor = std::io::Cursor::new(&mut value[..]);
-    let _ = write!(
-        cursor,
-        "00-{trace_id}-{span_id}-{}",
-        if sampled { "01" } else { "00" }
-    );
+    let value = traceparent(trace_id, span_id, sampled);
     if let Ok(value) = HeaderValue::from_bytes(&value) {
         headers.insert(TRACEPARENT.clone(), value);
     }
@@ -169,6 +179,25 @@ mod tests {
     }
 
     const CLIENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn traceparent_is_written_as_the_formatter_would() {
+        for (trace, span, sampled) in [
+            (
+                0x4bf92f3577b34da6a3ce929d0e0e4736_u128,
+                0x00f067aa0ba902b7_u64,
+                true,
+            ),
+            (1, u64::MAX, false),
+            (u128::MAX, 1, true),
+        ] {
+            let (trace, span) = (TraceId::from(trace), SpanId::from(span));
+            let expected = format!("00-{trace}-{span}-{}", if sampled { "01" } else { "00" });
+            let written = traceparent(trace, span, sampled);
+            assert_eq!(std::str::from_utf8(&written).expect("ascii"), expected);
+            assert!(parse_traceparent(&written).is_some());
+        }
+    }
 
     #[test]
     fn a_trusted_callers_trace_continues_with_the_gateway_as_parent() {

@@ -83,7 +83,10 @@ impl PlaneService {
     pub async fn handle(&self, request: Request, peer: SocketAddr) -> Response {
         let mut request = request;
         request.extensions_mut().insert(ConnectInfo(peer));
-        self.0.run(request).await
+        // The phases' state machine is several kilobytes. Boxed here, it is written once into
+        // the heap; unboxed, hyper would move it into its connection's in-flight slot on every
+        // request, and every future wrapping it would grow by as much.
+        Box::pin(self.0.run(request)).await
     }
 }
 

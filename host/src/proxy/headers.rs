@@ -27,6 +27,19 @@ pub const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
+/// [`HOP_BY_HOP`] as header names, in the same order.
+pub static HOP_BY_HOP_NAMES: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
 /// The client's own account of where the request came from: replaced by the gateway's.
 pub const CLIENT_FORWARDING: &[&str] = &["x-forwarded-for", "x-real-ip", "forwarded"];
 
@@ -63,6 +76,22 @@ pub fn is_dropped(name: &str, connection_named: &[String]) -> bool {
         || name == "x-api-key"
         || name.starts_with("x-aura-")
         || connection_named.iter().any(|c| c == name)
+}
+
+/// Removes every header whose name starts with `prefix`. Such headers are rare: they are looked
+/// for before any name is collected.
+pub fn remove_prefixed(headers: &mut HeaderMap, prefix: &str) {
+    if !headers.keys().any(|n| n.as_str().starts_with(prefix)) {
+        return;
+    }
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with(prefix))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
 }
 
 /// Removes what [`is_dropped`] names from `headers`, in place.
@@ -102,11 +131,38 @@ pub fn set_identity_headers(headers: &mut HeaderMap, actor: &Actor) {
 
 /// An IP address as a header value, written on the stack (an address is at most 45 bytes).
 fn ip_value(ip: IpAddr) -> HeaderValue {
-    use std::io::Write as _;
     let mut buf = [0u8; 64];
-    let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    let _ = write!(cursor, "{ip}");
-    let len = cursor.position() as usize;
+    let len = match ip {
+        // Most clients: the four decimal octets written directly.
+        IpAddr::V4(v4) => {
+            let mut len = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf[len] = b'.';
+                    len += 1;
+                }
+                let digits = [octet / 100, octet / 10 % 10, octet % 10];
+                let skip = if octet >= 100 {
+                    0
+                } else if octet >= 10 {
+                    1
+                } else {
+                    2
+                };
+                for d in &digits[skip..] {
+                    buf[len] = b'0' + d;
+                    len += 1;
+                }
+            }
+            len
+        }
+        IpAddr::V6(_) => {
+            use std::io::Write as _;
+            let mut cursor = std::io::Cursor::new(&mut buf[..]);
+            let _ = write!(cursor, "{ip}");
+            cursor.position() as usize
+        }
+    };
     HeaderValue::from_bytes(&buf[..len]).expect("an IP address is a valid header value")
 }
 
@@ -231,6 +287,47 @@ mod tests {
         assert!(h.get("x-real-ip").is_none());
         assert!(h.get("forwarded").is_none());
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+    }
+
+    #[test]
+    fn remove_prefixed_removes_every_value_of_every_matching_name() {
+        let mut h: HeaderMap = [
+            ("x-aura-role", "service_role"),
+            ("x-aura-role", "anon"),
+            ("x-aura-project", "other"),
+            ("x-aurora", "kept"),
+        ]
+        .into_iter()
+        .map(|(n, v)| (HeaderName::from_static(n), HeaderValue::from_static(v)))
+        .collect();
+        assert_eq!(h.len(), 4);
+        remove_prefixed(&mut h, "x-aura-");
+        assert_eq!(h.len(), 1);
+        assert_eq!(h["x-aurora"], "kept");
+        remove_prefixed(&mut h, "x-aura-");
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn hop_by_hop_names_are_the_hop_by_hop_list() {
+        let names: Vec<&str> = HOP_BY_HOP_NAMES.iter().map(HeaderName::as_str).collect();
+        assert_eq!(names, HOP_BY_HOP);
+    }
+
+    #[test]
+    fn ip_values_are_written_as_displayed() {
+        for ip in [
+            "0.0.0.0",
+            "9.10.99.100",
+            "203.0.113.7",
+            "255.255.255.255",
+            "::1",
+            "2001:db8::8a2e:370:7334",
+            "::ffff:192.0.2.1",
+        ] {
+            let ip: IpAddr = ip.parse().expect("ip");
+            assert_eq!(ip_value(ip), ip.to_string().as_str());
+        }
     }
 
     #[test]

@@ -54,11 +54,10 @@ pub async fn forward_http_service(
             ),
         )
     })?;
-    let prefix = format!("/v1/{}", service.name());
     let rest = request
         .uri()
         .path()
-        .strip_prefix(&prefix)
+        .strip_prefix(service.route_prefix())
         .unwrap_or_default();
     let uri = self::http::upstream_uri(base, rest, request.uri().query())?;
     let breaker = state.breakers.service(service);

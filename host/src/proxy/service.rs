@@ -28,6 +28,21 @@ impl Service {
         Service::Control,
     ];
 
+    /// The prefix of the service's routes (`/v1/{name}`).
+    pub fn route_prefix(self) -> &'static str {
+        match self {
+            Service::Auth => "/v1/auth",
+            Service::Db => "/v1/db",
+            Service::Storage => "/v1/storage",
+            Service::Functions => "/v1/functions",
+            Service::Realtime => "/v1/realtime",
+            Service::Notifications => "/v1/notifications",
+            Service::Ai => "/v1/ai",
+            Service::Provisioner => "/v1/provisioner",
+            Service::Control => "/v1/control",
+        }
+    }
+
     /// The service name, as used in NATS subjects (`{prefix}.{name}.http`).
     pub fn name(self) -> &'static str {
         match self {
@@ -40,6 +55,18 @@ impl Service {
             Service::Ai => "ai",
             Service::Provisioner => "provisioner",
             Service::Control => "control",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_route_prefix_is_v1_and_the_service_name() {
+        for service in Service::ALL {
+            assert_eq!(service.route_prefix(), format!("/v1/{}", service.name()));
         }
     }
 }
