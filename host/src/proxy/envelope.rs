@@ -129,9 +129,7 @@ pub fn parse_reply(payload: &[u8]) -> Result<Reply, GatewayError> {
         })?;
         let value = HeaderValue::from_str(&value)
             .map_err(|_| bad(format!("the backend reply has an invalid value for {name}")))?;
-        if super::headers::HOP_BY_HOP.contains(&name.as_str())
-            || name == http::header::CONTENT_LENGTH
-        {
+        if super::headers::is_hop_by_hop(name.as_str()) || name == http::header::CONTENT_LENGTH {
             continue;
         }
         headers.append(name, value);

@@ -25,7 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::time::Instant;
 
 use super::envelope::query_without_apikey;
-use super::headers::{HOP_BY_HOP_NAMES, connection_named};
+use super::headers::{HOP_BY_HOP, connection_named};
 use super::idle::{IdleBody, pump};
 use crate::actor::Actor;
 use crate::breaker::CircuitBreaker;
@@ -51,10 +51,10 @@ pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named = connection_named(headers);
     // Most answers carry none: one pass over the names finds that without removing anything.
-    if named.is_empty() && !headers.keys().any(|n| HOP_BY_HOP_NAMES.contains(n)) {
+    if named.is_empty() && !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
         return;
     }
-    for name in &HOP_BY_HOP_NAMES {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
     for name in &named {
