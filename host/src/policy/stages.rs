@@ -206,7 +206,10 @@ impl ApiKeyStage {
             query_keys: crate::proxy::envelope::apikey_query_values(uri.query()),
             headers: headers
                 .iter()
-                .filter(|(name, _)| wanted.iter().any(|w| w == name.as_str()))
+                .filter(|(name, _)| {
+                    let name = name.as_str();
+                    wanted.iter().any(|w| w == name)
+                })
                 .map(|(name, value)| {
                     (
                         name.as_str().to_owned(),

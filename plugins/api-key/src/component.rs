@@ -18,6 +18,11 @@ use exports::aura::gateway::api_key::{
 
 static POLICY: OnceLock<Policy> = OnceLock::new();
 
+/// Call-scoped blocks (the host's arguments, the decision's strings) from a fixed region; the
+/// policy parsed by `configure` from the system allocator.
+#[global_allocator]
+static ALLOCATOR: aura_plugin_arena::Arena<16384> = aura_plugin_arena::Arena::new();
+
 struct Component;
 
 impl Guest for Component {
@@ -30,6 +35,7 @@ impl Guest for Component {
         POLICY
             .set(policy)
             .map_err(|_| "api-key plugin configured twice".to_owned())?;
+        ALLOCATOR.serve_calls();
         Ok(headers)
     }
 

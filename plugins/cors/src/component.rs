@@ -16,6 +16,11 @@ use exports::aura::gateway::cors::{CorsAllow, CorsDecision, CorsRequest, Guest};
 
 static POLICY: OnceLock<Policy> = OnceLock::new();
 
+/// Call-scoped blocks (the host's arguments, the decision's strings) from a fixed region; the
+/// policy parsed by `configure` from the system allocator.
+#[global_allocator]
+static ALLOCATOR: aura_plugin_arena::Arena<16384> = aura_plugin_arena::Arena::new();
+
 struct Component;
 
 impl Guest for Component {
@@ -27,7 +32,9 @@ impl Guest for Component {
         let policy = Policy::configure(plane, &config)?;
         POLICY
             .set(policy)
-            .map_err(|_| "cors plugin configured twice".to_owned())
+            .map_err(|_| "cors plugin configured twice".to_owned())?;
+        ALLOCATOR.serve_calls();
+        Ok(())
     }
 
     fn decide(request: CorsRequest) -> CorsDecision {

@@ -16,6 +16,11 @@ use exports::aura::gateway::quota::{Guest, QuotaDecision, QuotaRequest, QuotaRul
 
 static POLICY: OnceLock<Policy> = OnceLock::new();
 
+/// Call-scoped blocks (the host's arguments, the decision's strings) from a fixed region; the
+/// policy parsed by `configure` from the system allocator.
+#[global_allocator]
+static ALLOCATOR: aura_plugin_arena::Arena<16384> = aura_plugin_arena::Arena::new();
+
 struct Component;
 
 impl Guest for Component {
@@ -23,7 +28,9 @@ impl Guest for Component {
         let policy = Policy::configure(&config)?;
         POLICY
             .set(policy)
-            .map_err(|_| "quota plugin configured twice".to_owned())
+            .map_err(|_| "quota plugin configured twice".to_owned())?;
+        ALLOCATOR.serve_calls();
+        Ok(())
     }
 
     fn decide(request: QuotaRequest) -> QuotaDecision {
