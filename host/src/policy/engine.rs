@@ -281,12 +281,19 @@ pub(crate) trait StageWorld: Send + Sync + 'static {
     type Plane: ComponentType + Lower + Send + Sync + 'static;
     /// What a successful `configure` returns.
     type Setup: ComponentType + Lift + Clone + Send + Sync + 'static;
-    /// The per-request input.
-    type Request: ComponentType + Lower + Send + Sync + 'static;
+    /// The per-request input, borrowed from the request where it can be: lowering copies it
+    /// into the guest, so the host need not build owned strings first.
+    type Request<'a>: ComponentType + Lower + Send + Sync;
     /// The per-request decision.
     type Decision: ComponentType + Lift + Send + Sync + 'static;
     /// The WIT value of a plane.
     fn plane(plane: Plane) -> Self::Plane;
+    /// Calls `decide` (type-checked once for `'static` inputs) with a borrowed input.
+    fn call<'a>(
+        decide: &Decide<Self>,
+        store: &mut Store<PluginState>,
+        request: Self::Request<'a>,
+    ) -> wasmtime::Result<(Self::Decision,)>;
 }
 
 /// Where a component's stage functions are, found once at load.
@@ -325,7 +332,10 @@ impl Exports {
     }
 }
 
-type Decide<W> = TypedFunc<(<W as StageWorld>::Request,), (<W as StageWorld>::Decision,)>;
+/// A stage's `decide`, typed with `'static` inputs. `TypedFunc` is covariant in its
+/// parameters, so the same function takes inputs that live only as long as the call.
+pub(crate) type Decide<W> =
+    TypedFunc<(<W as StageWorld>::Request<'static>,), (<W as StageWorld>::Decision,)>;
 
 /// A new instance's decision function and what its `configure` returned, or the refusal
 /// `configure` answered.
@@ -357,7 +367,7 @@ fn instantiate<W: StageWorld>(
         )
         .map_err(|e| (FailureKind::Refused, format!("configure: {e:#}")))?;
     let decide = instance
-        .get_typed_func::<(W::Request,), (W::Decision,)>(&mut *store, exports.decide)
+        .get_typed_func::<(W::Request<'static>,), (W::Decision,)>(&mut *store, exports.decide)
         .map_err(|e| (FailureKind::Refused, format!("{}: {e:#}", W::DECIDE)))?;
     match configure.call(&mut *store, (W::plane(plane), config.to_owned())) {
         Ok((Ok(setup),)) => Ok(Ok((decide, setup))),
@@ -677,7 +687,7 @@ impl<W: StageWorld> StageModule<W> {
     pub(crate) fn call(
         &self,
         request_id: Option<&str>,
-        request: W::Request,
+        request: W::Request<'_>,
     ) -> Result<W::Decision, PluginError> {
         let pooled = self.runtime.settings.instance_reuse == InstanceReuse::Pooled;
         let reused = if pooled {
@@ -697,7 +707,7 @@ impl<W: StageWorld> StageModule<W> {
         slot.store.data_mut().limiter.memory_exceeded = false;
         slot.store.set_epoch_deadline(self.runtime.deadline_ticks());
         let started = Instant::now();
-        let result = slot.decide.call(&mut slot.store, (request,));
+        let result = W::call(&slot.decide, &mut slot.store, request);
         let took = started.elapsed();
         if let Some((calls, latency)) = self.call_metrics() {
             calls.inc();

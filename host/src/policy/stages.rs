@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
-use wasmtime::component::Component;
+use wasmtime::Store;
+use wasmtime::component::{Component, ComponentType, Lower, TypedFunc};
 
 use super::bindings;
-use super::engine::{PolicyEngine, StageModule, StageWorld};
+use super::engine::{Decide, PluginState, PolicyEngine, StageModule, StageWorld};
 use super::{PluginError, Stage};
 use crate::actor::{Actor, Role};
 use crate::plane::Plane;
@@ -14,15 +15,85 @@ use crate::plane::Plane;
 pub use bindings::api_key::exports::aura::gateway::api_key::{
     Credential, KeyDecision, KeyRequest, KeyRole, KeySource,
 };
-pub use bindings::cors::exports::aura::gateway::cors::{CorsAllow, CorsDecision, CorsRequest};
+pub use bindings::cors::exports::aura::gateway::cors::{CorsAllow, CorsDecision};
 pub use bindings::db_routing::exports::aura::gateway::db_routing::{
-    DbEngine, DbRequest, DbRoute, ProjectDb, Topology,
+    DbEngine, DbRoute, ProjectDb, Topology,
 };
-pub use bindings::quota::exports::aura::gateway::quota::{QuotaDecision, QuotaRequest, QuotaRule};
+pub use bindings::quota::exports::aura::gateway::quota::{QuotaDecision, QuotaRule};
 
-/// Declares the [`StageWorld`] of one stage over its generated types.
+use bindings::quota::aura::gateway::types::{ActorRole, Plane as QuotaPlane};
+
+/// `actor` of the `quota` stage, borrowed from the request's [`Actor`].
+#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub(crate) struct ActorRef<'a> {
+    #[component(name = "role")]
+    role: ActorRole,
+    #[component(name = "project")]
+    project: Option<&'a str>,
+    #[component(name = "key-id")]
+    key_id: Option<&'a str>,
+    #[component(name = "user-id")]
+    user_id: Option<&'a str>,
+    #[component(name = "org-role")]
+    org_role: Option<&'a str>,
+    #[component(name = "plan")]
+    plan: Option<&'a str>,
+}
+
+/// `quota-request`, borrowed: lowering copies the strings into the guest straight from the
+/// request's facts (the record is checked against the plugin's WIT when an instance is made).
+#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub(crate) struct QuotaRequestRef<'a> {
+    #[component(name = "plane")]
+    plane: QuotaPlane,
+    #[component(name = "method")]
+    method: &'a str,
+    #[component(name = "path")]
+    path: &'a str,
+    #[component(name = "route-group")]
+    route_group: &'a str,
+    #[component(name = "actor")]
+    actor: ActorRef<'a>,
+}
+
+/// `cors-request`, borrowed.
+#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub(crate) struct CorsRequestRef<'a> {
+    #[component(name = "plane")]
+    plane: bindings::cors::aura::gateway::types::Plane,
+    #[component(name = "method")]
+    method: &'a str,
+    #[component(name = "path")]
+    path: &'a str,
+    #[component(name = "origin")]
+    origin: &'a str,
+    #[component(name = "request-method")]
+    request_method: Option<&'a str>,
+    #[component(name = "request-headers")]
+    request_headers: Option<&'a str>,
+}
+
+/// `db-request`, borrowed.
+#[derive(Debug, Clone, ComponentType, Lower)]
+#[component(record)]
+pub(crate) struct DbRequestRef<'a> {
+    #[component(name = "plane")]
+    plane: bindings::db_routing::aura::gateway::types::Plane,
+    #[component(name = "method")]
+    method: &'a str,
+    #[component(name = "path")]
+    path: &'a str,
+    #[component(name = "project")]
+    project: Option<ProjectDb>,
+}
+
+/// Declares the [`StageWorld`] of one stage: its generated types, the request borrowed where it
+/// can be.
 macro_rules! stage_world {
-    ($world:ident, $module:ident, $stage:expr, $interface:literal, $decide:literal, $setup:ty, $request:ty, $decision:ty) => {
+    ($world:ident, $module:ident, $stage:expr, $interface:literal, $decide:literal, $setup:ty, $lt:lifetime, $request:ty, $decision:ty) => {
         /// The runtime's view of the stage.
         #[derive(Debug)]
         pub(crate) struct $world;
@@ -33,7 +104,7 @@ macro_rules! stage_world {
             const DECIDE: &'static str = $decide;
             type Plane = bindings::$module::aura::gateway::types::Plane;
             type Setup = $setup;
-            type Request = $request;
+            type Request<$lt> = $request;
             type Decision = $decision;
 
             fn plane(plane: Plane) -> Self::Plane {
@@ -41,6 +112,16 @@ macro_rules! stage_world {
                     Plane::Data => Self::Plane::Data,
                     Plane::Management => Self::Plane::Management,
                 }
+            }
+
+            fn call<'a>(
+                decide: &Decide<Self>,
+                store: &mut Store<PluginState>,
+                request: Self::Request<'a>,
+            ) -> wasmtime::Result<(Self::Decision,)> {
+                // Covariance: the function checked for `'static` inputs takes `'a` ones.
+                let decide: &TypedFunc<(Self::Request<'a>,), (Self::Decision,)> = decide;
+                decide.call(store, (request,))
             }
         }
     };
@@ -53,6 +134,7 @@ stage_world!(
     "api-key",
     "extract",
     Vec<String>,
+    'a,
     KeyRequest,
     KeyDecision
 );
@@ -63,7 +145,8 @@ stage_world!(
     "cors",
     "decide",
     (),
-    CorsRequest,
+    'a,
+    CorsRequestRef<'a>,
     CorsDecision
 );
 stage_world!(
@@ -73,7 +156,8 @@ stage_world!(
     "quota",
     "decide",
     (),
-    QuotaRequest,
+    'a,
+    QuotaRequestRef<'a>,
     QuotaDecision
 );
 stage_world!(
@@ -83,7 +167,8 @@ stage_world!(
     "db-routing",
     "decide",
     (),
-    DbRequest,
+    'a,
+    DbRequestRef<'a>,
     DbRoute
 );
 
@@ -258,16 +343,16 @@ impl CorsStage {
         if let Some(native) = &self.native {
             return Ok(native.decide(request.origin, request.request_method.is_some()));
         }
-        let request = CorsRequest {
+        let request = CorsRequestRef {
             plane: match plane {
                 Plane::Data => WitPlane::Data,
                 Plane::Management => WitPlane::Management,
             },
-            method: request.method.to_owned(),
-            path: request.path.to_owned(),
-            origin: request.origin.to_owned(),
-            request_method: request.request_method.map(str::to_owned),
-            request_headers: request.request_headers.map(str::to_owned),
+            method: request.method,
+            path: request.path,
+            origin: request.origin,
+            request_method: request.request_method,
+            request_headers: request.request_headers,
         };
         self.module.call(request_id, request)
     }
@@ -338,33 +423,30 @@ impl QuotaStage {
         route_group: &str,
         actor: &Actor,
     ) -> Result<QuotaDecision, PluginError> {
-        use bindings::quota::aura::gateway::types::{
-            Actor as WitActor, ActorRole, Plane as WitPlane,
-        };
         #[cfg(feature = "native-policies")]
         if let Some(native) = &self.native {
             return Ok(native.decide(route_group, actor));
         }
-        let request = QuotaRequest {
+        let request = QuotaRequestRef {
             plane: match actor.plane {
-                Plane::Data => WitPlane::Data,
-                Plane::Management => WitPlane::Management,
+                Plane::Data => QuotaPlane::Data,
+                Plane::Management => QuotaPlane::Management,
             },
-            method: method.to_owned(),
-            path: path.to_owned(),
-            route_group: route_group.to_owned(),
-            actor: WitActor {
+            method,
+            path,
+            route_group,
+            actor: ActorRef {
                 role: match actor.role {
                     Role::Anon => ActorRole::Anon,
                     Role::Authenticated => ActorRole::Authenticated,
                     Role::ServiceRole => ActorRole::ServiceRole,
                     Role::Console => ActorRole::Console,
                 },
-                project: actor.project.clone(),
-                key_id: actor.key_id.clone(),
-                user_id: actor.user_id.clone(),
-                org_role: actor.org_role.clone(),
-                plan: actor.plan.clone(),
+                project: actor.project.as_deref(),
+                key_id: actor.key_id.as_deref(),
+                user_id: actor.user_id.as_deref(),
+                org_role: actor.org_role.as_deref(),
+                plan: actor.plan.as_deref(),
             },
         };
         self.module.call(request_id, request)
@@ -395,13 +477,13 @@ impl DbRoutingStage {
         if let Some(native) = &self.native {
             return Ok(native.decide(method, path, project.as_ref()));
         }
-        let request = DbRequest {
+        let request = DbRequestRef {
             plane: match plane {
                 Plane::Data => WitPlane::Data,
                 Plane::Management => WitPlane::Management,
             },
-            method: method.to_owned(),
-            path: path.to_owned(),
+            method,
+            path,
             project,
         };
         self.module.call(request_id, request)
