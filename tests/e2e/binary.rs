@@ -807,3 +807,49 @@ async fn no_key_or_token_text_reaches_the_log_even_at_debug_level() {
         assert!(!log.contains(body), "part of {secret} is in the log");
     }
 }
+
+#[test]
+fn an_api_key_module_asking_for_too_many_or_too_long_header_names_is_refused() {
+    // Every request is searched for each name the `api-key` stage asks to read: the host bounds
+    // the module's answer (here the default module, configured by the operator).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names = |n: usize, len: usize| {
+        (0..n)
+            .map(|i| format!("\"x-{}{i:02}\"", "k".repeat(len.saturating_sub(4))))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let config = |list: String| {
+        write_config(
+            dir.path(),
+            &format!("[data_plane.plugins.api_key.config]\nheaders = [{list}]\n"),
+        )
+    };
+    let at_limit = check_config(&config(names(16, 64)));
+    assert!(
+        at_limit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&at_limit.stderr)
+    );
+    for (what, list, expected) in [
+        (
+            "17 names",
+            names(17, 8),
+            "17 header names to read, more than 16",
+        ),
+        (
+            "a 65-byte name",
+            names(1, 65),
+            "not a lower-case header name of 1 to 64 bytes",
+        ),
+    ] {
+        let out = check_config(&config(list));
+        assert!(!out.status.success(), "{what}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("data_plane.plugins.api_key"),
+            "{what}: {stderr}"
+        );
+        assert!(stderr.contains(expected), "{what}: {stderr}");
+    }
+}

@@ -679,3 +679,59 @@ async fn a_slow_jwks_fetch_never_holds_a_request() {
         "a request waited for the fetch: {slowest:?}"
     );
 }
+
+#[tokio::test]
+async fn stage_inputs_larger_than_the_plugins_arena_are_served_and_leave_it_usable() {
+    // The default plugins serve a call's blocks from a 16 KiB region and anything larger from
+    // their system allocator: a client decides how large the `apikey` and `Origin` values the
+    // stages receive are (up to `server.max_header_bytes`).
+    let edge = Edge::start("").await;
+    let client = reqwest::Client::new();
+    let url = edge.gw.data_url("/v1/storage/object/x");
+    let huge_key = format!("aura_pk_{}", "k".repeat(40 * 1024));
+    let huge_origin = format!("https://{}.example", "o".repeat(20 * 1024));
+    for round in 0..20 {
+        // A key bigger than the region: extracted from the system allocator, then unknown.
+        let r = client
+            .get(&url)
+            .header("apikey", &huge_key)
+            .send()
+            .await
+            .expect("r");
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "round {round}");
+        let body = r.text().await.expect("body");
+        assert!(
+            body.contains("\"invalid_api_key\""),
+            "round {round}: {body}"
+        );
+        // An origin bigger than the region, with a valid key: the CORS stage answers for it.
+        let r = client
+            .get(&url)
+            .header("apikey", &edge.fx.anon_key)
+            .header("origin", &huge_origin)
+            .send()
+            .await
+            .expect("r");
+        assert_eq!(r.status(), StatusCode::OK, "round {round}");
+        assert_eq!(
+            r.headers()["access-control-allow-origin"],
+            "*",
+            "round {round}: the data plane allows any origin"
+        );
+        // And the same instances keep answering ordinary requests from their region.
+        let r = client
+            .get(&url)
+            .header("apikey", &edge.fx.anon_key)
+            .header("origin", "https://app.example.com")
+            .send()
+            .await
+            .expect("r");
+        assert_eq!(r.status(), StatusCode::OK, "round {round}");
+        assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    }
+    assert_eq!(
+        edge.storage.seen().len(),
+        40,
+        "every keyed request forwarded"
+    );
+}

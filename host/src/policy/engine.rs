@@ -288,6 +288,11 @@ pub(crate) trait StageWorld: Send + Sync + 'static {
     type Decision: ComponentType + Lift + Send + Sync + 'static;
     /// The WIT value of a plane.
     fn plane(plane: Plane) -> Self::Plane;
+    /// Checks what `configure` returned before the host relies on it: a module's answer is
+    /// bounded here, and an answer out of bounds refuses the module.
+    fn check_setup(_setup: &Self::Setup) -> Result<(), String> {
+        Ok(())
+    }
     /// Calls `decide` (type-checked once for `'static` inputs) with a borrowed input.
     fn call<'a>(
         decide: &Decide<Self>,
@@ -480,6 +485,9 @@ impl<W: StageWorld> StageModule<W> {
             Ok(Err(reason)) => return Err(refuse(FailureKind::Refused, reason)),
             Err((kind, reason)) => return Err(refuse(kind, reason)),
         };
+        W::check_setup(&setup).map_err(|reason| {
+            refuse(FailureKind::Refused, format!("configure answered {reason}"))
+        })?;
         runtime.series_acquire(plane, W::STAGE, &digest);
         let module = Self {
             runtime,

@@ -93,7 +93,7 @@ pub(crate) struct DbRequestRef<'a> {
 /// Declares the [`StageWorld`] of one stage: its generated types, the request borrowed where it
 /// can be.
 macro_rules! stage_world {
-    ($world:ident, $module:ident, $stage:expr, $interface:literal, $decide:literal, $setup:ty, $lt:lifetime, $request:ty, $decision:ty) => {
+    ($world:ident, $module:ident, $stage:expr, $interface:literal, $decide:literal, $setup:ty, $lt:lifetime, $request:ty, $decision:ty $(, check = $check:path)?) => {
         /// The runtime's view of the stage.
         #[derive(Debug)]
         pub(crate) struct $world;
@@ -123,6 +123,12 @@ macro_rules! stage_world {
                 let decide: &TypedFunc<(Self::Request<'a>,), (Self::Decision,)> = decide;
                 decide.call(store, (request,))
             }
+
+            $(
+                fn check_setup(setup: &Self::Setup) -> Result<(), String> {
+                    $check(setup)
+                }
+            )?
         }
     };
 }
@@ -136,8 +142,41 @@ stage_world!(
     Vec<String>,
     'a,
     KeyRequest,
-    KeyDecision
+    KeyDecision,
+    check = check_key_headers
 );
+
+/// At most this many header names for the `api-key` stage to read: every request is searched
+/// for each, and each is removed from every request.
+pub const MAX_KEY_HEADERS: usize = 16;
+/// The longest header name the `api-key` stage may ask to read, in bytes.
+pub const MAX_KEY_HEADER_NAME_BYTES: usize = 64;
+
+/// Bounds the header names an `api-key` module asks to read (its `configure` answer).
+fn check_key_headers(names: &[String]) -> Result<(), String> {
+    if names.len() > MAX_KEY_HEADERS {
+        return Err(format!(
+            "{} header names to read, more than {MAX_KEY_HEADERS}",
+            names.len()
+        ));
+    }
+    let bad = |name: &String| {
+        name.is_empty()
+            || name.len() > MAX_KEY_HEADER_NAME_BYTES
+            || http::HeaderName::from_bytes(name.as_bytes())
+                .map_or(true, |n| n.as_str() != name.as_str())
+    };
+    match names.iter().find(|n| bad(n)) {
+        Some(name) => Err(format!(
+            "{:?} as a header name to read: not a lower-case header name of 1 to \
+             {MAX_KEY_HEADER_NAME_BYTES} bytes",
+            name.chars()
+                .take(MAX_KEY_HEADER_NAME_BYTES)
+                .collect::<String>()
+        )),
+        None => Ok(()),
+    }
+}
 stage_world!(
     CorsWorld,
     cors,
