@@ -43,6 +43,9 @@ pub struct Metrics {
     pub paths_refused: IntCounterVec,
     /// Dedicated PostgREST targets refused by the allow-list, by plane.
     pub postgrest_targets_refused: IntCounterVec,
+    /// Connections opened to HTTP backends, by backend (`storage`, `realtime`, `postgrest`):
+    /// with keep-alive, far fewer than requests.
+    pub upstream_connections_opened: IntCounterVec,
     /// Quota rule figures lowered to a ceiling, by plane, source (`operator`, `tenant`) and
     /// field (`rate`, `burst`, `cost`).
     pub quota_rules_clamped: IntCounterVec,
@@ -197,6 +200,11 @@ impl Metrics {
             "Dedicated PostgREST targets outside upstreams.postgrest_allowed_targets, by plane",
             &["plane"],
         );
+        let upstream_connections_opened = counter(
+            "upstream_connections_opened_total",
+            "Connections opened to HTTP backends, by backend",
+            &["backend"],
+        );
         let quota_rules_clamped = counter(
             "quota_rules_clamped_total",
             "Quota rule figures lowered to their ceiling, by plane, source and field",
@@ -267,6 +275,7 @@ impl Metrics {
             Box::new(tls_handshake_failures.clone()),
             Box::new(paths_refused.clone()),
             Box::new(postgrest_targets_refused.clone()),
+            Box::new(upstream_connections_opened.clone()),
             Box::new(quota_rules_clamped.clone()),
             Box::new(quota_rules_refused.clone()),
             Box::new(tenant_calls_shed.clone()),
@@ -321,6 +330,7 @@ impl Metrics {
             requests_shed,
             paths_refused,
             postgrest_targets_refused,
+            upstream_connections_opened,
             quota_rules_clamped,
             quota_rules_refused,
             tenant_calls_shed,

@@ -145,6 +145,10 @@ impl AppState {
         crate::policy::conformance::check(&policies)?;
         let nats = NatsTransport::connect(&config.nats).await?;
         let tenants = TenantPolicies::new(runtime.clone(), &config.plugins, metrics.clone());
+        let http = HttpTransport::new(
+            &config_upstreams,
+            metrics.upstream_connections_opened.clone(),
+        )?;
         let state = Self(Arc::new(StateInner {
             config,
             nats,
@@ -153,7 +157,7 @@ impl AppState {
             metrics,
             ip_limits,
             quotas,
-            http: HttpTransport::new(&config_upstreams)?,
+            http,
             breakers: Breakers::new(&config_breaker),
             auth,
             readiness: crate::readiness::Readiness::default(),

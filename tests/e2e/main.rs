@@ -31,3 +31,4 @@ mod timeouts;
 mod tls;
 mod tls_backends;
 mod trace_context;
+mod upstream_pool;

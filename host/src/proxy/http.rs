@@ -18,15 +18,14 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
+use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
-use super::envelope::query_without_apikey;
 use super::headers::{HOP_BY_HOP, connection_named};
 use super::idle::{IdleBody, pump};
+use super::pool::{Backend, Pools};
 use crate::actor::Actor;
 use crate::breaker::CircuitBreaker;
 use crate::config::UpstreamsConfig;
@@ -67,10 +66,14 @@ pub fn is_failure_status(status: StatusCode) -> bool {
     matches!(status.as_u16(), 502..=504)
 }
 
-/// The pooled HTTP client and its settings.
+/// The backends' connection pools and their settings.
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    pools: Arc<Pools>,
+    /// `upstreams.storage_url`, when set.
+    pub storage: Option<Backend>,
+    /// `upstreams.realtime_url`, when set.
+    pub realtime: Option<Backend>,
     idle: Duration,
     /// Dedicated PostgREST targets allowed (`upstreams.postgrest_allowed_targets`).
     pub postgrest_targets: Arc<super::targets::TargetAllowList>,
@@ -78,27 +81,13 @@ pub struct HttpTransport {
     pub tunnels: super::tunnels::Tunnels,
 }
 
-/// The backend URL of a request: `base` + `rest` + the query without `apikey`.
-pub fn upstream_uri(base: &str, rest: &str, query: Option<&str>) -> Result<Uri, GatewayError> {
-    let mut url = String::with_capacity(base.len() + rest.len() + 16);
-    url.push_str(base.trim_end_matches('/'));
-    if !rest.is_empty() && !rest.starts_with('/') {
-        url.push('/');
-    }
-    url.push_str(rest);
-    if let Some(q) = query_without_apikey(query) {
-        url.push('?');
-        url.push_str(&q);
-    }
-    url.parse().map_err(|_| {
-        GatewayError::bad_request("invalid_path", "the request path cannot be forwarded")
-    })
-}
-
 impl HttpTransport {
-    /// Builds the pooled client: `http://` and `https://` backends (the public roots plus
-    /// `upstreams.tls`).
-    pub fn new(config: &UpstreamsConfig) -> Result<Self, crate::tls::TlsError> {
+    /// The pools of the configured backends, dialing `http://` and `https://` (the public roots
+    /// plus `upstreams.tls`); `opened` counts the connections they open, by backend.
+    pub fn new(
+        config: &UpstreamsConfig,
+        opened: prometheus::IntCounterVec,
+    ) -> Result<Self, crate::tls::TlsError> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
         connector.set_nodelay(true);
@@ -109,14 +98,20 @@ impl HttpTransport {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(config.pool_max_idle_per_host)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+        let pools = Pools::new(connector, config.pool_max_idle_per_host, opened);
+        pools.spawn_sweeper();
         Ok(Self {
-            client,
-            idle: Duration::from_secs(config.stream_idle_timeout_secs),
             // Validated with the configuration.
+            storage: config
+                .storage_url
+                .as_deref()
+                .and_then(|base| pools.configured("storage", base)),
+            realtime: config
+                .realtime_url
+                .as_deref()
+                .and_then(|base| pools.configured("realtime", base)),
+            pools,
+            idle: Duration::from_secs(config.stream_idle_timeout_secs),
             postgrest_targets: Arc::new(
                 super::targets::TargetAllowList::parse(&config.postgrest_allowed_targets)
                     .unwrap_or_default(),
@@ -125,10 +120,17 @@ impl HttpTransport {
         })
     }
 
-    /// Forwards `request` to `uri` through `breaker`, until `deadline` for the response head.
+    /// The backend of a dedicated PostgREST target (checked against the allow-list first).
+    pub fn postgrest(&self, base: &str) -> Result<Backend, GatewayError> {
+        self.pools.named("postgrest", base)
+    }
+
+    /// Forwards `request` to `uri` (origin form) of `backend` through `breaker`, until
+    /// `deadline` for the response head.
     pub async fn forward(
         &self,
         breaker: &Arc<CircuitBreaker>,
+        backend: &Backend,
         uri: Uri,
         mut request: Request,
         actor: &Actor,
@@ -172,7 +174,18 @@ impl HttpTransport {
             .map_err(|e| GatewayError::internal(format!("upstream request: {e}")))?;
         *upstream.headers_mut() = headers;
 
-        let sent = tokio::time::timeout_at(deadline, self.client.request(upstream)).await;
+        // The answer's body streams (from its pooled connection) under the idle limit.
+        let idle = self.idle;
+        let sent = if upgrade {
+            // Boxed: a rare case whose state would make every request's future larger.
+            tokio::time::timeout_at(deadline, Box::pin(backend.pool.send_upgrade(upstream)))
+                .await
+                .map(|r| r.map(|response| response.map(|b| Body::new(IdleBody::new(b, idle)))))
+        } else {
+            tokio::time::timeout_at(deadline, backend.pool.send(upstream))
+                .await
+                .map(|r| r.map(|response| response.map(|b| Body::new(IdleBody::new(b, idle)))))
+        };
         let mut response = match sent {
             // The budget ran out: delivery unknown, the probe goes back unconsumed.
             Err(_) => {
@@ -222,7 +235,6 @@ impl HttpTransport {
                 ));
             };
             let upstream_upgrade = hyper::upgrade::on(&mut response);
-            let idle = self.idle;
             // The tunnel keeps its client connection's slot and ends within the shutdown grace.
             self.tunnels.spawn(slot, async move {
                 match tokio::try_join!(client_upgrade, upstream_upgrade) {
@@ -240,34 +252,14 @@ impl HttpTransport {
             return Ok(out);
         }
 
-        let (mut parts, body) = response.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        Ok(Response::from_parts(
-            parts,
-            Body::new(IdleBody::new(body, self.idle)),
-        ))
+        strip_hop_by_hop(response.headers_mut());
+        Ok(response)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls_join_base_and_rest_and_drop_the_key() {
-        assert_eq!(
-            upstream_uri("http://s:5000", "/object/a.png", Some("x=1&apikey=k")).expect("uri"),
-            "http://s:5000/object/a.png?x=1"
-        );
-        assert_eq!(
-            upstream_uri("http://s:5000/storage/v1/", "/object", None).expect("uri"),
-            "http://s:5000/storage/v1/object"
-        );
-        assert_eq!(
-            upstream_uri("http://pg:3000", "/todos", Some("select=*")).expect("uri"),
-            "http://pg:3000/todos?select=*"
-        );
-    }
 
     #[test]
     fn hop_by_hop_headers_of_an_answer_are_removed() {

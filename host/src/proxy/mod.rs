@@ -5,6 +5,7 @@ pub mod headers;
 pub mod http;
 pub mod idle;
 pub mod nats;
+pub mod pool;
 pub mod service;
 pub mod targets;
 pub mod tunnels;
@@ -39,10 +40,9 @@ pub async fn forward_http_service(
     service: Service,
     request: Request,
 ) -> Result<Response, GatewayError> {
-    let upstreams = &state.config.upstreams;
-    let base = match service {
-        Service::Storage => upstreams.storage_url.as_deref(),
-        Service::Realtime => upstreams.realtime_url.as_deref(),
+    let backend = match service {
+        Service::Storage => state.http.storage.as_ref(),
+        Service::Realtime => state.http.realtime.as_ref(),
         _ => None,
     }
     .ok_or_else(|| {
@@ -59,21 +59,22 @@ pub async fn forward_http_service(
         .path()
         .strip_prefix(service.route_prefix())
         .unwrap_or_default();
-    let uri = self::http::upstream_uri(base, rest, request.uri().query())?;
+    let uri = backend.uri(rest, request.uri().query())?;
     let breaker = state.breakers.service(service);
-    forward_http(state, &breaker, uri, request).await
+    forward_http(state, &breaker, backend, uri, request).await
 }
 
 async fn forward_http(
     state: &AppState,
     breaker: &std::sync::Arc<crate::breaker::CircuitBreaker>,
+    backend: &self::pool::Backend,
     uri: ::http::Uri,
     request: Request,
 ) -> Result<Response, GatewayError> {
     let cx = route_context(&request)?;
     state
         .http
-        .forward(breaker, uri, request, &cx.actor, cx.deadline)
+        .forward(breaker, backend, uri, request, &cx.actor, cx.deadline)
         .await
 }
 
@@ -147,9 +148,10 @@ pub async fn route_db(state: &AppState, request: Request) -> Result<Response, Ga
                 .path()
                 .strip_prefix("/v1/db")
                 .unwrap_or_default();
-            let uri = self::http::upstream_uri(&base, rest, request.uri().query())?;
+            let backend = state.http.postgrest(&base)?;
+            let uri = backend.uri(rest, request.uri().query())?;
             let breaker = state.breakers.postgrest.get(base.trim_end_matches('/'));
-            forward_http(state, &breaker, uri, request).await
+            forward_http(state, &breaker, &backend, uri, request).await
         }
     }
 }

@@ -122,15 +122,22 @@ pub fn bound(
     );
     let burst = cap(answered.burst, ceilings.max_burst, Field::Burst);
     let cost = cap(answered.cost, ceilings.max_cost, Field::Cost).min(burst);
-    let bucket = match (source, project) {
+    // Written by hand, not formatted: this runs on every request with a quota.
+    let mut bucket = String::with_capacity(answered.bucket.len() + 32);
+    match (source, project) {
         (RuleSource::Tenant, Some(project)) => {
-            format!("t:{}:{project}:{}", project.len(), answered.bucket)
+            bucket.push_str("t:");
+            push_decimal(&mut bucket, project.len());
+            bucket.push(':');
+            bucket.push_str(project);
+            bucket.push(':');
         }
         // A tenant module only ever runs for a request of its project; without one there is
         // nothing to name, and the rule still never reaches the operator's namespace.
-        (RuleSource::Tenant, None) => format!("t:0::{}", answered.bucket),
-        (RuleSource::Operator, _) => format!("o:{}", answered.bucket),
-    };
+        (RuleSource::Tenant, None) => bucket.push_str("t:0::"),
+        (RuleSource::Operator, _) => bucket.push_str("o:"),
+    }
+    bucket.push_str(answered.bucket);
     Ok(Bounded {
         rule: Rule {
             bucket,
@@ -140,6 +147,22 @@ pub fn bound(
         },
         clamped,
     })
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 #[cfg(test)]
@@ -233,5 +256,30 @@ mod tests {
         );
         // Nor can a tenant name an operator bucket by writing its namespace.
         assert_ne!(name(RuleSource::Tenant, Some("a"), &operator), operator);
+    }
+
+    #[test]
+    fn bucket_names_carry_their_source_and_project() {
+        let config = RateLimitConfig::default();
+        let named = |source, project| {
+            bound(&config, source, project, answered("k:1", 1, 1, 1))
+                .expect("bounded")
+                .rule
+                .bucket
+        };
+        assert_eq!(named(RuleSource::Tenant, Some("alpha")), "t:5:alpha:k:1");
+        // The project's length keeps `t:{len}:{project}:{bucket}` unambiguous.
+        assert_eq!(
+            named(RuleSource::Tenant, Some("abcdefghijkl")),
+            "t:12:abcdefghijkl:k:1"
+        );
+        assert_eq!(named(RuleSource::Tenant, None), "t:0::k:1");
+        assert_eq!(named(RuleSource::Operator, Some("alpha")), "o:k:1");
+        let mut out = String::new();
+        for n in [0, 7, 10, 99, 100, usize::MAX] {
+            out.clear();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string());
+        }
     }
 }

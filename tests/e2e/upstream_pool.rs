@@ -1,0 +1,296 @@
+//! The HTTP backends' connection pools, through the binary: connections are reused, and a
+//! connection the backend closed, or whose answer was abandoned or cut short, is never used
+//! again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::fixture::Fixture;
+use crate::support::gateway::{Process, binary_config, metric};
+use crate::support::nats_server::shared;
+use crate::support::unique_prefix;
+
+/// A raw HTTP/1.1 backend, so that it can misbehave in ways a framework would not allow. By
+/// path: `/keep` answers `keep` and keeps the connection; `/close-after` answers the same and
+/// then closes it, without saying so; `/big` answers 8 MiB slowly; `/short` promises 100 bytes,
+/// sends 10 and closes.
+struct RawBackend {
+    url: String,
+    accepted: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+}
+
+impl RawBackend {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let (count, live) = (accepted.clone(), open.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                live.fetch_add(1, Ordering::SeqCst);
+                let live = live.clone();
+                tokio::spawn(async move {
+                    serve_connection(stream).await;
+                    live.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Self {
+            url,
+            accepted,
+            open,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+}
+
+/// Serves requests (heads only: these tests send no bodies) until the client closes, or the
+/// path says to stop.
+async fn serve_connection(mut stream: tokio::net::TcpStream) {
+    let mut buf = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        buf.drain(..head_end);
+        let mut line = head.lines().next().unwrap_or_default().split(' ');
+        let method = line.next().unwrap_or_default().to_owned();
+        let path = line.next().unwrap_or_default().to_owned();
+        let keep = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nkeep";
+        let written = match path.as_str() {
+            "/object/keep" if method == "HEAD" => {
+                stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
+                    .await
+            }
+            "/object/keep" => stream.write_all(keep).await,
+            "/object/close-after" => {
+                let _ = stream.write_all(keep).await;
+                return;
+            }
+            "/object/big" => {
+                let size = 8 << 20;
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {size}\r\n\r\n");
+                if stream.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = vec![b'B'; 64 * 1024];
+                for _ in 0..size / chunk.len() {
+                    if stream.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Ok(())
+            }
+            "/object/short" => {
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+                    .await;
+                return;
+            }
+            _ => {
+                stream
+                    .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    .await
+            }
+        };
+        if written.is_err() {
+            return;
+        }
+    }
+}
+
+/// The gateway binary in front of `backend`, and an API key it knows.
+fn start_gateway(
+    dir: &std::path::Path,
+    backend: &RawBackend,
+    pool_max_idle: usize,
+) -> (Process, String) {
+    let fx = Fixture::new();
+    let config = binary_config(
+        dir,
+        &fx,
+        "",
+        &shared().url(),
+        &unique_prefix(),
+        &format!(
+            "[upstreams]\nstorage_url = \"{}\"\npool_max_idle_per_host = {pool_max_idle}\n",
+            backend.url
+        ),
+    );
+    (Process::serve(&config, dir), fx.anon_key)
+}
+
+async fn get(gw: &Process, key: &str, path: &str) -> (StatusCode, String) {
+    let r = reqwest::Client::new()
+        .get(gw.data_url(path))
+        .header("apikey", key)
+        .send()
+        .await
+        .expect("answered");
+    let status = r.status();
+    (status, r.text().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn backend_connections_are_reused_and_never_after_a_close_an_abandoned_or_a_cut_answer() {
+    let backend = RawBackend::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gw, key) = start_gateway(dir.path(), &backend, 8);
+
+    // One client at a time: one backend connection, whatever the client does with its own.
+    for _ in 0..20 {
+        assert_eq!(
+            get(&gw, &key, "/v1/storage/object/keep").await,
+            (StatusCode::OK, "keep".to_owned())
+        );
+    }
+    let head = reqwest::Client::new()
+        .head(gw.data_url("/v1/storage/object/keep"))
+        .header("apikey", &key)
+        .send()
+        .await
+        .expect("head");
+    assert_eq!(head.status(), StatusCode::OK);
+    assert_eq!(
+        get(&gw, &key, "/v1/storage/object/keep").await,
+        (StatusCode::OK, "keep".to_owned())
+    );
+    assert_eq!(backend.accepted(), 1, "the connection was reused");
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "aura_upstream_connections_opened_total",
+            &["backend=\"storage\""]
+        ),
+        1.0,
+        "{metrics}"
+    );
+
+    // The backend closes the connection after answering (its keep-alive ran out), without a
+    // `Connection: close`: the next request sees the close and takes a new connection.
+    for _ in 0..5 {
+        assert_eq!(
+            get(&gw, &key, "/v1/storage/object/close-after").await,
+            (StatusCode::OK, "keep".to_owned())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            get(&gw, &key, "/v1/storage/object/keep").await,
+            (StatusCode::OK, "keep".to_owned())
+        );
+    }
+    assert_eq!(backend.accepted(), 6);
+
+    // A client abandons an 8 MiB answer after its first bytes: that connection still holds the
+    // rest, and is closed rather than reused.
+    let accepted = backend.accepted();
+    let big = reqwest::Client::new()
+        .get(gw.data_url("/v1/storage/object/big"))
+        .header("apikey", &key)
+        .send()
+        .await
+        .expect("big");
+    assert_eq!(big.status(), StatusCode::OK);
+    let mut stream = big.bytes_stream();
+    let first = stream.next().await.expect("a chunk").expect("bytes");
+    assert_eq!(first[0], b'B');
+    drop(stream);
+    for _ in 0..5 {
+        assert_eq!(
+            get(&gw, &key, "/v1/storage/object/keep").await,
+            (StatusCode::OK, "keep".to_owned()),
+            "no byte of the abandoned answer reached another request"
+        );
+    }
+    assert_eq!(backend.accepted(), accepted + 1);
+
+    // An answer cut short: the client's exchange fails (at its head or its body, depending on
+    // what was flushed), and the next request is served cleanly.
+    let short = reqwest::Client::new()
+        .get(gw.data_url("/v1/storage/object/short"))
+        .header("apikey", &key)
+        .send()
+        .await;
+    let complete = match short {
+        Ok(r) => r.bytes().await.is_ok(),
+        Err(_) => false,
+    };
+    assert!(!complete, "a body cut short is not passed off as complete");
+    for _ in 0..3 {
+        assert_eq!(
+            get(&gw, &key, "/v1/storage/object/keep").await,
+            (StatusCode::OK, "keep".to_owned())
+        );
+    }
+    assert_eq!(
+        get(&gw, &key, "/health").await.0,
+        StatusCode::OK,
+        "still serving"
+    );
+}
+
+#[tokio::test]
+async fn a_burst_opens_connections_as_needed_and_keeps_at_most_the_idle_limit() {
+    let backend = RawBackend::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gw, key) = start_gateway(dir.path(), &backend, 4);
+    // Concurrent answers that take a while: each needs a connection of its own.
+    let calls = (0..24).map(|_| get(&gw, &key, "/v1/storage/object/big"));
+    let answers = futures::future::join_all(calls).await;
+    for (status, body) in &answers {
+        assert_eq!(*status, StatusCode::OK);
+        assert_eq!(body.len(), 8 << 20);
+    }
+    assert!(
+        backend.accepted() > 4,
+        "{} connections for 24 concurrent answers",
+        backend.accepted()
+    );
+    // Back to idle: the pool keeps four; the others were closed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while backend.open() > 4 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(backend.open(), 4, "idle connections kept past the limit");
+    // And they serve the next requests.
+    let accepted = backend.accepted();
+    for _ in 0..8 {
+        assert_eq!(
+            get(&gw, &key, "/v1/storage/object/keep").await,
+            (StatusCode::OK, "keep".to_owned())
+        );
+    }
+    assert_eq!(
+        backend.accepted(),
+        accepted,
+        "the idle connections were used"
+    );
+}
