@@ -143,7 +143,7 @@ impl OriginPool {
         request
             .headers_mut()
             .insert(header::HOST, self.host.clone());
-        let mut pooled = poll_fn(|cx| Poll::Ready(self.checkout(cx))).await;
+        let mut pooled = poll_fn(|cx| Poll::Ready(self.checkout(cx, Instant::now()))).await;
         loop {
             let reused = pooled.is_some();
             let mut conn = match pooled.take() {
@@ -221,8 +221,7 @@ impl OriginPool {
 
     /// The most recently returned idle connection still usable, if any. Others met on the way
     /// (past [`IDLE_TIMEOUT`], or closed by the backend while waiting) are dropped.
-    fn checkout(&self, cx: &mut Context<'_>) -> Option<Box<Conn>> {
-        let now = Instant::now();
+    fn checkout(&self, cx: &mut Context<'_>, now: Instant) -> Option<Box<Conn>> {
         loop {
             let mut entry = self.idle.lock().ok()?.pop()?;
             if now.duration_since(entry.since) > IDLE_TIMEOUT {
@@ -237,15 +236,12 @@ impl OriginPool {
     }
 
     /// Returns a connection after its exchange; closed instead when the pool is full.
-    fn put(&self, conn: Box<Conn>) {
+    fn put(&self, conn: Box<Conn>, now: Instant) {
         let Ok(mut idle) = self.idle.lock() else {
             return;
         };
         if idle.len() < self.max_idle {
-            idle.push(Idle {
-                conn,
-                since: Instant::now(),
-            });
+            idle.push(Idle { conn, since: now });
         } else {
             drop(idle);
             drop(conn);
@@ -273,8 +269,7 @@ impl OriginPool {
     }
 
     /// Drops idle connections past [`IDLE_TIMEOUT`] or closed by the backend; answers how many.
-    fn sweep(&self) -> usize {
-        let now = Instant::now();
+    fn sweep(&self, now: Instant) -> usize {
         let mut cx = Context::from_waker(Waker::noop());
         let dropped: Vec<Idle> = {
             let Ok(mut idle) = self.idle.lock() else {
@@ -321,7 +316,7 @@ impl PooledBody {
             // end; if not, one more turn lets it finish the exchange.
             && (conn.is_reusable() || (!conn.poll_closed(cx) && conn.is_reusable()))
         {
-            self.pool.put(conn);
+            self.pool.put(conn, Instant::now());
         }
     }
 }
@@ -487,16 +482,16 @@ impl Pools {
     }
 
     /// Sweeps every pool; forgets request-named origins no request holds and with nothing idle.
-    pub fn sweep(&self) -> usize {
+    pub fn sweep(&self, now: Instant) -> usize {
         let mut swept = 0;
         if let Ok(fixed) = self.fixed.lock() {
             for pool in fixed.iter().filter_map(Weak::upgrade) {
-                swept += pool.sweep();
+                swept += pool.sweep(now);
             }
         }
         if let Ok(mut dynamic) = self.dynamic.lock() {
             dynamic.retain(|_, pool| {
-                swept += pool.sweep();
+                swept += pool.sweep(now);
                 Arc::strong_count(pool) > 1 || pool.idle_count() > 0
             });
         }
@@ -512,7 +507,7 @@ impl Pools {
             loop {
                 tick.tick().await;
                 let Some(pools) = weak.upgrade() else { break };
-                let closed = pools.sweep();
+                let closed = pools.sweep(Instant::now());
                 if closed > 0 {
                     tracing::debug!(closed, "idle backend connections closed");
                 }
@@ -610,5 +605,74 @@ mod tests {
         assert_eq!(b.uri("/object", None).expect("uri"), "/storage/v1/object");
         assert_eq!(b.uri("object", None).expect("uri"), "/storage/v1/object");
         assert!(b.uri("/a b", None).is_err());
+    }
+
+    /// A backend that accepts connections and counts those still open.
+    async fn holding_backend() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let open = Arc::new(AtomicUsize::new(0));
+        let count = open.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                    count.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        (url, open)
+    }
+
+    async fn until_open(open: &std::sync::atomic::AtomicUsize, want: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while open.load(std::sync::atomic::Ordering::SeqCst) != want && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(open.load(std::sync::atomic::Ordering::SeqCst), want);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_are_used_within_the_idle_timeout_and_closed_past_it() {
+        let (url, open) = holding_backend().await;
+        let b = backend(&url);
+        let mut cx = Context::from_waker(Waker::noop());
+        let t0 = Instant::now();
+        let conn = b.pool.connect().await.expect("connected");
+        until_open(&open, 1).await;
+        b.pool.put(conn, t0);
+        assert_eq!(b.pool.idle_count(), 1);
+
+        // Taken just before its idle time runs out: the same connection.
+        let conn = b
+            .pool
+            .checkout(&mut cx, t0 + IDLE_TIMEOUT - Duration::from_secs(1))
+            .expect("an idle connection within the timeout");
+        b.pool.put(conn, t0);
+        // Just after: closed rather than used.
+        assert!(
+            b.pool
+                .checkout(&mut cx, t0 + IDLE_TIMEOUT + Duration::from_secs(1))
+                .is_none()
+        );
+        assert_eq!(b.pool.idle_count(), 0);
+        until_open(&open, 0).await;
+
+        // The sweep keeps what is within the timeout and closes what is past it.
+        let conn = b.pool.connect().await.expect("connected");
+        until_open(&open, 1).await;
+        b.pool.put(conn, t0);
+        assert_eq!(b.pool.sweep(t0 + Duration::from_secs(1)), 0);
+        assert_eq!(b.pool.idle_count(), 1);
+        assert_eq!(b.pool.sweep(t0 + IDLE_TIMEOUT + Duration::from_secs(1)), 1);
+        assert_eq!(b.pool.idle_count(), 0);
+        until_open(&open, 0).await;
     }
 }
