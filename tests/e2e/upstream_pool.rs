@@ -18,7 +18,7 @@ use crate::support::unique_prefix;
 /// A raw HTTP/1.1 backend, so that it can misbehave in ways a framework would not allow. By
 /// path: `/keep` answers `keep` and keeps the connection; `/close-after` answers the same and
 /// then closes it, without saying so; `/big` answers 8 MiB slowly; `/short` promises 100 bytes,
-/// sends 10 and closes.
+/// sends 10 and closes; `/switch` switches protocols unasked.
 struct RawBackend {
     url: String,
     accepted: Arc<AtomicUsize>,
@@ -107,6 +107,16 @@ async fn serve_connection(mut stream: tokio::net::TcpStream) {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Ok(())
+            }
+            "/object/switch" => {
+                // Switches protocols on a request that asked for no upgrade.
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+                    )
+                    .await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                return;
             }
             "/object/short" => {
                 let _ = stream
@@ -250,6 +260,19 @@ async fn backend_connections_are_reused_and_never_after_a_close_an_abandoned_or_
             (StatusCode::OK, "keep".to_owned())
         );
     }
+
+    // A backend switching protocols on a plain request: the contract's JSON 502, that
+    // connection never reused, and the next request served cleanly.
+    let accepted = backend.accepted();
+    let (status, body) = get(&gw, &key, "/v1/storage/object/switch").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).expect("json error");
+    assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+    assert_eq!(
+        get(&gw, &key, "/v1/storage/object/keep").await,
+        (StatusCode::OK, "keep".to_owned())
+    );
+    assert_eq!(backend.accepted(), accepted + 1);
     assert_eq!(
         get(&gw, &key, "/health").await.0,
         StatusCode::OK,

@@ -127,7 +127,7 @@ pub fn bound(
     match (source, project) {
         (RuleSource::Tenant, Some(project)) => {
             bucket.push_str("t:");
-            push_decimal(&mut bucket, project.len());
+            bucket.push_str(itoa::Buffer::new().format(project.len()));
             bucket.push(':');
             bucket.push_str(project);
             bucket.push(':');
@@ -147,22 +147,6 @@ pub fn bound(
         },
         clamped,
     })
-}
-
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut String, n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 #[cfg(test)]
@@ -275,11 +259,5 @@ mod tests {
         );
         assert_eq!(named(RuleSource::Tenant, None), "t:0::k:1");
         assert_eq!(named(RuleSource::Operator, Some("alpha")), "o:k:1");
-        let mut out = String::new();
-        for n in [0, 7, 10, 99, 100, usize::MAX] {
-            out.clear();
-            push_decimal(&mut out, n);
-            assert_eq!(out, n.to_string());
-        }
     }
 }
