@@ -121,14 +121,22 @@ async fn rs256_and_es256_tokens_verify_against_the_jwks_and_confusion_is_refused
     );
 
     // Unknown kids refetch the set at most once per cooldown (3 s here). The first fetch was
-    // made when the gateway started: the first unknown kid may refetch or not, depending on how
-    // long ago that was; the ones right after it may not.
+    // made when the gateway started: past its cooldown, the first unknown kid refetches, and the
+    // ones right after it may not. (Without the wait, the cooldown could end between the first
+    // unknown kid and the next, on a loaded machine.)
+    tokio::time::sleep(std::time::Duration::from_millis(3_100)).await;
     let unknown_kid = || call(sign(Algorithm::RS256, "rsa-rotated", &rsa, claims.clone()));
+    let before = fetches.load(Ordering::SeqCst);
     assert_eq!(
         unknown_kid().await.expect("r").status(),
         StatusCode::UNAUTHORIZED
     );
     let after_first = fetches.load(Ordering::SeqCst);
+    assert_eq!(
+        after_first,
+        before + 1,
+        "an unknown kid past the cooldown refetches"
+    );
     for _ in 0..3 {
         assert_eq!(
             unknown_kid().await.expect("r").status(),

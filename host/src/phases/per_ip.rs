@@ -23,17 +23,47 @@ fn secs(d: std::time::Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
+/// Numbers below this have a prebuilt header value: the three `RateLimit-*` values of the
+/// default limits (a burst of 1000) cost no allocation.
+const PREBUILT_NUMBERS: u64 = 1024;
+
+/// The header value of `n`: a copy of a prebuilt one below [`PREBUILT_NUMBERS`] (its bytes are
+/// static, so the copy takes neither an allocation nor a reference count), a new one above.
+fn number(n: u64) -> HeaderValue {
+    static PREBUILT: std::sync::OnceLock<Vec<HeaderValue>> = std::sync::OnceLock::new();
+    let prebuilt = PREBUILT.get_or_init(|| {
+        let mut digits = String::new();
+        let mut ends = Vec::new();
+        for n in 0..PREBUILT_NUMBERS {
+            digits.push_str(itoa::Buffer::new().format(n));
+            ends.push(digits.len());
+        }
+        // Made once for the process's lifetime (about 3 KB).
+        let digits: &'static str = Box::leak(digits.into_boxed_str());
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let value = HeaderValue::from_static(&digits[start..end]);
+                start = end;
+                value
+            })
+            .collect()
+    });
+    usize::try_from(n)
+        .ok()
+        .and_then(|i| prebuilt.get(i))
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from(n))
+}
+
 /// Sets `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`.
 pub fn rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
-    headers.insert(RATELIMIT_LIMIT.clone(), HeaderValue::from(decision.limit));
+    headers.insert(RATELIMIT_LIMIT.clone(), number(decision.limit.into()));
     headers.insert(
         RATELIMIT_REMAINING.clone(),
-        HeaderValue::from(decision.remaining),
+        number(decision.remaining.into()),
     );
-    headers.insert(
-        RATELIMIT_RESET.clone(),
-        HeaderValue::from(secs(decision.reset)),
-    );
+    headers.insert(RATELIMIT_RESET.clone(), number(secs(decision.reset)));
 }
 
 /// Counts a decision in `aura_ratelimit_decisions_total`.
@@ -102,4 +132,52 @@ pub fn check(state: &AppState, cx: &mut RequestContext, request: &Request) -> Re
 /// The 429 answer of the per-IP limit.
 pub fn limited(decision: &Decision) -> Response {
     too_many(decision)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn numbers_read_the_same_prebuilt_or_not() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            999,
+            1000,
+            1023,
+            1024,
+            1025,
+            4_294_967_295,
+            u64::MAX,
+        ] {
+            assert_eq!(number(n), HeaderValue::from(n), "{n}");
+        }
+        let all: Vec<HeaderValue> = (0..PREBUILT_NUMBERS).map(number).collect();
+        for (n, value) in all.iter().enumerate() {
+            assert_eq!(value.to_str().ok(), Some(n.to_string().as_str()));
+        }
+    }
+
+    #[test]
+    fn the_three_headers_carry_the_decision() {
+        let mut headers = HeaderMap::new();
+        let decision = Decision {
+            allowed: true,
+            limit: 1000,
+            remaining: 5_000_000,
+            reset: Duration::from_millis(1_500),
+        };
+        rate_limit_headers(&mut headers, &decision);
+        let get = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+        assert_eq!(get(&RATELIMIT_LIMIT), Some("1000"));
+        assert_eq!(get(&RATELIMIT_REMAINING), Some("5000000"));
+        assert_eq!(get(&RATELIMIT_RESET), Some("2"));
+    }
 }

@@ -112,12 +112,14 @@ impl Policy {
 
     /// The rule for one request, or `None` when it is exempt.
     pub fn decide(&self, route_group: &str, actor: Actor<'_>) -> Option<Rule> {
+        // Concatenated, not formatted: `format!` costs a plugin about a thousand instructions
+        // per call (the formatting machinery, compiled to wasm), `concat` a few dozen.
         let bucket = match (actor.role, actor.user_id, actor.key_id) {
-            (Role::Console, Some(user), _) => format!("console:{user}"),
+            (Role::Console, Some(user), _) => ["console:", user].concat(),
             (Role::Authenticated, Some(user), _) => {
-                format!("user:{}:{user}", actor.project.unwrap_or("-"))
+                ["user:", actor.project.unwrap_or("-"), ":", user].concat()
             }
-            (_, _, Some(key)) => format!("key:{key}"),
+            (_, _, Some(key)) => ["key:", key].concat(),
             _ => return None,
         };
         let limits = actor
@@ -169,6 +171,14 @@ mod tests {
         let mut a = actor(Role::Authenticated);
         a.user_id = Some("u1");
         assert_eq!(p.decide("db", a).expect("limited").bucket, "user:proj:u1");
+        a.project = None;
+        assert_eq!(p.decide("db", a).expect("limited").bucket, "user:-:u1");
+        let mut console = actor(Role::Console);
+        console.user_id = Some("c1");
+        assert_eq!(
+            p.decide("management", console).expect("limited").bucket,
+            "console:c1"
+        );
         let anon = Actor {
             role: Role::Anon,
             project: None,
