@@ -166,6 +166,14 @@ mod tests {
     }
 
     #[test]
+    fn a_prebuilt_number_is_shared_not_made_again() {
+        // The same bytes each time below the bound (no allocation); new bytes above it.
+        let same = |n: u64| number(n).as_bytes().as_ptr() == number(n).as_bytes().as_ptr();
+        assert!(same(0) && same(1000) && same(PREBUILT_NUMBERS - 1));
+        assert!(!same(PREBUILT_NUMBERS));
+    }
+
+    #[test]
     fn the_three_headers_carry_the_decision() {
         let mut headers = HeaderMap::new();
         let decision = Decision {
