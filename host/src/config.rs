@@ -589,7 +589,8 @@ pub struct RateLimitConfig {
     /// decision (the request fails closed).
     pub max_bucket_name_bytes: usize,
     /// Memory the local quota buckets may take, in bytes (names included); past it the least
-    /// recently used buckets are forgotten.
+    /// recently used buckets are forgotten. The table of the buckets in use adds at most an
+    /// eighth of this.
     pub local_buckets_max_bytes: u64,
     /// Longest time a bucket's state is kept, in Redis and locally, in seconds. Only rules whose
     /// burst takes longer than this to refill are affected: their bucket is forgotten (full

@@ -14,6 +14,7 @@ pub mod dev;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod hot;
 pub mod metrics;
 pub mod path;
 pub mod phases;

@@ -101,6 +101,63 @@ fn api_key_stage_follows_the_contract() {
 }
 
 #[test]
+fn api_key_stage_reads_a_request_head_borrowed_and_passes_bytes_that_are_not_utf8_lossily() {
+    let p = defaults();
+    let stage = p.data.api_key.as_ref().expect("api-key stage");
+    let head = |pairs: &[(&'static str, &[u8])]| {
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(
+                http::header::HeaderName::from_static(name),
+                http::HeaderValue::from_bytes(value).expect("value"),
+            );
+        }
+        headers
+    };
+    let uri: http::Uri = "/v1/db/todos?select=*".parse().expect("uri");
+    let extract = |headers: &http::HeaderMap| {
+        stage
+            .extract_head(None, "GET", &uri, headers)
+            .expect("call")
+    };
+    // Headers the stage did not ask for are not passed: a key there is not found.
+    assert_eq!(
+        extract(&head(&[
+            ("authorization", b"Bearer aura_pk_1"),
+            ("x-key", b"k")
+        ])),
+        KeyDecision::Absent
+    );
+    match extract(&head(&[("accept", b"*/*"), ("apikey", b"aura_pk_1")])) {
+        KeyDecision::Present(c) => assert_eq!(c.key, "aura_pk_1"),
+        other => panic!("unexpected {other:?}"),
+    }
+    // Both names are passed, so two different keys are seen and refused.
+    assert!(matches!(
+        extract(&head(&[
+            ("apikey", b"aura_pk_1"),
+            ("x-api-key", b"aura_pk_2")
+        ])),
+        KeyDecision::Refuse(_)
+    ));
+    // A value that is not UTF-8 reaches the plugin with U+FFFD in place of the bad byte.
+    match extract(&head(&[("apikey", b"aura_pk_\xff1")])) {
+        KeyDecision::Present(c) => assert_eq!(c.key, "aura_pk_\u{fffd}1"),
+        other => panic!("unexpected {other:?}"),
+    }
+    // The same head as the WIT record gives the same answers.
+    assert_eq!(
+        stage
+            .extract(
+                None,
+                key_request("/v1/db/todos", &[], &[("apikey", "aura_pk_1")])
+            )
+            .expect("call"),
+        extract(&head(&[("apikey", b"aura_pk_1")]))
+    );
+}
+
+#[test]
 fn cors_stage_answers_per_plane() {
     let mut config = config();
     config.management_plane.plugins.cors.config =

@@ -34,8 +34,11 @@ pub fn strip_client_credentials(parts: &mut Parts, stage_headers: &[String]) {
     let headers = &mut parts.headers;
     headers.remove(&APIKEY);
     headers.remove(&X_API_KEY);
+    // The default stage reads the two removed above: not looked up again.
     for name in stage_headers {
-        headers.remove(name.as_str());
+        if name != APIKEY.as_str() && name != X_API_KEY.as_str() {
+            headers.remove(name.as_str());
+        }
     }
     crate::proxy::headers::remove_prefixed(headers, "x-aura-");
     if let Some(query) = parts.uri.query()
@@ -118,13 +121,17 @@ pub async fn authenticate(
         .map(str::to_owned);
     let metrics = parts.uri.path() == crate::phases::metrics_auth::METRICS_PATH;
     let public = is_public(&parts.method, parts.uri.path());
-    let request = stage.request_of(parts.method.as_str(), &parts.uri, &parts.headers);
     let request_id = parts
         .headers
         .get(&crate::phases::request_id::X_REQUEST_ID)
         .and_then(|v| v.to_str().ok());
     let decision = stage
-        .extract(request_id, request)
+        .extract_head(
+            request_id,
+            parts.method.as_str(),
+            &parts.uri,
+            &parts.headers,
+        )
         .map_err(|e| on_plugin_error(&e))?;
     let mut actor = Actor::unauthenticated(Plane::Data);
     let credential = match decision {
@@ -155,7 +162,8 @@ pub async fn authenticate(
     let record = auth
         .resolve_key(key)
         .await?
-        .filter(|r| !r.is_revoked(chrono::Utc::now()));
+        // The clock is read only for a key with a revocation time.
+        .filter(|r| r.revoked_at.is_none() || !r.is_revoked(chrono::Utc::now()));
     let Some(record) = record else {
         tracing::debug!(key = %key_label(key), "unknown or revoked API key");
         return Err(invalid_key("invalid API key"));
@@ -181,7 +189,13 @@ pub async fn authenticate(
         KeyRole::ServiceRole => Role::ServiceRole,
     };
     actor.project = Some(record.project_ref.clone());
-    actor.key_id = Some(record.id.to_string());
+    actor.key_id = Some(
+        record
+            .id
+            .hyphenated()
+            .encode_lower(&mut uuid::Uuid::encode_buffer())
+            .to_owned(),
+    );
     actor.plan = project.map(|p| p.plan.clone());
 
     match token.as_deref() {
@@ -242,7 +256,8 @@ mod tests {
             .body(())
             .expect("request")
             .into_parts();
-        strip_client_credentials(&mut parts, &["x-custom-key".to_owned()]);
+        let stage_headers = ["apikey", "x-custom-key", "x-api-key"].map(str::to_owned);
+        strip_client_credentials(&mut parts, &stage_headers);
         assert_eq!(parts.uri, "/v1/realtime/sse?x=1&y=2");
         assert!(parts.headers.get("x-custom-key").is_none());
         assert!(parts.headers.get("apikey").is_none());

@@ -2,7 +2,7 @@
 //! entries.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -10,6 +10,7 @@ use moka::future::Cache;
 use sha2::{Digest, Sha256};
 
 use crate::control::{ApiKeyRecord, ControlStore, KeyRole, StoreError};
+use crate::hot::{self, HotTable};
 
 /// Longest key string looked up; anything longer is refused without touching the store.
 pub const MAX_KEY_LEN: usize = 512;
@@ -168,14 +169,128 @@ impl<V: Clone + Send + Sync + 'static> LastKnown<V> {
     }
 }
 
-/// Resolves keys by hash through a cache. Concurrent lookups of one key share one store query;
-/// unknown keys are cached too, so a key hits the store at most once per cache lifetime.
+/// Store lookups through a cache: a [`HotTable`] of the records in use in front of a moka
+/// cache that fetches, shares concurrent fetches of one key, and caches "not found" too, so a
+/// key hits the store at most once per time to live. Store failures are not cached; while the
+/// store is unavailable a record found before is answered from memory ([`LastKnown`]).
+pub struct Lookups<K, V: Send + Sync + 'static> {
+    /// What was fetched, with when (the hot table's entries expire when the cache's would).
+    cache: Cache<K, (Instant, Option<Arc<V>>)>,
+    hot: HotTable<K, Arc<V>>,
+    ttl: Duration,
+    last_known: LastKnown<Arc<V>>,
+}
+
+impl<K, V: Send + Sync + 'static> std::fmt::Debug for Lookups<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lookups")
+            .field("entries", &self.cache.entry_count())
+            .field("hot", &self.hot)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, V> Lookups<K, V>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+{
+    /// Caches for `ttl`, at most `capacity` entries; `last_known` answers while the store is
+    /// unavailable.
+    pub fn new(ttl: Duration, capacity: u64, last_known: LastKnown<Arc<V>>) -> Self {
+        Self {
+            cache: Cache::builder()
+                .time_to_live(ttl)
+                .max_capacity(capacity)
+                .build(),
+            hot: HotTable::new(hot::DEFAULT_SLOTS),
+            ttl,
+            last_known,
+        }
+    }
+
+    /// The record of `key`: from the hot table, else from the cache, else fetched by `fetch`
+    /// (`label` names the record to [`LastKnown`]).
+    pub async fn get<Q, F>(
+        &self,
+        key: &Q,
+        label: impl FnOnce() -> String,
+        fetch: impl FnOnce() -> F,
+    ) -> Result<Option<Arc<V>>, StoreError>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        F: Future<Output = Result<Option<V>, StoreError>> + Send + 'static,
+    {
+        let hash = self.hot.hash(key);
+        if let Some(found) = self.hot.get(hash, key, Instant::now()) {
+            return Ok(Some(found));
+        }
+        // Taken before the cache is read: a forget after this keeps the answer out of the table.
+        let ticket = self.hot.ticket();
+        let (fetched_at, found) = match self.cache.get(key).await {
+            Some(cached) => cached,
+            None => {
+                let name = label();
+                let lookup = fetch();
+                let last_known = self.last_known.clone();
+                let remembered = name.clone();
+                let fetched = self
+                    .cache
+                    .try_get_with(key.to_owned(), async move {
+                        let found = last_known.fetch(lookup).await?.map(Arc::new);
+                        match &found {
+                            Some(record) => last_known.remember(&remembered, record),
+                            None => last_known.forget(&remembered),
+                        }
+                        Ok::<_, StoreError>((Instant::now(), found))
+                    })
+                    .await;
+                match fetched {
+                    Ok(fetched) => fetched,
+                    // Not put in the table: a record answered while the store is down is asked
+                    // for again on the next request.
+                    Err(e) => return self.last_known.on_error(&name, (*e).clone()).map(Some),
+                }
+            }
+        };
+        if let Some(record) = &found {
+            self.hot.put(
+                hash,
+                key.to_owned(),
+                record.clone(),
+                ticket,
+                fetched_at + self.ttl,
+            );
+        }
+        Ok(found)
+    }
+
+    /// Forgets what is cached of `key` (`label` as given to `get`).
+    pub async fn forget<Q>(&self, key: &Q, label: &str)
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        self.cache.invalidate(key).await;
+        // After the cache: a lookup that starts after this finds the cache already without it.
+        self.hot.forget_all();
+        self.last_known.forget(label);
+    }
+
+    /// Forgets every cached record (the last known ones stay for outages).
+    pub fn forget_all(&self) {
+        self.cache.invalidate_all();
+        self.hot.forget_all();
+    }
+}
+
+/// Resolves keys by hash through [`Lookups`]: by the key's SHA-256, held as its 32 bytes (no
+/// text per lookup, and never the key itself).
 #[derive(Debug, Clone)]
 pub struct KeyResolver {
     store: Arc<dyn ControlStore>,
-    /// By the SHA-256 of the key, held as its 32 bytes (no text per lookup).
-    cache: Cache<[u8; 32], Option<Arc<ApiKeyRecord>>>,
-    last_known: LastKnown<Arc<ApiKeyRecord>>,
+    lookups: Arc<Lookups<[u8; 32], ApiKeyRecord>>,
 }
 
 impl KeyResolver {
@@ -190,11 +305,11 @@ impl KeyResolver {
     ) -> Self {
         Self {
             store,
-            cache: Cache::builder()
-                .time_to_live(ttl)
-                .max_capacity(capacity)
-                .build(),
-            last_known: LastKnown::new(stale, capacity, health),
+            lookups: Arc::new(Lookups::new(
+                ttl,
+                capacity,
+                LastKnown::new(stale, capacity, health),
+            )),
         }
     }
 
@@ -205,41 +320,31 @@ impl KeyResolver {
         if hex::decode_to_slice(sha256_hex, &mut digest).is_err() {
             return false;
         }
-        self.cache.invalidate(&digest).await;
-        self.last_known.forget(&sha256_hex.to_ascii_lowercase());
+        self.lookups
+            .forget(&digest, &sha256_hex.to_ascii_lowercase())
+            .await;
         true
     }
 
     /// Forgets every cached key (the store changed in ways not told key by key).
     pub fn forget_all(&self) {
-        self.cache.invalidate_all();
+        self.lookups.forget_all();
     }
 
     /// The record of `key`, or `None` when no key has that hash. Store failures are not cached;
     /// while the store is unavailable a key found before is answered from memory.
     pub async fn resolve(&self, key: &str) -> Result<Option<Arc<ApiKeyRecord>>, StoreError> {
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        if let Some(found) = self.cache.get(&digest).await {
-            return Ok(found);
-        }
-        let hash = hex::encode(digest);
-        let store = self.store.clone();
-        let lookup = hash.clone();
-        let last_known = self.last_known.clone();
-        self.cache
-            .try_get_with(digest, async move {
-                let found = last_known
-                    .fetch(store.api_key_by_hash(&lookup))
-                    .await
-                    .map(|found| found.map(Arc::new))?;
-                match &found {
-                    Some(record) => last_known.remember(&lookup, record),
-                    None => last_known.forget(&lookup),
-                }
-                Ok::<_, StoreError>(found)
-            })
+        self.lookups
+            .get(
+                &digest,
+                || hex::encode(digest),
+                || {
+                    let store = self.store.clone();
+                    async move { store.api_key_by_hash(&hex::encode(digest)).await }
+                },
+            )
             .await
-            .or_else(|e| self.last_known.on_error(&hash, (*e).clone()).map(Some))
     }
 }
 
@@ -274,6 +379,101 @@ mod tests {
         let label = key_label(&key);
         assert!(label.starts_with("aura_sk#"));
         assert!(!label.contains(&key[8..]));
+    }
+
+    /// Lookups of `u32` records by name, with a fetch that counts its calls and finds names
+    /// that start with `known`.
+    struct Counted {
+        lookups: Lookups<String, u32>,
+        fetches: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Counted {
+        fn new() -> Self {
+            Self {
+                lookups: Lookups::new(
+                    Duration::from_secs(30),
+                    1_000,
+                    LastKnown::new(Duration::ZERO, 10, StoreHealth::default()),
+                ),
+                fetches: Arc::default(),
+            }
+        }
+
+        async fn get(&self, name: &str) -> Option<Arc<u32>> {
+            let fetches = self.fetches.clone();
+            let found = name.starts_with("known").then_some(7);
+            self.lookups
+                .get(
+                    name,
+                    || name.to_owned(),
+                    || async move {
+                        fetches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        Ok(found)
+                    },
+                )
+                .await
+                .expect("the fetch does not fail")
+        }
+
+        fn fetches(&self) -> usize {
+            self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+        }
+
+        fn in_table(&self, name: &str, at: Instant) -> bool {
+            let hot = &self.lookups.hot;
+            hot.get(hot.hash(name), name, at).is_some()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_found_is_answered_from_the_table_until_the_cache_would_expire_it() {
+        let c = Counted::new();
+        assert_eq!(c.get("known-a").await.as_deref(), Some(&7));
+        assert_eq!(c.fetches(), 1);
+        let (fetched_at, _) = c
+            .lookups
+            .cache
+            .get("known-a")
+            .await
+            .expect("cached behind the table");
+        // Dropped from the cache behind it: still answered, from the table, without a fetch.
+        c.lookups.cache.invalidate("known-a").await;
+        assert_eq!(c.get("known-a").await.as_deref(), Some(&7));
+        assert_eq!(c.fetches(), 1, "answered by the table");
+        // The table's deadline is the cache's: the fetch time plus the time to live.
+        let expires = fetched_at + Duration::from_secs(30);
+        assert!(c.in_table("known-a", expires - Duration::from_millis(1)));
+        assert!(!c.in_table("known-a", expires));
+    }
+
+    #[tokio::test]
+    async fn forgetting_a_record_reaches_the_table() {
+        let c = Counted::new();
+        c.get("known-a").await;
+        c.get("known-b").await;
+        assert_eq!(c.fetches(), 2);
+        c.lookups.forget("known-a", "known-a").await;
+        c.get("known-a").await;
+        assert_eq!(c.fetches(), 3, "a forgotten record is fetched again");
+        c.lookups.forget_all();
+        assert!(!c.in_table("known-b", Instant::now()));
+        c.get("known-b").await;
+        assert_eq!(c.fetches(), 4, "forget_all reaches every entry");
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_unknown_names_does_not_push_a_known_one_out_of_the_table() {
+        let c = Counted::new();
+        c.get("known-a").await;
+        for n in 0..20_000 {
+            assert!(c.get(&format!("unknown-{n}")).await.is_none());
+        }
+        assert!(
+            c.in_table("known-a", Instant::now()),
+            "only records found are put in the table"
+        );
+        assert!(!c.in_table("unknown-0", Instant::now()));
     }
 
     #[tokio::test]

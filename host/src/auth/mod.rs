@@ -11,8 +11,6 @@ pub mod management;
 use std::sync::Arc;
 use std::time::Duration;
 
-use moka::future::Cache;
-
 use self::jwt::JwtVerifier;
 use self::keys::KeyResolver;
 use crate::config::AuthConfig;
@@ -30,8 +28,7 @@ pub struct Authenticator {
     /// The control store.
     pub store: Arc<dyn ControlStore>,
     keys: KeyResolver,
-    projects: Cache<String, Option<Arc<ProjectRecord>>>,
-    last_known_projects: keys::LastKnown<Arc<ProjectRecord>>,
+    projects: keys::Lookups<String, ProjectRecord>,
     user_jwt: Option<JwtVerifier>,
     console_jwt: Option<JwtVerifier>,
 }
@@ -63,11 +60,11 @@ impl Authenticator {
                 stale,
                 health.clone(),
             ),
-            last_known_projects: keys::LastKnown::new(stale, config.key_cache_capacity, health),
-            projects: Cache::builder()
-                .time_to_live(Duration::from_secs(config.project_cache_ttl_secs))
-                .max_capacity(config.key_cache_capacity)
-                .build(),
+            projects: keys::Lookups::new(
+                Duration::from_secs(config.project_cache_ttl_secs),
+                config.key_cache_capacity,
+                keys::LastKnown::new(stale, config.key_cache_capacity, health),
+            ),
             user_jwt: JwtVerifier::new(&config.user_jwt, USER_AUDIENCE, leeway),
             console_jwt: JwtVerifier::new(&config.console_jwt, CONSOLE_AUDIENCE, leeway),
             store,
@@ -86,14 +83,13 @@ impl Authenticator {
 
     /// Forgets the cached record of one project.
     pub async fn forget_project(&self, project_ref: &str) {
-        self.projects.invalidate(project_ref).await;
-        self.last_known_projects.forget(project_ref);
+        self.projects.forget(project_ref, project_ref).await;
     }
 
     /// Forgets every cached key and project.
     pub fn forget_all(&self) {
         self.keys.forget_all();
-        self.projects.invalidate_all();
+        self.projects.forget_all();
     }
 
     /// A project (cached), for the data plane.
@@ -101,30 +97,17 @@ impl Authenticator {
         &self,
         project_ref: &str,
     ) -> Result<Option<Arc<ProjectRecord>>, GatewayError> {
-        if let Some(found) = self.projects.get(project_ref).await {
-            return Ok(found);
-        }
-        let store = self.store.clone();
-        let lookup = project_ref.to_owned();
-        let last_known = self.last_known_projects.clone();
         self.projects
-            .try_get_with(project_ref.to_owned(), async move {
-                let found = last_known
-                    .fetch(store.project(&lookup))
-                    .await
-                    .map(|p| p.map(Arc::new))?;
-                match &found {
-                    Some(project) => last_known.remember(&lookup, project),
-                    None => last_known.forget(&lookup),
-                }
-                Ok::<_, StoreError>(found)
-            })
+            .get(
+                project_ref,
+                || project_ref.to_owned(),
+                || {
+                    let store = self.store.clone();
+                    let lookup = project_ref.to_owned();
+                    async move { store.project(&lookup).await }
+                },
+            )
             .await
-            .or_else(|e| {
-                self.last_known_projects
-                    .on_error(project_ref, (*e).clone())
-                    .map(Some)
-            })
             .map_err(|e| store_failed(&e))
     }
 }

@@ -10,8 +10,8 @@
 use std::sync::OnceLock;
 
 use super::stages::{
-    CorsAllow, CorsDecision, Credential, DbEngine, DbRoute, KeyDecision, KeyRequest, KeyRole,
-    KeySource, ProjectDb, QuotaDecision, QuotaRule, Topology,
+    CorsAllow, CorsDecision, Credential, DbEngine, DbRoute, KeyDecision, KeyRole, KeySource,
+    ProjectDb, QuotaDecision, QuotaRule, Topology,
 };
 use crate::actor::{Actor, Role};
 use crate::config;
@@ -52,11 +52,13 @@ impl ApiKey {
             .flatten()
     }
 
-    pub(crate) fn extract(&self, request: &KeyRequest) -> KeyDecision {
-        match self
-            .0
-            .extract(&request.path, &request.query_keys, &request.headers)
-        {
+    pub(crate) fn extract(
+        &self,
+        path: &str,
+        query_keys: &[String],
+        headers: &[(&str, &str)],
+    ) -> KeyDecision {
+        match self.0.extract(path, query_keys, headers) {
             api_key::Decision::Absent => KeyDecision::Absent,
             api_key::Decision::Refuse(why) => KeyDecision::Refuse(why),
             api_key::Decision::Present {

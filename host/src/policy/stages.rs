@@ -23,6 +23,20 @@ pub use bindings::quota::exports::aura::gateway::quota::{QuotaDecision, QuotaRul
 
 use bindings::quota::aura::gateway::types::{ActorRole, Plane as QuotaPlane};
 
+/// `key-request`, borrowed: method, path and header values point into the request head.
+#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub(crate) struct KeyRequestRef<'a> {
+    #[component(name = "method")]
+    method: &'a str,
+    #[component(name = "path")]
+    path: &'a str,
+    #[component(name = "query-keys")]
+    query_keys: &'a [String],
+    #[component(name = "headers")]
+    headers: &'a [(&'a str, &'a str)],
+}
+
 /// `actor` of the `quota` stage, borrowed from the request's [`Actor`].
 #[derive(Debug, Clone, Copy, ComponentType, Lower)]
 #[component(record)]
@@ -141,7 +155,7 @@ stage_world!(
     "extract",
     Vec<String>,
     'a,
-    KeyRequest,
+    KeyRequestRef<'a>,
     KeyDecision,
     check = check_key_headers
 );
@@ -315,9 +329,45 @@ impl ApiKeyStage {
         self.module.setup()
     }
 
-    /// Builds the stage's input from a request head: only the headers the plugin asked for,
-    /// and the `apikey` query values.
-    pub fn request_of(
+    /// Extracts the credential of a request head (`request_id` goes with the plugin's log
+    /// lines): only the headers the plugin asked for, and the `apikey` query values. The input
+    /// is borrowed from the head; a header value that is not UTF-8 takes [`Self::extract`]'s
+    /// way, with the invalid bytes replaced.
+    pub fn extract_head(
+        &self,
+        request_id: Option<&str>,
+        method: &str,
+        uri: &http::Uri,
+        headers: &http::HeaderMap,
+    ) -> Result<KeyDecision, PluginError> {
+        let wanted = self.headers();
+        let query_keys = crate::proxy::envelope::apikey_query_values(uri.query());
+        let mut pairs: Vec<(&str, &str)> = Vec::new();
+        for (name, value) in headers {
+            let name = name.as_str();
+            if !wanted.iter().any(|w| w == name) {
+                continue;
+            }
+            match std::str::from_utf8(value.as_bytes()) {
+                Ok(value) => pairs.push((name, value)),
+                Err(_) => {
+                    return self.extract(request_id, self.lossy_request(method, uri, headers));
+                }
+            }
+        }
+        self.extract_borrowed(
+            request_id,
+            KeyRequestRef {
+                method,
+                path: uri.path(),
+                query_keys: &query_keys,
+                headers: &pairs,
+            },
+        )
+    }
+
+    /// The stage's input as owned strings, values that are not UTF-8 passed lossily.
+    fn lossy_request(
         &self,
         method: &str,
         uri: &http::Uri,
@@ -330,10 +380,7 @@ impl ApiKeyStage {
             query_keys: crate::proxy::envelope::apikey_query_values(uri.query()),
             headers: headers
                 .iter()
-                .filter(|(name, _)| {
-                    let name = name.as_str();
-                    wanted.iter().any(|w| w == name)
-                })
+                .filter(|(name, _)| wanted.iter().any(|w| w == name.as_str()))
                 .map(|(name, value)| {
                     (
                         name.as_str().to_owned(),
@@ -344,15 +391,37 @@ impl ApiKeyStage {
         }
     }
 
-    /// Extracts the credential of one request (`request_id` goes with the plugin's log lines).
+    /// Extracts the credential of one request given as the WIT record (`request_id` goes with
+    /// the plugin's log lines).
     pub fn extract(
         &self,
         request_id: Option<&str>,
         request: KeyRequest,
     ) -> Result<KeyDecision, PluginError> {
+        let pairs: Vec<(&str, &str)> = request
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        self.extract_borrowed(
+            request_id,
+            KeyRequestRef {
+                method: &request.method,
+                path: &request.path,
+                query_keys: &request.query_keys,
+                headers: &pairs,
+            },
+        )
+    }
+
+    fn extract_borrowed(
+        &self,
+        request_id: Option<&str>,
+        request: KeyRequestRef<'_>,
+    ) -> Result<KeyDecision, PluginError> {
         #[cfg(feature = "native-policies")]
         if let Some(native) = &self.native {
-            return Ok(native.extract(&request));
+            return Ok(native.extract(request.path, request.query_keys, request.headers));
         }
         self.module.call(request_id, request)
     }

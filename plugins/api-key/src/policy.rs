@@ -94,19 +94,20 @@ impl Policy {
         &self.headers
     }
 
-    /// Decides for one request. `headers` holds only the configured headers.
-    pub fn extract(
+    /// Decides for one request. `headers` holds only the configured headers (owned in the
+    /// component, borrowed from the request where the host runs the policy natively).
+    pub fn extract<N: AsRef<str>, V: AsRef<str>>(
         &self,
         path: &str,
         query_keys: &[String],
-        headers: &[(String, String)],
+        headers: &[(N, V)],
     ) -> Decision {
         let mut header_key: Option<&str> = None;
         for (name, value) in headers {
-            if !self.headers.iter().any(|h| h == name) {
+            if !self.headers.iter().any(|h| h == name.as_ref()) {
                 continue;
             }
-            let value = value.trim();
+            let value = value.as_ref().trim();
             if value.is_empty() {
                 continue;
             }
@@ -164,6 +165,8 @@ mod tests {
         (name.to_owned(), value.to_owned())
     }
 
+    const NO_HEADERS: &[(String, String)] = &[];
+
     #[test]
     fn header_key_is_found_for_both_roles() {
         let p = Policy::configure("{}").expect("config");
@@ -182,7 +185,7 @@ mod tests {
     fn query_key_only_on_streaming_routes_and_only_anon() {
         let p = Policy::configure("{}").expect("config");
         let q = vec!["aura_pk_abc".to_owned()];
-        match p.extract("/v1/realtime/sse", &q, &[]) {
+        match p.extract("/v1/realtime/sse", &q, NO_HEADERS) {
             Decision::Present {
                 source: Source::Query,
                 allowed_roles,
@@ -191,7 +194,7 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert!(matches!(
-            p.extract("/v1/db/todos", &q, &[]),
+            p.extract("/v1/db/todos", &q, NO_HEADERS),
             Decision::Refuse(_)
         ));
         assert!(matches!(
@@ -208,7 +211,7 @@ mod tests {
             Decision::Refuse(_)
         ));
         assert_eq!(p.extract("/x", &[], &[h("apikey", " ")]), Decision::Absent);
-        assert_eq!(p.extract("/x", &[], &[]), Decision::Absent);
+        assert_eq!(p.extract("/x", &[], NO_HEADERS), Decision::Absent);
     }
 
     #[test]
