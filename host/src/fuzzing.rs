@@ -60,7 +60,8 @@ fn header_map(text: &str) -> HeaderMap {
 
 /// The envelope decoder on arbitrary reply bytes, and the encoder on arbitrary request parts:
 /// a decoded reply has a valid status and no framing headers; an encoded request is JSON whose
-/// body decodes back to the same bytes and whose headers keep no stripped name.
+/// body decodes back to the same bytes, whose headers keep no stripped name, and which is the
+/// serde rendering byte for byte.
 pub fn envelope(data: &[u8]) {
     if let Ok(reply) = envelope::parse_reply(data) {
         let status = reply.status.as_u16();
@@ -115,7 +116,12 @@ pub fn envelope(data: &[u8]) {
         actor: &actor,
         deadline_ms: 1,
     };
-    let bytes = serde_json::to_vec(&request).expect("an envelope always encodes");
+    let bytes = request.to_json();
+    assert_eq!(
+        bytes,
+        serde_json::to_vec(&request).expect("an envelope always encodes"),
+        "the direct writer and serde disagree"
+    );
     let back: serde_json::Value = serde_json::from_slice(&bytes).expect("an envelope is JSON");
     assert_eq!(back["path"].as_str(), Some(f[1].as_str()));
     let decoded = match back["body"].as_str() {

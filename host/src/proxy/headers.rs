@@ -135,9 +135,9 @@ pub fn set_identity_headers(headers: &mut HeaderMap, actor: &Actor) {
     }
 }
 
-/// An IP address as a header value, written on the stack (an address is at most 45 bytes).
-fn ip_value(ip: IpAddr) -> HeaderValue {
-    let mut buf = [0u8; 64];
+/// An IP address as text, written into `buf` (an address is at most 45 bytes): IPv4 as its
+/// four decimal octets directly, IPv6 through its `Display`.
+pub fn ip_text(buf: &mut [u8; 64], ip: IpAddr) -> &str {
     let len = match ip {
         // Most clients: the four decimal octets written directly.
         IpAddr::V4(v4) => {
@@ -169,7 +169,12 @@ fn ip_value(ip: IpAddr) -> HeaderValue {
             cursor.position() as usize
         }
     };
-    HeaderValue::from_bytes(&buf[..len]).expect("an IP address is a valid header value")
+    std::str::from_utf8(&buf[..len]).expect("an IP address is ASCII")
+}
+
+/// An IP address as a header value, written on the stack.
+fn ip_value(ip: IpAddr) -> HeaderValue {
+    HeaderValue::from_str(ip_text(&mut [0; 64], ip)).expect("an IP address is a valid header value")
 }
 
 /// Rewrites a request's headers for an HTTP backend: client headers dropped, identity and
@@ -211,6 +216,11 @@ impl<'a> EnvelopeHeaders<'a> {
             .iter()
             .filter(|(name, _)| !is_dropped(name.as_str(), &self.named))
             .map(|(name, value)| (name.as_str(), String::from_utf8_lossy(value.as_bytes())))
+    }
+
+    /// The client IP sent as `x-forwarded-for` after the kept headers, when known.
+    pub fn client_ip(&self) -> Option<IpAddr> {
+        self.client_ip
     }
 
     /// Every pair as it is sent (the kept headers, then the gateway's `x-forwarded-for`).

@@ -221,10 +221,7 @@ impl NatsTransport {
                 return Err(NatsError::Timeout);
             };
             envelope.deadline_ms = left.as_millis() as u64;
-            let payload = Bytes::from(
-                serde_json::to_vec(&*envelope)
-                    .map_err(|e| NatsError::Internal(format!("envelope encoding: {e}")))?,
-            );
+            let payload = Bytes::from(envelope.to_json());
             if max_payload > 0 && payload.len() > max_payload {
                 return Err(NatsError::TooLarge(format!(
                     "the request is too large for the {} service ({} bytes encoded, at most {max_payload})",
