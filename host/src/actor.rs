@@ -31,7 +31,8 @@ impl Role {
     }
 }
 
-/// The caller of one request.
+/// The caller of one request. Its serialized fields are the envelope's `actor` object, also
+/// written by `EnvelopeRequest::to_json`: a field added here must be written there too.
 #[derive(Debug, Clone, Serialize)]
 pub struct Actor {
     /// The plane the request came in on (not part of the envelope's actor object).

@@ -64,7 +64,10 @@ pub fn apikey_query_values(query: Option<&str>) -> Vec<String> {
         .collect()
 }
 
-/// An envelope request. Serialized once per attempt (only `deadline_ms` changes).
+/// An envelope request. Encoded once per attempt (only `deadline_ms` changes) by
+/// [`EnvelopeRequest::to_json`], which writes what this `Serialize` renders: a field added here
+/// or to the actor's serialized fields must be written there too (the byte-for-byte test
+/// compares the two).
 #[derive(Debug, Serialize)]
 pub struct EnvelopeRequest<'a> {
     pub v: u8,
