@@ -313,6 +313,61 @@ async fn authorization_is_verified_or_refused_never_forwarded_unverified() {
 }
 
 #[tokio::test]
+async fn hostile_header_bytes_are_refused_as_a_key_and_reach_an_envelope_exactly() {
+    let edge = Edge::start("").await;
+    let key = edge.fx.anon_key.clone();
+    let data = (edge.data().0.to_owned(), edge.data().1);
+    let exchange = |raw: Vec<u8>| {
+        let data = data.clone();
+        async move {
+            tokio::task::spawn_blocking(move || raw_exchange(data, &raw))
+                .await
+                .expect("exchange")
+        }
+    };
+    let head = |path: &str| {
+        format!("GET {path} HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n").into_bytes()
+    };
+
+    // A key with a byte that is not UTF-8: the stage sees U+FFFD, no key has that form, 401.
+    let mut raw = head("/v1/storage/object/x");
+    raw.extend_from_slice(format!("apikey: {key}").as_bytes());
+    raw.extend_from_slice(b"\xff\r\n\r\n");
+    let answer = exchange(raw).await;
+    assert_eq!(status_of(&answer), 401, "{answer}");
+    assert!(answer.contains("\"invalid_api_key\""), "{answer}");
+    assert!(edge.storage.seen().is_empty(), "nothing forwarded");
+
+    // Quotes, backslashes, a tab and bytes beyond ASCII in the headers of a NATS route: the
+    // envelope is JSON and carries each value as sent (bytes that are not UTF-8 as U+FFFD).
+    let mut raw = head("/v1/functions/v1/hostile");
+    raw.extend_from_slice(format!("apikey: {key}\r\nx-q: a\"b\\c\td\r\nx-obs: ").as_bytes());
+    raw.extend_from_slice(b"caf\xc3\xa9 \xe9\xff\r\n\r\n");
+    let answer = exchange(raw).await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    let envelope = edge
+        .envelopes()
+        .into_iter()
+        .rfind(|e| e["path"] == "/v1/functions/v1/hostile")
+        .expect("the envelope reached the responder");
+    let header = |name: &str| {
+        envelope["headers"]
+            .as_array()
+            .expect("headers")
+            .iter()
+            .find(|pair| pair[0] == name)
+            .and_then(|pair| pair[1].as_str())
+            .map(str::to_owned)
+    };
+    assert_eq!(header("x-q").as_deref(), Some("a\"b\\c\td"));
+    assert_eq!(
+        header("x-obs"),
+        Some(String::from_utf8_lossy(b"caf\xc3\xa9 \xe9\xff").into_owned())
+    );
+    assert!(header("apikey").is_none(), "the key is not forwarded");
+}
+
+#[tokio::test]
 async fn connection_cannot_remove_the_gateways_own_headers() {
     let edge = Edge::start("").await;
     let token = user_token("alpha", Uuid::new_v4());

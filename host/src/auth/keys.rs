@@ -448,6 +448,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_record_taken_from_the_cache_keeps_its_fetch_time_in_the_table() {
+        let c = Counted::new();
+        c.get("known-a").await;
+        let (fetched_at, _) = c.lookups.cache.get("known-a").await.expect("cached");
+        // Later, out of the table but still in the cache: put back from the cache's entry.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.lookups.hot.forget_all();
+        assert_eq!(c.get("known-a").await.as_deref(), Some(&7));
+        assert_eq!(c.fetches(), 1, "taken from the cache, not fetched");
+        let expires = fetched_at + Duration::from_secs(30);
+        assert!(c.in_table("known-a", expires - Duration::from_millis(1)));
+        assert!(
+            !c.in_table("known-a", expires),
+            "never past the cache's own deadline"
+        );
+    }
+
+    #[tokio::test]
     async fn forgetting_a_record_reaches_the_table() {
         let c = Counted::new();
         c.get("known-a").await;
