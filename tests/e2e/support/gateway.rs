@@ -134,43 +134,58 @@ pub struct Process {
 
 impl Process {
     /// Runs `aura-gateway serve --config {config}` with its ports from AURA_PORT and
-    /// AURA_MANAGEMENT_PORT, and waits for both planes to answer `/health`.
+    /// AURA_MANAGEMENT_PORT, and waits for both planes to answer `/health`. A port taken by
+    /// another test between being picked and being bound is picked again (up to five times);
+    /// any other exit fails at once with the gateway's log.
     pub fn serve(config: &Path, dir: &Path) -> Self {
-        let port = super::free_port();
-        let management_port = super::free_port();
-        let log = dir.join("gateway.log");
-        let child = Command::new(binary())
-            .arg("serve")
-            .arg("--config")
-            .arg(config)
-            .env("AURA_PORT", port.to_string())
-            .env("AURA_MANAGEMENT_PORT", management_port.to_string())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn gateway");
-        let process = Self {
-            child,
-            port,
-            management_port,
-            log,
-        };
-        process.wait_healthy();
-        process
+        const ATTEMPTS: u32 = 5;
+        for attempt in 1..=ATTEMPTS {
+            let port = super::free_port();
+            let management_port = super::free_port();
+            let log = dir.join("gateway.log");
+            let child = Command::new(binary())
+                .arg("serve")
+                .arg("--config")
+                .arg(config)
+                .env("AURA_PORT", port.to_string())
+                .env("AURA_MANAGEMENT_PORT", management_port.to_string())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("log file"))
+                .spawn()
+                .expect("spawn gateway");
+            let mut process = Self {
+                child,
+                port,
+                management_port,
+                log,
+            };
+            if process.wait_healthy() {
+                return process;
+            }
+            let log = process.log_text();
+            if attempt == ATTEMPTS || !log.contains("Address already in use") {
+                panic!("gateway did not start; log:\n{log}");
+            }
+        }
+        unreachable!("the last attempt returns or panics")
     }
 
-    fn wait_healthy(&self) {
+    /// Whether both planes answer; `false` as soon as the process has exited.
+    fn wait_healthy(&mut self) -> bool {
         let started = Instant::now();
         // Loading policy modules comes first: large ones (a Python or JavaScript runtime) take
         // tens of seconds each to compile in a debug build.
         while started.elapsed() < Duration::from_secs(300) {
             let up = |port| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
             if up(self.port) && up(self.management_port) {
-                return;
+                return true;
+            }
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return false;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("gateway did not start; log:\n{}", self.log_text());
+        false
     }
 
     /// What the gateway logged so far.
