@@ -113,7 +113,7 @@ async fn start_responders(config: &Config) -> anyhow::Result<()> {
         if matches!(service, Service::Storage | Service::Realtime) {
             continue;
         }
-        let subject = format!("{}.{}.http", config.nats.subject_prefix, service.name());
+        let subject = crate::proxy::nats::subject(&config.nats.subject_prefix, service);
         let mut sub = client.subscribe(subject).await?;
         let client = client.clone();
         tokio::spawn(async move {

@@ -14,3 +14,8 @@ pub mod request_id;
 pub mod request_limits;
 pub mod security_headers;
 pub mod trace;
+
+/// How many headers the phases may add to a backend's answer on its way back: the request id,
+/// three `RateLimit-*`, five security headers and three CORS headers. A proxy makes room for
+/// them once.
+pub const ANSWER_HEADERS: usize = 12;

@@ -1,5 +1,7 @@
 //! NATS envelope, version 1 (CONTRACT §4): an HTTP request as JSON, and its reply.
 
+use std::borrow::Cow;
+
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
@@ -115,8 +117,8 @@ impl EnvelopeRequest<'_> {
         }
         out.extend_from_slice(b",\"headers\":[");
         let mut first = true;
-        for (name, value) in self.headers.kept() {
-            json::pair(&mut out, &mut first, name, &value);
+        for (name, value) in self.headers.kept_bytes() {
+            json::header(&mut out, &mut first, name, value);
         }
         if let Some(ip) = self.headers.client_ip() {
             json::pair(
@@ -159,6 +161,8 @@ impl EnvelopeRequest<'_> {
 
 /// JSON text as serde_json writes it.
 mod json {
+    use http::HeaderName;
+
     /// `s` as a JSON string: copied whole when no byte needs escaping, else escaped the way
     /// serde_json escapes (`\"`, `\\`, the short forms of `\b \f \n \r \t`, `\u00xx` for the
     /// other control characters; everything else as it is, UTF-8 included).
@@ -185,29 +189,71 @@ mod json {
         out.push(b']');
     }
 
+    /// A header pair: as [`pair`] with the value taken lossily as UTF-8 (what
+    /// `String::from_utf8_lossy` makes of it). A header name never needs escaping (it is made
+    /// of token characters), and a value of ASCII that needs no escape, the usual one, is
+    /// copied as it is, without a pass to check its UTF-8.
+    pub(super) fn header(out: &mut Vec<u8>, first: &mut bool, name: &HeaderName, value: &[u8]) {
+        let name = name.as_str();
+        debug_assert!(!any_needs_escape(name.as_bytes()), "{name}");
+        if any_needs_escape_or_is_not_ascii(value) {
+            pair(out, first, name, &String::from_utf8_lossy(value));
+            return;
+        }
+        out.reserve(name.len() + value.len() + 8);
+        if !std::mem::take(first) {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"[\"");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\",\"");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\"]");
+    }
+
     pub(super) fn needs_escape(b: u8) -> bool {
         b < 0x20 || b == b'"' || b == b'\\'
     }
 
-    /// Whether any byte of `bytes` needs escaping, eight bytes at a time: a byte below 0x20,
-    /// or equal to `"` or `\\`, sets the high bit of its lane in one of the three masks (the
-    /// usual "has a byte less than n" test; a lane above a set one may be set too, which does
-    /// not change the answer).
+    /// Whether any byte of `bytes` needs escaping, eight bytes at a time ([`escape_lanes`]).
     pub(super) fn any_needs_escape(bytes: &[u8]) -> bool {
-        const ONES: u64 = 0x0101_0101_0101_0101;
-        const HIGH: u64 = 0x8080_8080_8080_8080;
-        let below = |v: u64, n: u64| v.wrapping_sub(ONES * n) & !v & HIGH;
         let mut chunks = bytes.chunks_exact(8);
         for chunk in &mut chunks {
             let v = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-            let hit = below(v, 0x20)
-                | below(v ^ (ONES * u64::from(b'"')), 1)
-                | below(v ^ (ONES * u64::from(b'\\')), 1);
-            if hit != 0 {
+            if escape_lanes(v) != 0 {
                 return true;
             }
         }
         chunks.remainder().iter().any(|&b| needs_escape(b))
+    }
+
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+
+    /// Not zero when a byte of the eight in `v` is below 0x20, `"` or `\\`: such a byte sets
+    /// the high bit of its lane (the usual "has a byte less than n" test; a lane above a set
+    /// one may be set too, which does not change the answer).
+    fn escape_lanes(v: u64) -> u64 {
+        let below = |v: u64, n: u64| v.wrapping_sub(ONES * n) & !v & HIGH;
+        below(v, 0x20)
+            | below(v ^ (ONES * u64::from(b'"')), 1)
+            | below(v ^ (ONES * u64::from(b'\\')), 1)
+    }
+
+    /// Whether any byte of `bytes` needs escaping or is beyond ASCII (its high bit set), eight
+    /// bytes at a time as in [`any_needs_escape`].
+    pub(super) fn any_needs_escape_or_is_not_ascii(bytes: &[u8]) -> bool {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let v = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+            if escape_lanes(v) | (v & HIGH) != 0 {
+                return true;
+            }
+        }
+        chunks
+            .remainder()
+            .iter()
+            .any(|&b| needs_escape(b) || !b.is_ascii())
     }
 
     fn escaped(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -241,15 +287,20 @@ mod json {
     }
 }
 
-/// An envelope reply as received.
+/// An envelope reply as received. Its strings are borrowed from the payload, copied only when
+/// the JSON escaped something in them.
 #[derive(Debug, Deserialize)]
-struct RawReply {
+struct RawReply<'a> {
     status: u16,
-    #[serde(default)]
-    headers: Option<Vec<(String, String)>>,
-    #[serde(default)]
-    body: Option<String>,
+    #[serde(default, borrow)]
+    headers: Option<Vec<(Text<'a>, Text<'a>)>>,
+    #[serde(default, borrow)]
+    body: Option<Text<'a>>,
 }
+
+/// A string of a reply (a newtype: serde borrows a `Cow` only where it is a field's own type).
+#[derive(Debug, Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
 /// A validated reply.
 #[derive(Debug)]
@@ -260,9 +311,9 @@ pub struct Reply {
 }
 
 /// Parses and validates a reply payload; anything not of the contract's shape is a 502.
-pub fn parse_reply(payload: &[u8]) -> Result<Reply, GatewayError> {
+pub fn parse_reply(payload: &Bytes) -> Result<Reply, GatewayError> {
     let bad = |why: String| GatewayError::bad_gateway("bad_backend_reply", why);
-    let raw: RawReply = serde_json::from_slice(payload)
+    let raw: RawReply<'_> = serde_json::from_slice(payload)
         .map_err(|e| bad(format!("the backend reply is not a valid envelope: {e}")))?;
     let status = StatusCode::from_u16(raw.status)
         .ok()
@@ -273,15 +324,16 @@ pub fn parse_reply(payload: &[u8]) -> Result<Reply, GatewayError> {
                 raw.status
             ))
         })?;
-    let mut headers = HeaderMap::new();
-    for (name, value) in raw.headers.unwrap_or_default() {
+    let pairs = raw.headers.unwrap_or_default();
+    let mut headers = HeaderMap::with_capacity(pairs.len() + crate::phases::ANSWER_HEADERS);
+    for (Text(name), Text(value)) in pairs {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
             bad(format!(
                 "the backend reply has an invalid header name {name:?}"
             ))
         })?;
-        let value = HeaderValue::from_str(&value)
-            .map_err(|_| bad(format!("the backend reply has an invalid value for {name}")))?;
+        let value = header_value(payload, value)
+            .ok_or_else(|| bad(format!("the backend reply has an invalid value for {name}")))?;
         if super::headers::is_hop_by_hop(name.as_str()) || name == http::header::CONTENT_LENGTH {
             continue;
         }
@@ -289,7 +341,7 @@ pub fn parse_reply(payload: &[u8]) -> Result<Reply, GatewayError> {
     }
     let body = match raw.body {
         None => Bytes::new(),
-        Some(b) => Bytes::from(
+        Some(Text(b)) => Bytes::from(
             STANDARD
                 .decode(b.as_bytes())
                 .map_err(|e| bad(format!("the backend reply body is not base64: {e}")))?,
@@ -300,6 +352,24 @@ pub fn parse_reply(payload: &[u8]) -> Result<Reply, GatewayError> {
         headers,
         body,
     })
+}
+
+/// A reply's header value: visible ASCII and tabs only (what `HeaderValue::from_str` takes).
+/// A value the JSON did not escape shares the payload's buffer instead of being copied: the
+/// payload then lives until the answer's head is written, which is before its body is.
+fn header_value(payload: &Bytes, value: Cow<'_, str>) -> Option<HeaderValue> {
+    if !value
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        return None;
+    }
+    match value {
+        Cow::Borrowed(text) => {
+            HeaderValue::from_maybe_shared(payload.slice_ref(text.as_bytes())).ok()
+        }
+        Cow::Owned(text) => HeaderValue::from_str(&text).ok(),
+    }
 }
 
 #[cfg(test)]
@@ -397,20 +467,73 @@ mod tests {
             }
         }
         assert!(!json::any_needs_escape(b""));
+        // The header values' scan: the same, and any byte beyond ASCII, among ASCII fillers.
+        for b in 0..=255u8 {
+            for at in 0..17 {
+                for filler in [b'a', 0x7f, b'!', b'#', b'[', b']', b' ', b'~'] {
+                    let mut bytes = [filler; 17];
+                    bytes[at] = b;
+                    assert_eq!(
+                        json::any_needs_escape_or_is_not_ascii(&bytes),
+                        json::needs_escape(b) || !b.is_ascii(),
+                        "byte {b:#04x} at {at} among {filler:#04x}"
+                    );
+                }
+            }
+        }
+        assert!(!json::any_needs_escape_or_is_not_ascii(b""));
+    }
+
+    fn parse(payload: &[u8]) -> Result<Reply, GatewayError> {
+        parse_reply(&Bytes::copy_from_slice(payload))
     }
 
     #[test]
     fn replies_are_validated() {
-        let r =
-            parse_reply(br#"{"status":201,"headers":[["x-a","1"]],"body":"AAEC"}"#).expect("valid");
+        let r = parse(br#"{"status":201,"headers":[["x-a","1"]],"body":"AAEC"}"#).expect("valid");
         assert_eq!(r.status, StatusCode::CREATED);
         assert_eq!(&r.body[..], &[0, 1, 2]);
-        assert!(parse_reply(b"not json").is_err());
-        assert!(parse_reply(br#"{"status":99}"#).is_err());
-        assert!(parse_reply(br#"{"status":200,"body":"***"}"#).is_err());
-        assert!(parse_reply(br#"{"status":200,"headers":[["bad name","x"]]}"#).is_err());
-        assert!(parse_reply(br#"{"headers":[]}"#).is_err());
-        let empty = parse_reply(br#"{"status":204}"#).expect("minimal");
+        assert!(parse(b"not json").is_err());
+        assert!(parse(br#"{"status":99}"#).is_err());
+        assert!(parse(br#"{"status":200,"body":"***"}"#).is_err());
+        assert!(parse(br#"{"status":200,"headers":[["bad name","x"]]}"#).is_err());
+        assert!(parse(br#"{"headers":[]}"#).is_err());
+        let empty = parse(br#"{"status":204}"#).expect("minimal");
         assert!(empty.body.is_empty());
+    }
+
+    #[test]
+    fn reply_strings_are_taken_escaped_or_not_and_values_beyond_visible_ascii_refused() {
+        let payload = Bytes::from_static(
+            br#"{"status":200,"headers":[["x-plain","a b"],["x\u002descaped","say \"hi\"\tnow"],["content-length","9"],["connection","close"]],"body":"AA\/C"}"#,
+        );
+        let reply = parse_reply(&payload).expect("valid");
+        assert_eq!(reply.headers["x-plain"], "a b");
+        assert_eq!(reply.headers["x-escaped"], "say \"hi\"\tnow");
+        assert_eq!(reply.headers.len(), 2, "framing headers dropped");
+        assert_eq!(
+            &reply.body[..],
+            &[0, 15, 194][..],
+            "`\\/` in base64 decodes"
+        );
+        // A value the JSON did not escape is the payload's own bytes, not a copy.
+        let range = payload.as_ptr_range();
+        assert!(range.contains(&reply.headers["x-plain"].as_bytes().as_ptr()));
+        for value in [
+            r#""caf\u00e9""#,
+            "\"caf\u{e9}\"",
+            r#""a\u0001b""#,
+            r#""a\u007fb""#,
+            r#""a\nb""#,
+        ] {
+            let payload = format!(r#"{{"status":200,"headers":[["x-a",{value}]]}}"#);
+            let error = parse(payload.as_bytes()).expect_err(value);
+            assert_eq!(error.code, "bad_backend_reply", "{value}");
+            assert!(
+                error.message.contains("invalid value for x-a"),
+                "{value}: {}",
+                error.message
+            );
+        }
     }
 }

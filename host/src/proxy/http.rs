@@ -253,6 +253,10 @@ impl HttpTransport {
         }
 
         strip_hop_by_hop(response.headers_mut());
+        // Room for the phases' headers at once, instead of the map growing twice on their way.
+        response
+            .headers_mut()
+            .reserve(crate::phases::ANSWER_HEADERS);
         Ok(response)
     }
 }

@@ -6,10 +6,11 @@
 //! - A request is replayed only after a no-responders answer, the one proof that nobody got it;
 //!   never after a timeout or any reply. Replays are bounded in number and by the deadline.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::connection::State as ConnState;
-use async_nats::{Client, ConnectOptions, Event, RequestErrorKind};
+use async_nats::{Client, ConnectOptions, Event, RequestErrorKind, Subject};
 use bytes::Bytes;
 use tokio::time::Instant;
 
@@ -123,11 +124,18 @@ async fn connect_options(config: &NatsConfig) -> anyhow::Result<ConnectOptions> 
     Ok(options)
 }
 
+/// The subject of `service`'s requests: `{prefix}.{service}.http` (CONTRACT §4).
+pub fn subject(prefix: &str, service: Service) -> String {
+    format!("{prefix}.{}.http", service.name())
+}
+
 /// The NATS transport shared by every NATS route.
 #[derive(Debug, Clone)]
 pub struct NatsTransport {
     client: Client,
-    prefix: String,
+    /// Each service's subject, indexed by [`Service::index`]: made once, shared per request
+    /// (a `Subject` is reference-counted bytes).
+    subjects: Arc<[Subject]>,
     retries: u32,
     backoff: Duration,
 }
@@ -166,7 +174,10 @@ impl NatsTransport {
         }
         Ok(Self {
             client,
-            prefix: config.subject_prefix.clone(),
+            subjects: Service::ALL
+                .iter()
+                .map(|service| Subject::from(subject(&config.subject_prefix, *service)))
+                .collect(),
             retries: config.no_responder_retries,
             backoff: Duration::from_millis(config.retry_backoff_ms),
         })
@@ -178,8 +189,8 @@ impl NatsTransport {
     }
 
     /// The subject of a service.
-    pub fn subject(&self, service: Service) -> String {
-        format!("{}.{}.http", self.prefix, service.name())
+    pub fn subject(&self, service: Service) -> Subject {
+        self.subjects[service.index()].clone()
     }
 
     /// Publishes `payload` on `subject` (fire and forget).
@@ -210,7 +221,9 @@ impl NatsTransport {
             return Err(NatsError::Disconnected);
         }
         let subject = self.subject(service);
-        let max_payload = self.client.server_info().max_payload;
+        // The negotiated limit, read from an atomic (`server_info` would clone the server's
+        // whole `INFO`, a dozen strings, on every request).
+        let max_payload = self.client.max_payload();
         let mut attempt = 0u32;
         loop {
             let now = Instant::now();
@@ -229,9 +242,11 @@ impl NatsTransport {
                     payload.len()
                 )));
             }
+            // No timeout of the client's own: the deadline below bounds the call, and a second
+            // timer per request would only duplicate it.
             let request = async_nats::client::Request::new()
                 .payload(payload)
-                .timeout(Some(left));
+                .timeout(None);
             let sent = tokio::time::timeout_at(
                 deadline,
                 self.client.send_request(subject.clone(), request),

@@ -28,6 +28,11 @@ impl Service {
         Service::Control,
     ];
 
+    /// The service's position in [`Service::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The prefix of the service's routes (`/v1/{name}`).
     pub fn route_prefix(self) -> &'static str {
         match self {
@@ -62,6 +67,13 @@ impl Service {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_service_is_at_its_index_in_all() {
+        for (i, service) in Service::ALL.into_iter().enumerate() {
+            assert_eq!(service.index(), i, "{service:?}");
+        }
+    }
 
     #[test]
     fn each_route_prefix_is_v1_and_the_service_name() {
