@@ -41,9 +41,13 @@ pub static HOP_BY_HOP: [HeaderName; 9] = [
 ];
 
 /// Whether `name` (lower-case) is in [`HOP_BY_HOP`]. Compared as strings: a standard
-/// [`HeaderName`]'s `as_str` is a table lookup, too dear to run nine times per header.
+/// [`HeaderName`]'s `as_str` is a table lookup, too dear to run nine times per header; and
+/// only when the first letter is one of theirs.
 pub fn is_hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP_NAMES.contains(&name)
+    matches!(
+        name.as_bytes().first(),
+        Some(b'c' | b'k' | b'p' | b't' | b'u')
+    ) && HOP_BY_HOP_NAMES.contains(&name)
 }
 
 /// The client's own account of where the request came from: replaced by the gateway's.
@@ -81,7 +85,7 @@ pub fn is_dropped(name: &str, connection_named: &[String]) -> bool {
     // Dispatched on the first letter: most names start with none of these, and are then
     // compared with nothing.
     let always = match name.as_bytes().first() {
-        Some(b'c' | b'k' | b'p' | b't' | b'u') => is_hop_by_hop(name),
+        Some(b'c' | b'k' | b'p' | b't' | b'u') => HOP_BY_HOP_NAMES.contains(&name),
         Some(b'x') => {
             name.starts_with("x-aura-") || name == "x-api-key" || CLIENT_FORWARDING.contains(&name)
         }
@@ -93,9 +97,15 @@ pub fn is_dropped(name: &str, connection_named: &[String]) -> bool {
 }
 
 /// Removes every header whose name starts with `prefix`. Such headers are rare: they are looked
-/// for before any name is collected.
+/// for before any name is collected, by their first letter before the rest.
 pub fn remove_prefixed(headers: &mut HeaderMap, prefix: &str) {
-    if !headers.keys().any(|n| n.as_str().starts_with(prefix)) {
+    let first = prefix.as_bytes().first();
+    if !prefix.is_empty()
+        && !headers.keys().any(|n| {
+            let n = n.as_str();
+            n.as_bytes().first() == first && n.starts_with(prefix)
+        })
+    {
         return;
     }
     let names: Vec<HeaderName> = headers

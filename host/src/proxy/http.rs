@@ -23,7 +23,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
-use super::headers::{HOP_BY_HOP, connection_named};
+use super::headers::{HOP_BY_HOP, connection_named, is_hop_by_hop};
 use super::idle::{IdleBody, pump};
 use super::pool::{Backend, Pools};
 use crate::actor::Actor;
@@ -50,7 +50,7 @@ pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named = connection_named(headers);
     // Most answers carry none: one pass over the names finds that without removing anything.
-    if named.is_empty() && !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
+    if named.is_empty() && !headers.keys().any(|n| is_hop_by_hop(n.as_str())) {
         return;
     }
     for name in &HOP_BY_HOP {
