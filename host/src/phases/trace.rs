@@ -69,17 +69,31 @@ pub fn parse_traceparent(value: &[u8]) -> Option<SpanContext> {
     ))
 }
 
+/// Each byte's two lower-case hex digits.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0; 2]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        pairs[byte] = [HEX[byte >> 4], HEX[byte & 0x0f]];
+        byte += 1;
+    }
+    pairs
+};
+
+/// Writes `bytes` as lower-case hex into `out`, two digits a byte, one table lookup each.
+fn hex_into(out: &mut [u8], bytes: &[u8]) {
+    for (digits, &byte) in out.chunks_exact_mut(2).zip(bytes) {
+        digits.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
+    }
+}
+
 /// A version-`00` `traceparent` value, written on the stack (lower-case hex, no formatter).
 pub fn traceparent(trace_id: TraceId, span_id: SpanId, sampled: bool) -> [u8; 55] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut value = *b"00-00000000000000000000000000000000-0000000000000000-00";
-    let digits = trace_id.to_bytes().into_iter().chain(span_id.to_bytes());
     // The trace id's 32 digits start at 3, the span id's 16 at 36.
-    let places = (3..35).step_by(2).chain((36..52).step_by(2));
-    for (byte, at) in digits.zip(places) {
-        value[at] = HEX[usize::from(byte >> 4)];
-        value[at + 1] = HEX[usize::from(byte & 0x0f)];
-    }
+    hex_into(&mut value[3..35], &trace_id.to_bytes());
+    hex_into(&mut value[36..52], &span_id.to_bytes());
     if sampled {
         value[54] = b'1';
     }
@@ -100,7 +114,7 @@ pub fn propagate(span: &Span, request: &mut Request, trusted: bool) {
         .and_then(|_| headers.get(&TRACESTATE))
         .filter(|v| v.len() <= 512)
         .cloned();
-    headers.remove(&TRACEPARENT);
+    // A client's `traceparent` is replaced below (`insert` drops every value of a name).
     headers.remove(&TRACESTATE);
     if let Some(caller) = &caller {
         let parent = opentelemetry::Context::new().with_remote_span_context(caller.clone());
@@ -123,10 +137,9 @@ pub fn propagate(span: &Span, request: &mut Request, trusted: bool) {
         let sampled = caller.as_ref().is_none_or(|c| c.trace_flags().is_sampled());
         (trace_id, span_id, sampled)
     };
-    let value = traceparent(trace_id, span_id, sampled);
-    if let Ok(value) = HeaderValue::from_bytes(&value) {
-        headers.insert(TRACEPARENT.clone(), value);
-    }
+    let value = HeaderValue::from_bytes(&traceparent(trace_id, span_id, sampled))
+        .expect("hex digits and dashes are a header value");
+    headers.insert(TRACEPARENT.clone(), value);
     if let Some(state) = tracestate {
         headers.insert(TRACESTATE.clone(), state);
     }
@@ -228,5 +241,16 @@ mod tests {
         let mut other = request(None);
         propagate(&Span::none(), &mut other, false);
         assert_ne!(other.headers()[&TRACEPARENT], r.headers()[&TRACEPARENT]);
+        // Every value a client sent is replaced by the gateway's one, trusted or not.
+        for trusted in [false, true] {
+            let mut twice = request(Some(CLIENT));
+            twice
+                .headers_mut()
+                .append(TRACEPARENT.clone(), HeaderValue::from_static("forged"));
+            propagate(&Span::none(), &mut twice, trusted);
+            let sent: Vec<_> = twice.headers().get_all(&TRACEPARENT).iter().collect();
+            assert_eq!(sent.len(), 1, "trusted: {trusted}");
+            assert_ne!(sent[0], CLIENT);
+        }
     }
 }
