@@ -65,6 +65,9 @@ struct Edge {
     envelopes: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
     _responders: Vec<Responder>,
     ded_key: String,
+    /// The NATS server and the subject prefix the gateway uses.
+    nats_url: String,
+    prefix: String,
 }
 
 impl Edge {
@@ -118,6 +121,8 @@ impl Edge {
             envelopes,
             _responders: responders,
             ded_key,
+            nats_url: nats.url(),
+            prefix,
         }
     }
 
@@ -789,4 +794,77 @@ async fn stage_inputs_larger_than_the_plugins_arena_are_served_and_leave_it_usab
         40,
         "every keyed request forwarded"
     );
+}
+
+/// A hostile NATS backend's replies, through the binary: each reply is parsed with its strings
+/// borrowed where the JSON did not escape them, so escapes must still be read exactly, values
+/// that are not visible ASCII (a header injection among them) refused, and framing headers
+/// dropped; the gateway keeps serving after each refusal.
+#[tokio::test]
+async fn a_hostile_nats_reply_is_read_exactly_or_refused_and_its_framing_headers_dropped() {
+    let edge = Edge::start("").await;
+    let _hostile = Responder::start(
+        &edge.nats_url,
+        &format!("{}.ai.http", edge.prefix),
+        Duration::ZERO,
+        |envelope| {
+            let reply: &'static str = match envelope["path"].as_str() {
+                // Escapes in a name, in a value and in the body (`\/` in the base64 of "hi?"),
+                // and framing headers a backend has no say over.
+                Some("/v1/ai/escaped") => {
+                    r#"{"status":201,"headers":[["x-plain","a b"],["x\u002descaped","say \"hi\"\tnow"],["content-length","999"],["transfer-encoding","chunked"]],"body":"aGk\/"}"#
+                }
+                Some("/v1/ai/escaped-beyond-ascii") => {
+                    r#"{"status":200,"headers":[["x-a","caf\u00e9"]]}"#
+                }
+                Some("/v1/ai/beyond-ascii") => "{\"status\":200,\"headers\":[[\"x-a\",\"caf\u{e9}\"]]}",
+                Some("/v1/ai/nul") => r#"{"status":200,"headers":[["x-a","a\u0000b"]]}"#,
+                Some("/v1/ai/injection") => {
+                    r#"{"status":200,"headers":[["x-a","a\r\nx-injected: 1"]]}"#
+                }
+                _ => r#"{"status":200,"body":"b2s="}"#,
+            };
+            bytes::Bytes::from_static(reply.as_bytes())
+        },
+    )
+    .await;
+    let data = (edge.data().0.to_owned(), edge.data().1);
+    let key = edge.fx.anon_key.clone();
+    let call = |path: &str| {
+        let raw = get(path, &[("apikey", &key)]);
+        let data = data.clone();
+        async move {
+            tokio::task::spawn_blocking(move || raw_exchange(data, &raw))
+                .await
+                .expect("exchange")
+        }
+    };
+
+    let answer = call("/v1/ai/escaped").await;
+    assert_eq!(status_of(&answer), 201, "{answer}");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
+    let lines: Vec<&str> = head.lines().collect();
+    assert!(lines.contains(&"x-plain: a b"), "{head}");
+    assert!(lines.contains(&"x-escaped: say \"hi\"\tnow"), "{head}");
+    assert_eq!(body, "hi?");
+    let framing: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("content-length") || l.starts_with("transfer-encoding"))
+        .collect();
+    assert_eq!(framing, [&"content-length: 3"], "{head}");
+
+    for path in [
+        "/v1/ai/escaped-beyond-ascii",
+        "/v1/ai/beyond-ascii",
+        "/v1/ai/nul",
+        "/v1/ai/injection",
+    ] {
+        let answer = call(path).await;
+        assert_eq!(status_of(&answer), 502, "{path}: {answer}");
+        assert!(answer.contains("\"bad_backend_reply\""), "{path}: {answer}");
+        assert!(!answer.contains("x-injected"), "{path}: {answer}");
+        let answer = call("/v1/ai/ok").await;
+        assert_eq!(status_of(&answer), 200, "after {path}: {answer}");
+        assert!(answer.ends_with("\r\n\r\nok"), "after {path}: {answer}");
+    }
 }
