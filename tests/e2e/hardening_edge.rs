@@ -799,7 +799,8 @@ async fn stage_inputs_larger_than_the_plugins_arena_are_served_and_leave_it_usab
 /// A hostile NATS backend's replies, through the binary: each reply is parsed with its strings
 /// borrowed where the JSON did not escape them, so escapes must still be read exactly, values
 /// that are not visible ASCII (a header injection among them) refused, and framing headers
-/// dropped; the gateway keeps serving after each refusal.
+/// dropped, and a reply listing more headers than an answer may carry refused rather than
+/// overflowing the header map; the gateway keeps serving after each refusal.
 #[tokio::test]
 async fn a_hostile_nats_reply_is_read_exactly_or_refused_and_its_framing_headers_dropped() {
     let edge = Edge::start("").await;
@@ -821,6 +822,11 @@ async fn a_hostile_nats_reply_is_read_exactly_or_refused_and_its_framing_headers
                 Some("/v1/ai/nul") => r#"{"status":200,"headers":[["x-a","a\u0000b"]]}"#,
                 Some("/v1/ai/injection") => {
                     r#"{"status":200,"headers":[["x-a","a\r\nx-injected: 1"]]}"#
+                }
+                // More headers than a header map can hold.
+                Some("/v1/ai/flood") => {
+                    let pairs = vec![r#"["x-a","1"]"#; 40_000].join(",");
+                    return bytes::Bytes::from(format!(r#"{{"status":200,"headers":[{pairs}]}}"#));
                 }
                 _ => r#"{"status":200,"body":"b2s="}"#,
             };
@@ -858,6 +864,7 @@ async fn a_hostile_nats_reply_is_read_exactly_or_refused_and_its_framing_headers
         "/v1/ai/beyond-ascii",
         "/v1/ai/nul",
         "/v1/ai/injection",
+        "/v1/ai/flood",
     ] {
         let answer = call(path).await;
         assert_eq!(status_of(&answer), 502, "{path}: {answer}");

@@ -310,6 +310,11 @@ pub struct Reply {
     pub body: Bytes,
 }
 
+/// The most headers a reply may carry: as many as an HTTP backend's answer may (hyper's limit).
+/// A header map holds at most 32,768 names and panics past that, and a reply of a megabyte can
+/// list a hundred thousand pairs.
+pub const REPLY_HEADERS_MAX: usize = 100;
+
 /// Parses and validates a reply payload; anything not of the contract's shape is a 502.
 pub fn parse_reply(payload: &Bytes) -> Result<Reply, GatewayError> {
     let bad = |why: String| GatewayError::bad_gateway("bad_backend_reply", why);
@@ -325,6 +330,12 @@ pub fn parse_reply(payload: &Bytes) -> Result<Reply, GatewayError> {
             ))
         })?;
     let pairs = raw.headers.unwrap_or_default();
+    if pairs.len() > REPLY_HEADERS_MAX {
+        return Err(bad(format!(
+            "the backend reply has {} headers, more than {REPLY_HEADERS_MAX}",
+            pairs.len()
+        )));
+    }
     let mut headers = HeaderMap::with_capacity(pairs.len() + crate::phases::ANSWER_HEADERS);
     for (Text(name), Text(value)) in pairs {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
@@ -500,6 +511,28 @@ mod tests {
         assert!(parse(br#"{"headers":[]}"#).is_err());
         let empty = parse(br#"{"status":204}"#).expect("minimal");
         assert!(empty.body.is_empty());
+    }
+
+    #[test]
+    fn a_reply_with_more_headers_than_an_answer_may_carry_is_refused() {
+        let reply = |count: usize| {
+            let pairs = vec![r#"["x-a","1"]"#; count].join(",");
+            format!(r#"{{"status":200,"headers":[{pairs}]}}"#)
+        };
+        let at_most = parse(reply(REPLY_HEADERS_MAX).as_bytes()).expect("at the bound");
+        assert_eq!(
+            at_most.headers.get_all("x-a").iter().count(),
+            REPLY_HEADERS_MAX
+        );
+        for count in [REPLY_HEADERS_MAX + 1, 40_000] {
+            let error = parse(reply(count).as_bytes()).expect_err("over the bound");
+            assert_eq!(error.code, "bad_backend_reply");
+            assert!(
+                error.message.contains(&format!("{count} headers")),
+                "{}",
+                error.message
+            );
+        }
     }
 
     #[test]
