@@ -8,7 +8,8 @@
 //!
 //! `cargo bench -p aura-gateway --bench allocations` (the NATS route needs `nats-server` on the
 //! PATH or in /usr/sbin; without one it is skipped). With `AURA_ALLOC_SAMPLE=N` it also samples
-//! every Nth counted allocation's call stack and prints the most frequent sites.
+//! every Nth counted allocation's call stack and prints the most frequent sites, each named by
+//! its first `AURA_ALLOC_DEPTH` frames (2 by default).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -46,6 +47,14 @@ fn count(size: usize) {
     }
 }
 
+/// How many frames name a sampled site: `AURA_ALLOC_DEPTH`, 2 by default.
+fn sample_depth() -> usize {
+    std::env::var("AURA_ALLOC_DEPTH")
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(2)
+}
+
 /// Records the call site of the current allocation (its first frames outside the allocator and
 /// the standard library).
 fn sample() {
@@ -63,7 +72,7 @@ fn sample() {
                 .and_then(|(_, rest)| rest.split_once('/').map(|(_, r)| r.to_owned()))
                 .unwrap_or_else(|| at.to_owned())
         })
-        .take(2)
+        .take(sample_depth())
         .collect();
     if std::env::var_os("AURA_ALLOC_RAW").is_some() {
         eprintln!("{trace}");

@@ -20,6 +20,8 @@ pub struct RequestContext {
     pub plane: Plane,
     /// When the plane's service received it.
     pub started: Instant,
+    /// The TCP peer's address (unspecified when the request did not come from a socket).
+    pub peer: IpAddr,
     /// The route group of its (normalised) path.
     pub group: RouteGroup,
     /// The policy modules it pinned when it arrived: every stage of it runs on these.
@@ -37,11 +39,13 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
-    /// The context of a request to `plane` on path group `group`, pinning `policies`.
-    pub fn new(plane: Plane, group: RouteGroup, policies: Arc<Policies>) -> Self {
+    /// The context of a request from `peer` to `plane` on path group `group`, pinning
+    /// `policies`.
+    pub fn new(plane: Plane, peer: IpAddr, group: RouteGroup, policies: Arc<Policies>) -> Self {
         Self {
             plane,
             started: Instant::now(),
+            peer,
             group,
             policies,
             id: None,
@@ -58,7 +62,8 @@ impl RequestContext {
     }
 }
 
-/// What a route handler needs from the phases (the one request extension they set).
+/// What a route handler needs from the phases: passed to a service route's handler, and the one
+/// request extension they set for the plane's own routes.
 #[derive(Debug, Clone)]
 pub struct RouteContext {
     /// The caller.

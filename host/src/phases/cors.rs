@@ -8,7 +8,8 @@
 
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
-use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 
 use super::context::RequestContext;
 use super::request_id::RequestId;
@@ -23,9 +24,11 @@ pub fn strip(headers: &mut HeaderMap) {
     crate::proxy::headers::remove_prefixed(headers, "access-control-");
 }
 
+/// The values, comma-separated, as one header value. `join` sizes its string exactly, so the
+/// value takes the string's buffer as it is: one allocation.
 fn join(values: &[String]) -> Option<HeaderValue> {
     (!values.is_empty())
-        .then(|| HeaderValue::from_str(&values.join(", ")).ok())
+        .then(|| HeaderValue::from_maybe_shared(Bytes::from(values.join(", "))).ok())
         .flatten()
 }
 
@@ -33,9 +36,27 @@ fn add_vary_origin(headers: &mut HeaderMap) {
     headers.append(header::VARY, HeaderValue::from_static("origin"));
 }
 
+/// The `Access-Control-Allow-Origin` value of an answer: `*` and the request's own origin (the
+/// two answers the contract knows) without a copy, any other value checked and copied.
+fn allow_origin_value(answered: &str, origin: &HeaderValue) -> Option<HeaderValue> {
+    if answered == "*" {
+        Some(HeaderValue::from_static("*"))
+    } else if answered.as_bytes() == origin.as_bytes() {
+        Some(origin.clone())
+    } else {
+        HeaderValue::from_str(answered).ok()
+    }
+}
+
 /// Applies an allow decision to response headers. Returns false (and adds nothing) when the
 /// decision is not acceptable for the plane.
-fn apply_allow(plane: Plane, allow: &CorsAllow, preflight: bool, headers: &mut HeaderMap) -> bool {
+fn apply_allow(
+    plane: Plane,
+    cors: &Cors,
+    allow: &CorsAllow,
+    preflight: bool,
+    headers: &mut HeaderMap,
+) -> bool {
     if plane == Plane::Management && allow.allow_origin.trim() == "*" {
         tracing::error!(
             plane = plane.as_str(),
@@ -43,7 +64,7 @@ fn apply_allow(plane: Plane, allow: &CorsAllow, preflight: bool, headers: &mut H
         );
         return false;
     }
-    let Ok(origin) = HeaderValue::from_str(&allow.allow_origin) else {
+    let Some(origin) = allow_origin_value(&allow.allow_origin, &cors.origin) else {
         tracing::error!(
             plane = plane.as_str(),
             "the cors stage answered an invalid origin"
@@ -77,14 +98,15 @@ fn edge(mut response: Response) -> Response {
     response
 }
 
-/// The CORS facts of a request with an `Origin`.
+/// The CORS facts of a request with an `Origin`. The header values and the URI are the
+/// request's own, shared (a reference count each, no copy); each was checked to be text.
 #[derive(Debug)]
 pub struct Cors {
     method: Method,
-    path: String,
-    origin: String,
-    request_method: Option<String>,
-    request_headers: Option<String>,
+    uri: Uri,
+    origin: HeaderValue,
+    request_method: Option<HeaderValue>,
+    request_headers: Option<HeaderValue>,
     preflight: bool,
     /// The project named by `Host` (data plane, `data_plane.project_host_suffix`).
     host_project: Option<String>,
@@ -94,17 +116,13 @@ impl Cors {
     /// The CORS facts of `request`, `None` without an `Origin`.
     pub fn of(state: &AppState, plane: Plane, request: &Request) -> Option<Self> {
         let headers = request.headers();
-        let text = |name: header::HeaderName| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
+        let text =
+            |name: header::HeaderName| headers.get(name).filter(|v| v.to_str().is_ok()).cloned();
         let origin = text(header::ORIGIN)?;
         let request_method = text(header::ACCESS_CONTROL_REQUEST_METHOD);
         Some(Self {
             method: request.method().clone(),
-            path: request.uri().path().to_owned(),
+            uri: request.uri().clone(),
             preflight: request.method() == Method::OPTIONS && request_method.is_some(),
             request_headers: text(header::ACCESS_CONTROL_REQUEST_HEADERS),
             request_method,
@@ -119,12 +137,16 @@ impl Cors {
     }
 
     fn input(&self) -> CorsInput<'_> {
+        // Each value was checked to be text when the facts were taken.
+        fn text(v: &HeaderValue) -> &str {
+            v.to_str().unwrap_or_default()
+        }
         CorsInput {
             method: self.method.as_str(),
-            path: &self.path,
-            origin: &self.origin,
-            request_method: self.request_method.as_deref(),
-            request_headers: self.request_headers.as_deref(),
+            path: self.uri.path(),
+            origin: text(&self.origin),
+            request_method: self.request_method.as_ref().map(text),
+            request_headers: self.request_headers.as_ref().map(text),
         }
     }
 }
@@ -158,7 +180,7 @@ pub async fn preflight(
         Err(e) => e.into_response(),
         Ok(CorsDecision::Allow(allow)) => {
             let mut response = StatusCode::NO_CONTENT.into_response();
-            if apply_allow(cx.plane, &allow, true, response.headers_mut()) {
+            if apply_allow(cx.plane, cors, &allow, true, response.headers_mut()) {
                 add_vary_origin(response.headers_mut());
                 response
             } else {
@@ -202,7 +224,7 @@ pub async fn respond(
             let mut response = response;
             strip(response.headers_mut());
             if let CorsDecision::Allow(allow) = &decision {
-                apply_allow(cx.plane, allow, false, response.headers_mut());
+                apply_allow(cx.plane, cors, allow, false, response.headers_mut());
             }
             response
         }
@@ -223,4 +245,38 @@ fn project_from_host(state: &AppState, plane: Plane, headers: &HeaderMap) -> Opt
 
 fn denied() -> Response {
     GatewayError::forbidden("cors_origin_denied", "this origin is not allowed").into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allowed_origin_is_the_request_s_own_value_or_a_static_star() {
+        let origin = HeaderValue::from_maybe_shared(Bytes::from_static(b"https://app.example"))
+            .expect("an origin");
+        let star = allow_origin_value("*", &origin).expect("*");
+        assert_eq!(star, "*");
+        let same = allow_origin_value("https://app.example", &origin).expect("the origin");
+        assert_eq!(same, origin);
+        assert_eq!(
+            same.as_bytes().as_ptr(),
+            origin.as_bytes().as_ptr(),
+            "the request's own value, not a copy"
+        );
+        let other = allow_origin_value("https://other.example", &origin).expect("another");
+        assert_eq!(other, "https://other.example");
+        assert_ne!(other.as_bytes().as_ptr(), origin.as_bytes().as_ptr());
+        assert_eq!(allow_origin_value("https://a\nb", &origin), None);
+    }
+
+    #[test]
+    fn joined_values_are_one_checked_header_value() {
+        assert_eq!(join(&[]), None);
+        let one = join(&["x-request-id".to_owned()]).expect("one");
+        assert_eq!(one, "x-request-id");
+        let three = ["a", "b", "ratelimit-limit"].map(str::to_owned);
+        assert_eq!(join(&three).expect("three"), "a, b, ratelimit-limit");
+        assert_eq!(join(&["a\r\nset-cookie: x".to_owned()]), None);
+    }
 }

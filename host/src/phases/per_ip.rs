@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use axum::extract::{ConnectInfo, Request};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::context::RequestContext;
@@ -28,7 +29,9 @@ fn secs(d: std::time::Duration) -> u64 {
 const PREBUILT_NUMBERS: u64 = 1024;
 
 /// The header value of `n`: a copy of a prebuilt one below [`PREBUILT_NUMBERS`] (its bytes are
-/// static, so the copy takes neither an allocation nor a reference count), a new one above.
+/// static, so the copy takes neither an allocation nor a reference count), a new one above,
+/// written on the stack and copied once (`HeaderValue::from(u64)` takes two allocations: its
+/// buffer, then the buffer's shared header when it is frozen).
 fn number(n: u64) -> HeaderValue {
     static PREBUILT: std::sync::OnceLock<Vec<HeaderValue>> = std::sync::OnceLock::new();
     let prebuilt = PREBUILT.get_or_init(|| {
@@ -53,7 +56,11 @@ fn number(n: u64) -> HeaderValue {
         .ok()
         .and_then(|i| prebuilt.get(i))
         .cloned()
-        .unwrap_or_else(|| HeaderValue::from(n))
+        .unwrap_or_else(|| {
+            let mut digits = itoa::Buffer::new();
+            HeaderValue::from_maybe_shared(Bytes::copy_from_slice(digits.format(n).as_bytes()))
+                .unwrap_or_else(|_| HeaderValue::from(n))
+        })
 }
 
 /// Sets `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`.
@@ -90,8 +97,10 @@ pub fn too_many(decision: &Decision) -> Response {
     response
 }
 
-/// The TCP peer of a request (set by the listener).
-pub fn peer(request: &Request) -> IpAddr {
+/// The TCP peer of a request that reached the plane's service without its listener: the
+/// address a caller put in its `ConnectInfo` extension (the tests of the chain do), else
+/// unspecified. The listener hands the peer to the service directly.
+pub fn peer_of(request: &Request) -> IpAddr {
     request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -99,14 +108,14 @@ pub fn peer(request: &Request) -> IpAddr {
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
-/// Whether the TCP peer of `request` is in `rate_limit.trusted_proxies` (its forwarding and
-/// trace headers are then believed).
-pub fn is_trusted_peer(state: &AppState, request: &Request) -> bool {
+/// Whether the TCP peer `peer` is in `rate_limit.trusted_proxies` (its forwarding and trace
+/// headers are then believed).
+pub fn is_trusted_peer(state: &AppState, peer: IpAddr) -> bool {
     let trusted = &state.config.rate_limit.trusted_proxies;
     if trusted.is_empty() {
         return false;
     }
-    let peer = crate::ratelimit::client_ip::canonical(peer(request));
+    let peer = crate::ratelimit::client_ip::canonical(peer);
     trusted.iter().any(|net| net.contains(&peer))
 }
 
@@ -114,7 +123,7 @@ pub fn is_trusted_peer(state: &AppState, request: &Request) -> bool {
 /// refusal when denied (`cx.ip_limited` is then set).
 pub fn check(state: &AppState, cx: &mut RequestContext, request: &Request) -> Result<(), Decision> {
     let ip = client_ip(
-        peer(request),
+        cx.peer,
         request.headers(),
         &state.config.rate_limit.trusted_proxies,
     );

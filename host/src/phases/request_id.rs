@@ -26,7 +26,9 @@ impl RequestId {
     pub fn mint() -> Self {
         let mut hex = [0u8; 32];
         uuid::Uuid::new_v4().simple().encode_lower(&mut hex);
-        let value = HeaderValue::from_bytes(&hex).expect("hex is a valid header value");
+        // Cloned for the request and for its answer: made shared at once.
+        let value =
+            crate::proxy::headers::shared_value::<32>(&hex).expect("hex is a valid header value");
         Self { hex, value }
     }
 

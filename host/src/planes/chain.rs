@@ -28,14 +28,14 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request};
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use tower::ServiceExt;
 use tracing::Instrument;
@@ -81,21 +81,20 @@ impl PlaneService {
 
     /// Runs one request from `peer` through every phase.
     pub async fn handle(&self, request: Request, peer: SocketAddr) -> Response {
-        let mut request = request;
-        request.extensions_mut().insert(ConnectInfo(peer));
         // The phases' state machine is several kilobytes. Boxed here, it is written once into
         // the heap; unboxed, hyper would move it into its connection's in-flight slot on every
         // request, and every future wrapping it would grow by as much.
-        Box::pin(self.0.run(request)).await
+        Box::pin(self.0.run(request, peer.ip())).await
     }
 }
 
 impl Pipeline {
     /// Phases 0 to 2, and their way back.
-    async fn run(&self, mut request: Request) -> Response {
+    async fn run(&self, mut request: Request, peer: IpAddr) -> Response {
         let refused = path::normalize_request(&mut request); // 0
         let group = RouteGroup::of(request.uri().path());
-        let mut cx = RequestContext::new(self.plane, group, self.state.policies.snapshot());
+        let policies = self.state.policies.snapshot();
+        let mut cx = RequestContext::new(self.plane, peer, group, policies);
         let cors = Cors::of(&self.state, self.plane, &request); // 1
         if let Some(cors) = cors.as_ref().filter(|c| c.is_preflight()) {
             return cors::preflight(&self.state, &mut cx, request, cors).await;
@@ -123,7 +122,7 @@ impl Pipeline {
             Err(error) => return request_limits::refused(error),
         };
         let span = trace::span(self.plane, &request);
-        let trusted = per_ip::is_trusted_peer(&self.state, &request);
+        let trusted = per_ip::is_trusted_peer(&self.state, cx.peer);
         trace::propagate(&span, &mut request, trusted);
         self.observed(cx, request).instrument(span).await
     }
@@ -186,21 +185,25 @@ impl Pipeline {
             return GatewayError::internal("no actor before the route phase (pipeline misordered)")
                 .into_response();
         };
-        request.extensions_mut().insert(RouteContext {
+        let route_cx = RouteContext {
             actor,
             request_id: id,
             deadline,
             policies: cx.policies.clone(),
-        });
+        };
         let handled = async {
             match routes::service_route(request.uri().path()) {
-                Some(route) => route.serve(&self.state, request).await,
-                None => self
-                    .router
-                    .clone()
-                    .oneshot(request)
-                    .await
-                    .unwrap_or_else(|never| match never {}),
+                // A service route's handler takes the context as an argument: no extension map
+                // is made for it.
+                Some(route) => route.serve(&self.state, &route_cx, request).await,
+                None => {
+                    request.extensions_mut().insert(route_cx);
+                    self.router
+                        .clone()
+                        .oneshot(request)
+                        .await
+                        .unwrap_or_else(|never| match never {})
+                }
             }
         };
         match tokio::time::timeout_at(deadline, handled).await {
@@ -229,6 +232,8 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let pipeline = self.0.clone();
-        Box::pin(async move { Ok(pipeline.run(request.map(Body::new)).await) })
+        let request = request.map(Body::new);
+        let peer = per_ip::peer_of(&request);
+        Box::pin(async move { Ok(pipeline.run(request, peer).await) })
     }
 }

@@ -6,7 +6,7 @@ use axum::routing::{get, post};
 use super::chain::PlaneService;
 use super::routes::{health, with_fallbacks};
 use crate::plane::Plane;
-use crate::proxy::forward_nats;
+use crate::proxy::forward_nats_routed;
 use crate::proxy::service::Service;
 use crate::state::AppState;
 
@@ -17,7 +17,7 @@ macro_rules! to {
             |axum::extract::State(state): axum::extract::State<AppState>,
              request: axum::extract::Request| async move {
                 axum::response::IntoResponse::into_response(
-                    forward_nats(&state, $service, request).await,
+                    forward_nats_routed(&state, $service, request).await,
                 )
             },
         )

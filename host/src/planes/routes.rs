@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::error::GatewayError;
+use crate::phases::context::RouteContext;
 use crate::proxy::service::Service;
 use crate::proxy::{forward_http_service, forward_nats, route_db};
 use crate::state::AppState;
@@ -48,12 +49,12 @@ pub fn service_route(path: &str) -> Option<ServiceRoute> {
 }
 
 impl ServiceRoute {
-    /// Handles one request of this route.
-    pub async fn serve(self, state: &AppState, request: Request) -> Response {
+    /// Handles one request of this route, with what the phases handed it.
+    pub async fn serve(self, state: &AppState, cx: &RouteContext, request: Request) -> Response {
         let result = match self {
-            ServiceRoute::Nats(service) => forward_nats(state, service, request).await,
-            ServiceRoute::Db => route_db(state, request).await,
-            ServiceRoute::Http(service) => forward_http_service(state, service, request).await,
+            ServiceRoute::Nats(service) => forward_nats(state, service, cx, request).await,
+            ServiceRoute::Db => route_db(state, cx, request).await,
+            ServiceRoute::Http(service) => forward_http_service(state, service, cx, request).await,
         };
         result.unwrap_or_else(IntoResponse::into_response)
     }

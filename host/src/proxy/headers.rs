@@ -10,6 +10,7 @@
 
 use std::net::IpAddr;
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
 use crate::actor::Actor;
@@ -192,7 +193,30 @@ pub fn ip_text(buf: &mut [u8; 64], ip: IpAddr) -> &str {
 
 /// An IP address as a header value, written on the stack.
 fn ip_value(ip: IpAddr) -> HeaderValue {
-    HeaderValue::from_str(ip_text(&mut [0; 64], ip)).expect("an IP address is a valid header value")
+    shared_value::<64>(ip_text(&mut [0; 64], ip).as_bytes())
+        .expect("an IP address is a valid header value")
+}
+
+/// A header value of at most `N` bytes that is cloned without an allocation: its bytes are
+/// written once into a reference-counted block. A value made from a vector (`from_bytes`,
+/// `from_str`) is copied once more into such a block the first time it is cloned. `None` when
+/// `bytes` is longer than `N` or not a valid header value.
+pub fn shared_value<const N: usize>(bytes: &[u8]) -> Option<HeaderValue> {
+    struct Inline<const N: usize> {
+        bytes: [u8; N],
+        len: usize,
+    }
+    impl<const N: usize> AsRef<[u8]> for Inline<N> {
+        fn as_ref(&self) -> &[u8] {
+            &self.bytes[..self.len]
+        }
+    }
+    let mut inline = Inline {
+        bytes: [0; N],
+        len: bytes.len(),
+    };
+    inline.bytes.get_mut(..bytes.len())?.copy_from_slice(bytes);
+    HeaderValue::from_maybe_shared(Bytes::from_owner(inline)).ok()
 }
 
 /// Rewrites a request's headers for an HTTP backend: client headers dropped, identity and
@@ -385,6 +409,20 @@ mod tests {
             let ip: IpAddr = ip.parse().expect("ip");
             assert_eq!(ip_value(ip), ip.to_string().as_str());
         }
+    }
+
+    #[test]
+    fn a_shared_value_is_checked_and_bounded() {
+        let value = shared_value::<8>(b"12345678").expect("fits");
+        assert_eq!(value, "12345678");
+        assert_eq!(value.clone(), value);
+        assert_eq!(shared_value::<8>(b""), Some(HeaderValue::from_static("")));
+        assert_eq!(
+            shared_value::<8>(b"123456789"),
+            None,
+            "longer than its block"
+        );
+        assert_eq!(shared_value::<8>(b"a\r\nb"), None, "not a header value");
     }
 
     /// The names [`is_dropped`] drops, said plainly: what its first-letter dispatch must agree

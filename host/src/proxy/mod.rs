@@ -27,7 +27,7 @@ use crate::state::AppState;
 pub fn nats_route(service: Service) -> MethodRouter<AppState> {
     any(
         move |State(state): State<AppState>, request: Request| async move {
-            forward_nats(&state, service, request)
+            forward_nats_routed(&state, service, request)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         },
@@ -38,6 +38,7 @@ pub fn nats_route(service: Service) -> MethodRouter<AppState> {
 pub async fn forward_http_service(
     state: &AppState,
     service: Service,
+    cx: &RouteContext,
     request: Request,
 ) -> Result<Response, GatewayError> {
     let backend = match service {
@@ -61,7 +62,7 @@ pub async fn forward_http_service(
         .unwrap_or_default();
     let uri = backend.uri(rest, request.uri().query())?;
     let breaker = state.breakers.service(service);
-    forward_http(state, &breaker, backend, uri, request).await
+    forward_http(state, &breaker, backend, uri, cx, request).await
 }
 
 async fn forward_http(
@@ -69,9 +70,9 @@ async fn forward_http(
     breaker: &std::sync::Arc<crate::breaker::CircuitBreaker>,
     backend: &self::pool::Backend,
     uri: ::http::Uri,
+    cx: &RouteContext,
     request: Request,
 ) -> Result<Response, GatewayError> {
-    let cx = route_context(&request)?;
     state
         .http
         .forward(breaker, backend, uri, request, &cx.actor, cx.deadline)
@@ -79,8 +80,11 @@ async fn forward_http(
 }
 
 /// The `/v1/db/*` handler: the db-routing stage decides the transport per request.
-pub async fn route_db(state: &AppState, request: Request) -> Result<Response, GatewayError> {
-    let cx = route_context(&request)?;
+pub async fn route_db(
+    state: &AppState,
+    cx: &RouteContext,
+    request: Request,
+) -> Result<Response, GatewayError> {
     let actor = cx.actor.clone();
     let project = match &actor.project {
         Some(project_ref) => state.auth.cached_project(project_ref).await?,
@@ -113,7 +117,7 @@ pub async fn route_db(state: &AppState, request: Request) -> Result<Response, Ga
         )
         .map_err(|e| state.policies.plugin_failed(&e))?;
     match route {
-        DbRoute::Nats => forward_nats(state, Service::Db, request).await,
+        DbRoute::Nats => forward_nats(state, Service::Db, cx, request).await,
         // Fail closed: never a fallback to a shared target.
         DbRoute::Unresolved => Err(GatewayError::unavailable(
             "db_target_unresolved",
@@ -151,18 +155,30 @@ pub async fn route_db(state: &AppState, request: Request) -> Result<Response, Ga
             let backend = state.http.postgrest(&base)?;
             let uri = backend.uri(rest, request.uri().query())?;
             let breaker = state.breakers.postgrest.get(base.trim_end_matches('/'));
-            forward_http(state, &breaker, &backend, uri, request).await
+            forward_http(state, &breaker, &backend, uri, cx, request).await
         }
     }
 }
 
-/// What the route phase handed the handler.
+/// What the route phase handed a handler of the plane's own routes, in the request's
+/// extensions.
 fn route_context(request: &Request) -> Result<RouteContext, GatewayError> {
     request
         .extensions()
         .get::<RouteContext>()
         .cloned()
         .ok_or_else(|| GatewayError::internal("no route context (pipeline misordered)"))
+}
+
+/// [`forward_nats`] for a handler of the plane's own routes, which finds the route context in
+/// the request's extensions.
+pub async fn forward_nats_routed(
+    state: &AppState,
+    service: Service,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    let cx = route_context(&request)?;
+    forward_nats(state, service, &cx, request).await
 }
 
 /// Reads a request body, mapping an exceeded limit to 413.
@@ -194,9 +210,9 @@ pub async fn read_body(body: Body) -> Result<bytes::Bytes, GatewayError> {
 pub async fn forward_nats(
     state: &AppState,
     service: Service,
+    cx: &RouteContext,
     request: Request,
 ) -> Result<Response, GatewayError> {
-    let cx = route_context(&request)?;
     let actor = &cx.actor;
     let deadline = cx.deadline;
     let (parts, body) = request.into_parts();
