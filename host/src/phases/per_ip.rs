@@ -6,7 +6,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use axum::extract::{ConnectInfo, Request};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::context::RequestContext;
@@ -58,7 +57,7 @@ fn number(n: u64) -> HeaderValue {
         .cloned()
         .unwrap_or_else(|| {
             let mut digits = itoa::Buffer::new();
-            HeaderValue::from_maybe_shared(Bytes::copy_from_slice(digits.format(n).as_bytes()))
+            HeaderValue::from_bytes(digits.format(n).as_bytes())
                 .unwrap_or_else(|_| HeaderValue::from(n))
         })
 }
