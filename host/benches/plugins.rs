@@ -223,6 +223,7 @@ fn bench_rollout(c: &mut Criterion) {
         .decide(None, Plane::Data, input)
         .expect("decision");
     let pool = TenantPool::new(2, 2, std::time::Duration::from_millis(100));
+    let gate = pool.project_gate();
     let comparison = Comparison::new(None);
     group.bench_function("shadow_handoff", |b| {
         b.iter(|| {
@@ -231,7 +232,9 @@ fn bench_rollout(c: &mut Criterion) {
             let enforced = describe_cors(black_box(&enforced));
             let query = CorsQuery::from(input);
             if pool
-                .try_spawn(move || drop(black_box((compared, enforced, query))))
+                .try_spawn(Some(&gate), move || {
+                    drop(black_box((compared, enforced, query)))
+                })
                 .is_err()
             {
                 comparison.skipped();

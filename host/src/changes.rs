@@ -1,31 +1,67 @@
-//! Control changes told to the whole fleet at once.
+//! Control changes told to the whole fleet at once — and only by the fleet.
 //!
-//! Every instance subscribes to `{nats.subject_prefix}.gateway.changes` and publishes there what
-//! it changed itself (a tenant module installed or removed, an operator reload requested; the
-//! `keys` command publishes key creations and revocations). Changes made in PostgreSQL by anyone
-//! else reach every instance through `LISTEN aura_control_changes`, fed by triggers that
-//! `migrate` installs; the file store tells its own instance when the file changes. An instance
-//! acts on a change at once: it forgets the cached key or project, reloads the project's modules,
-//! or reloads its plugin sections. Cache lifetimes and the tenant refresh stay as they were, as
-//! the fallback while NATS or the listener is down: nothing is ever less fresh than without
-//! events.
+//! Two channels carry them:
+//! - **PostgreSQL**: `migrate` installs triggers on the cached control tables that append each
+//!   change to `aura_control.change_log` (a table no other role may read or write: its rows name
+//!   key hashes, project refs and user ids) and `NOTIFY aura_control_changes` with the new row's
+//!   id only. Any database login may `NOTIFY` or `LISTEN` on any channel, so a notification is a
+//!   wake-up and nothing more: the instance reads what is new in the log itself, at most every
+//!   [`LOG_READ_SPACING`], and acts only on the kinds the triggers write (`api_key`, `project`,
+//!   `membership`, `tenant_modules`) with their fields validated. A forged notification costs at
+//!   most one indexed read that finds nothing.
+//! - **NATS** (`{nats.subject_prefix}.gateway.changes`): what an instance changed itself (a
+//!   tenant module installed or removed, an operator reload asked for). Events are signed by the
+//!   fleet: each carries an HMAC-SHA256 of its payload under `nats.fleet_secret`, its origin, a
+//!   sequence number and its time, and is refused unless the signature verifies, it is at most
+//!   [`MAX_EVENT_AGE`] old (or ahead), and its sequence is past the last one seen from its
+//!   origin (no replay). Without `nats.fleet_secret`, instances neither publish nor accept
+//!   events on NATS (every instance still catches up within its cache lifetimes and
+//!   `plugins.tenant_refresh_secs`, and through PostgreSQL's log).
 //!
-//! Events are hints, never authority: an event only makes an instance ask the control store
-//! again (or re-read its own configuration file), so a forged event can cost a lookup, never
-//! grant access. Payloads over [`MAX_EVENT_BYTES`] or that do not parse are dropped and counted.
+//! Whatever arrives, the expensive actions are bounded: a key or project change forgets that one
+//! record; tenant refreshes and operator reloads asked for by events are coalesced and run at
+//! most once per `control.change_min_interval_ms` ([`Coalesced`]); `everything` (forget every
+//! cached record) is only ever this instance's own decision (its control file reloaded, its
+//! PostgreSQL listener reconnected), never an event's.
+//!
+//! Events are hints, never authority: acting on one only makes an instance ask the control store
+//! again (or re-read its own configuration file), so even a valid event can cost a lookup, never
+//! grant access. Refusals are counted in `aura_change_events_refused_total{source, reason}`.
 
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt as _;
+use hmac::{Hmac, Mac as _};
 use serde::{Deserialize, Serialize};
+use sha2::Sha256;
 
-use crate::state::AppState;
+use crate::metrics::Metrics;
+use crate::state::{AppState, WeakState};
 
 /// Largest change event read, in bytes.
 pub const MAX_EVENT_BYTES: usize = 4096;
 
 /// The PostgreSQL channel the control tables' triggers notify.
 pub const PG_CHANNEL: &str = "aura_control_changes";
+
+/// The NATS header carrying an event's signature: `v1=<hex HMAC-SHA256 of the payload>`.
+pub const SIGNATURE_HEADER: &str = "Aura-Fleet-Signature";
+
+/// The oldest (or furthest ahead) a signed event may be: the fleet's clocks agree within it.
+pub const MAX_EVENT_AGE: Duration = Duration::from_secs(30);
+
+/// The change log is read at most this often, however many notifications arrive.
+pub const LOG_READ_SPACING: Duration = Duration::from_millis(100);
+
+/// Ids of the change log not seen yet though a later one was (a transaction that took its id
+/// earlier and commits later) are looked for again this long.
+const GAP_WAIT: Duration = Duration::from_secs(10);
+
+/// Longest project ref an event may name.
+const MAX_REF_BYTES: usize = 256;
 
 /// One change of the control data.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,16 +79,54 @@ pub enum Change {
     },
     /// A project's own policy modules changed.
     TenantModules { project_ref: String },
-    /// Every cached key and project may be stale (a control file replaced).
+    /// Every cached key and project may be stale (a control file replaced). Never accepted from
+    /// another instance or the database: only this instance decides it.
     Everything,
     /// The operator asked for a reload of the plugin sections.
     OperatorReload,
 }
 
-/// A change as published on NATS: with the instance that made it, which does not act twice.
+impl Change {
+    /// Checks the fields of a change that came from outside this instance.
+    pub fn check(&self) -> Result<(), &'static str> {
+        let project =
+            |r: &str| !r.is_empty() && r.len() <= MAX_REF_BYTES && !r.chars().any(char::is_control);
+        let ok = match self {
+            Change::ApiKey { key_sha256 } => crate::control::records::is_sha256_hex(key_sha256),
+            Change::Project { project_ref } | Change::TenantModules { project_ref } => {
+                project(project_ref)
+            }
+            Change::Membership {
+                organization_id,
+                user_id,
+            } => {
+                uuid::Uuid::parse_str(organization_id).is_ok()
+                    && uuid::Uuid::parse_str(user_id).is_ok()
+            }
+            Change::Everything | Change::OperatorReload => true,
+        };
+        if ok { Ok(()) } else { Err("invalid") }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Change::ApiKey { .. } => "api_key",
+            Change::Project { .. } => "project",
+            Change::Membership { .. } => "membership",
+            Change::TenantModules { .. } => "tenant_modules",
+            Change::Everything => "everything",
+            Change::OperatorReload => "operator_reload",
+        }
+    }
+}
+
+/// A change as published on NATS: with the instance that made it (which does not act twice),
+/// its sequence number from that instance and when it was sent (milliseconds since the epoch).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Published {
     origin: String,
+    seq: u64,
+    at_ms: u64,
     #[serde(flatten)]
     change: Change,
 }
@@ -62,31 +136,269 @@ pub fn subject(prefix: &str) -> String {
     format!("{prefix}.gateway.changes")
 }
 
-/// Tells the fleet about `change` (best effort: without NATS, the others see it within their
-/// cache lifetimes). The caller has already applied it locally.
-pub async fn publish(state: &AppState, change: Change) {
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// An action that change events ask for, run at most once per interval: asks that arrive while
+/// one is due are folded into it.
+#[derive(Debug)]
+pub struct Coalesced {
+    due: AtomicBool,
+    wake: tokio::sync::Notify,
+    every: Duration,
+    run: prometheus::IntCounter,
+    coalesced: prometheus::IntCounter,
+}
+
+impl Coalesced {
+    /// An action named `action` in `aura_change_actions_total`, run at most once per `every`.
+    pub fn new(action: &str, every: Duration, metrics: &Metrics) -> Self {
+        Self {
+            due: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+            every,
+            run: metrics.change_actions.with_label_values(&[action, "run"]),
+            coalesced: metrics
+                .change_actions
+                .with_label_values(&[action, "coalesced"]),
+        }
+    }
+
+    /// Asks for the action: it runs soon, once for every ask made before it starts.
+    pub fn ask(&self) {
+        if self.due.swap(true, Ordering::AcqRel) {
+            self.coalesced.inc();
+        } else {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Waits until the action is asked for, then marks it started (asks from now on make it
+    /// due again).
+    pub async fn asked(&self) {
+        loop {
+            if self.due.swap(false, Ordering::AcqRel) {
+                self.run.inc();
+                return;
+            }
+            self.wake.notified().await;
+        }
+    }
+
+    /// Whether the action was asked for and has not started yet.
+    pub fn is_due(&self) -> bool {
+        self.due.load(Ordering::Acquire)
+    }
+
+    /// The least time between two runs.
+    pub fn every(&self) -> Duration {
+        self.every
+    }
+}
+
+/// This instance's part in the fleet: how it signs what it publishes, what it has seen of the
+/// others, and its coalesced actions.
+#[derive(Debug)]
+pub struct Fleet {
+    /// This instance's id in the events.
+    pub instance_id: String,
+    secret: Option<Vec<u8>>,
+    seq: AtomicU64,
+    /// The last sequence number accepted per origin, and when.
+    seen: Mutex<HashMap<String, (u64, Instant)>>,
+    /// Refreshes of the projects' modules asked for by events.
+    pub tenant_refresh: Coalesced,
+    /// Reloads of the plugin sections asked for by events.
+    pub operator_reload: Coalesced,
+    refused: prometheus::IntCounterVec,
+}
+
+/// Origins remembered at most (older ones are forgotten first; a forgotten origin's old events
+/// are still refused by their age).
+const MAX_ORIGINS: usize = 1024;
+
+impl Fleet {
+    /// The fleet part of an instance configured with `config`.
+    pub fn new(config: &crate::config::Config, metrics: &Metrics) -> Self {
+        let every = Duration::from_millis(config.control.change_min_interval_ms);
+        Self {
+            instance_id: uuid::Uuid::new_v4().to_string(),
+            secret: config
+                .nats
+                .fleet_secret
+                .as_ref()
+                .map(|s| s.as_bytes().to_vec()),
+            seq: AtomicU64::new(0),
+            seen: Mutex::new(HashMap::new()),
+            tenant_refresh: Coalesced::new("tenant_refresh", every, metrics),
+            operator_reload: Coalesced::new("operator_reload", every, metrics),
+            refused: metrics.change_events_refused.clone(),
+        }
+    }
+
+    /// Whether events go over NATS (`nats.fleet_secret` is set).
+    pub fn signs(&self) -> bool {
+        self.secret.is_some()
+    }
+
+    fn refuse(&self, source: &str, reason: &str) {
+        self.refused.with_label_values(&[source, reason]).inc();
+    }
+
+    /// The payload and signature of `change` as this instance publishes it.
+    fn sign(&self, change: Change) -> Option<(Vec<u8>, String)> {
+        let secret = self.secret.as_ref()?;
+        let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
+        Some(signed_event(
+            secret,
+            &self.instance_id,
+            seq,
+            now_ms(),
+            change,
+        ))
+    }
+
+    /// The change a NATS message carries, when it is a valid event of another instance of the
+    /// fleet; `None` (counted by reason) otherwise, or when it is this instance's own.
+    fn accept(&self, payload: &[u8], signed: Option<&str>, now: u64) -> Option<Change> {
+        let secret = self.secret.as_ref()?;
+        if payload.len() > MAX_EVENT_BYTES {
+            self.refuse("nats", "invalid");
+            return None;
+        }
+        let Some(signed) = signed else {
+            self.refuse("nats", "unsigned");
+            return None;
+        };
+        if !verify(secret, payload, signed) {
+            self.refuse("nats", "bad_signature");
+            return None;
+        }
+        let Ok(message) = serde_json::from_slice::<Published>(payload) else {
+            self.refuse("nats", "invalid");
+            return None;
+        };
+        if message.origin == self.instance_id {
+            return None;
+        }
+        if message.change.check().is_err() || message.origin.len() > 64 {
+            self.refuse("nats", "invalid");
+            return None;
+        }
+        if now.abs_diff(message.at_ms) > MAX_EVENT_AGE.as_millis() as u64 {
+            self.refuse("nats", "stale");
+            return None;
+        }
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            if seen
+                .get(&message.origin)
+                .is_some_and(|(last, _)| message.seq <= *last)
+            {
+                drop(seen);
+                self.refuse("nats", "replayed");
+                return None;
+            }
+            if seen.len() >= MAX_ORIGINS && !seen.contains_key(&message.origin) {
+                let oldest = seen
+                    .iter()
+                    .min_by_key(|(_, (_, at))| *at)
+                    .map(|(origin, _)| origin.clone());
+                if let Some(oldest) = oldest {
+                    seen.remove(&oldest);
+                }
+            }
+            seen.insert(message.origin.clone(), (message.seq, Instant::now()));
+        }
+        // Forgetting every cached record is an instance's own decision: a flood of those would
+        // turn every cached lookup into a store query.
+        if message.change == Change::Everything {
+            self.refuse("nats", "kind");
+            return None;
+        }
+        Some(message.change)
+    }
+}
+
+/// The payload of `change` as instance `origin` sends it (its `seq`-th event, at `at_ms`
+/// milliseconds since the epoch) and its signature under `secret` (the value of the
+/// [`SIGNATURE_HEADER`] header): what every instance publishes, for the fleet's own tools.
+pub fn signed_event(
+    secret: &[u8],
+    origin: &str,
+    seq: u64,
+    at_ms: u64,
+    change: Change,
+) -> (Vec<u8>, String) {
     let message = Published {
-        origin: state.instance_id.clone(),
+        origin: origin.to_owned(),
+        seq,
+        at_ms,
         change,
     };
-    let Ok(payload) = serde_json::to_vec(&message) else {
+    let payload = serde_json::to_vec(&message).unwrap_or_default();
+    let signed = signature(secret, &payload);
+    (payload, signed)
+}
+
+/// Milliseconds since the epoch, as events carry them.
+pub fn now_millis() -> u64 {
+    now_ms()
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// `v1=<hex HMAC-SHA256 of payload under secret>`.
+fn signature(secret: &[u8], payload: &[u8]) -> String {
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(payload);
+    format!("v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Whether `signed` is the signature of `payload` under `secret` (compared in constant time).
+fn verify(secret: &[u8], payload: &[u8], signed: &str) -> bool {
+    let Some(tag) = signed
+        .strip_prefix("v1=")
+        .and_then(|h| hex::decode(h.trim()).ok())
+    else {
+        return false;
+    };
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(payload);
+    mac.verify_slice(&tag).is_ok()
+}
+
+/// Tells the fleet about `change` (best effort: without NATS or `nats.fleet_secret`, the others
+/// see it within their cache lifetimes). The caller has already applied it locally.
+pub async fn publish(state: &AppState, change: Change) {
+    let Some((payload, signature)) = state.fleet.sign(change) else {
         return;
     };
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(SIGNATURE_HEADER, signature.as_str());
     if let Err(e) = state
         .nats
-        .publish(subject(&state.config.nats.subject_prefix), payload.into())
+        .publish_with_headers(
+            subject(&state.config.nats.subject_prefix),
+            headers,
+            payload.into(),
+        )
         .await
     {
         tracing::warn!(error = %e, "change event not published; other instances catch up by polling");
     }
 }
 
-/// Acts on a change on this instance. A peer's `everything` is refused before this.
+/// Acts on a change on this instance. Expensive actions are asked for, not run here: they are
+/// coalesced ([`Coalesced`]).
 pub async fn apply(state: &AppState, change: &Change, source: &'static str) {
     state
         .metrics
         .change_events
-        .with_label_values(&[source, kind(change)])
+        .with_label_values(&[source, change.kind()])
         .inc();
     tracing::debug!(?change, source, "control change");
     match change {
@@ -100,34 +412,76 @@ pub async fn apply(state: &AppState, change: &Change, source: &'static str) {
             state.auth.forget_all();
             state.request_tenant_refresh();
         }
-        Change::OperatorReload => {
-            let _ = crate::reload::reload_and_log(state, "fleet change event").await;
+        Change::OperatorReload => state.fleet.operator_reload.ask(),
+    }
+}
+
+/// Subscribes to the fleet's change events (when signed), and to PostgreSQL's change log when
+/// the store is PostgreSQL; both act on this instance. Runs until the state is dropped.
+pub fn spawn(state: &AppState) {
+    spawn_operator_reloads(state);
+    if state.fleet.signs() {
+        spawn_nats(state);
+    } else {
+        tracing::warn!(
+            "nats.fleet_secret is not set: change events between instances are off on NATS \
+             (other instances see a change within their cache lifetimes and plugins.tenant_refresh_secs)"
+        );
+    }
+    if let Some(mut reloads) = state.auth.store.reloads() {
+        let weak = state.downgrade();
+        tokio::spawn(async move {
+            while reloads.changed().await.is_ok() {
+                let Some(state) = weak.upgrade() else { break };
+                apply(&state, &Change::Everything, "file").await;
+            }
+        });
+    }
+    if let Some(pool) = state
+        .auth
+        .store
+        .postgres_pool()
+        .filter(|_| state.config.control.notifications)
+    {
+        tokio::spawn(listen_postgres(state.downgrade(), pool));
+    }
+}
+
+/// Runs the operator reloads that events ask for, at most once per interval.
+fn spawn_operator_reloads(state: &AppState) {
+    let weak = state.downgrade();
+    let fleet = state.fleet.clone();
+    tokio::spawn(async move {
+        loop {
+            if !fleet.operator_reload.wait(&weak).await {
+                return;
+            }
+            let Some(state) = weak.upgrade() else { return };
+            let _ = crate::reload::reload_and_log(&state, "fleet change event").await;
+            drop(state);
+            tokio::time::sleep(fleet.operator_reload.every()).await;
+        }
+    });
+}
+
+impl Coalesced {
+    /// Waits until the action is asked for (true), without keeping the state alive: false once
+    /// it is gone.
+    pub async fn wait(&self, state: &WeakState) -> bool {
+        loop {
+            tokio::select! {
+                () = self.asked() => return true,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {
+                    if state.upgrade().is_none() {
+                        return false;
+                    }
+                }
+            }
         }
     }
 }
 
-fn kind(change: &Change) -> &'static str {
-    match change {
-        Change::ApiKey { .. } => "api_key",
-        Change::Project { .. } => "project",
-        Change::Membership { .. } => "membership",
-        Change::TenantModules { .. } => "tenant_modules",
-        Change::Everything => "everything",
-        Change::OperatorReload => "operator_reload",
-    }
-}
-
-/// Parses an event payload, bounded; `None` (counted by the caller) when it is not one.
-fn parse<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Option<T> {
-    if payload.len() > MAX_EVENT_BYTES {
-        return None;
-    }
-    serde_json::from_slice(payload).ok()
-}
-
-/// Subscribes to the fleet's change events, and to PostgreSQL's notifications when the store
-/// is PostgreSQL; both act on this instance. Runs until the state is dropped.
-pub fn spawn(state: &AppState) {
+fn spawn_nats(state: &AppState) {
     let weak = state.downgrade();
     let subject = subject(&state.config.nats.subject_prefix);
     let nats = state.nats.clone();
@@ -144,73 +498,211 @@ pub fn spawn(state: &AppState) {
         };
         while let Some(message) = subscription.next().await {
             let Some(state) = weak.upgrade() else { break };
-            match parse::<Published>(&message.payload) {
-                Some(p) if p.origin == state.instance_id => {}
-                // Emptying every cache is this instance's own decision (its store reloaded or
-                // its listener reconnected), never a peer's: a flood of those would turn every
-                // cached lookup into a store query.
-                Some(p) if p.change != Change::Everything => apply(&state, &p.change, "nats").await,
-                _ => state
-                    .metrics
-                    .change_events
-                    .with_label_values(&["nats", "refused"])
-                    .inc(),
+            let signed = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(SIGNATURE_HEADER))
+                .map(|v| v.as_str());
+            if let Some(change) = state.fleet.accept(&message.payload, signed, now_ms()) {
+                apply(&state, &change, "nats").await;
             }
         }
     });
-    if let Some(mut reloads) = state.auth.store.reloads() {
-        let weak = state.downgrade();
-        tokio::spawn(async move {
-            while reloads.changed().await.is_ok() {
-                let Some(state) = weak.upgrade() else { break };
-                apply(&state, &Change::Everything, "file").await;
-            }
-        });
+}
+
+/// One row of `aura_control.change_log`.
+type LogRow = (
+    i64,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<uuid::Uuid>,
+    Option<uuid::Uuid>,
+);
+
+/// The change a row of the log records, if it is one the triggers write.
+fn change_of_row(
+    (_, kind, key_sha256, project_ref, organization_id, user_id): LogRow,
+) -> Option<Change> {
+    let change = match kind.as_str() {
+        "api_key" => Change::ApiKey {
+            key_sha256: key_sha256?,
+        },
+        "project" => Change::Project {
+            project_ref: project_ref?,
+        },
+        "membership" => Change::Membership {
+            organization_id: organization_id?.to_string(),
+            user_id: user_id?.to_string(),
+        },
+        "tenant_modules" => Change::TenantModules {
+            project_ref: project_ref?,
+        },
+        _ => return None,
+    };
+    change.check().ok()?;
+    Some(change)
+}
+
+/// What this instance has read of the change log.
+#[derive(Debug, Default)]
+struct LogCursor {
+    /// The newest id read.
+    last: i64,
+    /// Ids below `last` not read yet, and when they were first missed.
+    gaps: BTreeMap<i64, Instant>,
+}
+
+impl LogCursor {
+    /// Whether a notification naming `id` may bring something not read yet.
+    fn may_be_new(&self, id: i64) -> bool {
+        id > self.last || self.gaps.contains_key(&id)
     }
-    if let Some(pool) = state
-        .auth
-        .store
-        .postgres_pool()
-        .filter(|_| state.config.control.notifications)
-    {
-        let weak = state.downgrade();
-        tokio::spawn(async move {
-            loop {
-                match sqlx::postgres::PgListener::connect_with(&pool).await {
-                    Ok(mut listener) => {
-                        if let Err(e) = listener.listen(PG_CHANNEL).await {
-                            tracing::warn!(error = %e, "change events: LISTEN failed");
-                        } else {
-                            tracing::info!("change events: listening to PostgreSQL");
-                            // A notification missed while disconnected is caught up by the
-                            // caches' lifetimes; on reconnection, forget everything at once.
-                            if let Some(state) = weak.upgrade() {
-                                apply(&state, &Change::Everything, "postgres").await;
-                            }
-                            // `None` or an error: the connection was lost; reconnect.
-                            while let Ok(Some(n)) = listener.try_recv().await {
-                                let Some(state) = weak.upgrade() else { return };
-                                match parse::<Change>(n.payload().as_bytes()) {
-                                    Some(change) => apply(&state, &change, "postgres").await,
-                                    None => state
-                                        .metrics
-                                        .change_events
-                                        .with_label_values(&["postgres", "refused"])
-                                        .inc(),
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "change events: cannot listen to PostgreSQL yet")
-                    }
+
+    /// Takes in the ids of rows read, in order: later ids move `last`, skipped ones are gaps.
+    fn read(&mut self, id: i64) {
+        if id > self.last {
+            // Sequences are not transactional: a skipped id may still commit.
+            let missed = (self.last + 1)..id;
+            if self.last > 0 && missed.end - missed.start <= 1_000 {
+                for gap in missed {
+                    self.gaps.entry(gap).or_insert_with(Instant::now);
                 }
-                if weak.upgrade().is_none() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
             }
-        });
+            self.last = id;
+        } else {
+            self.gaps.remove(&id);
+        }
+    }
+
+    /// Gaps still waited for (expired ones dropped: rolled back, or too late to matter).
+    fn waiting(&mut self) -> Vec<i64> {
+        self.gaps.retain(|_, at| at.elapsed() < GAP_WAIT);
+        while self.gaps.len() > 1_000 {
+            self.gaps.pop_first();
+        }
+        self.gaps.keys().copied().collect()
+    }
+}
+
+/// Listens to `aura_control_changes` and reads the change log on each notification (at most
+/// every [`LOG_READ_SPACING`]); reconnects after a second when the connection is lost.
+async fn listen_postgres(weak: WeakState, pool: sqlx::PgPool) {
+    loop {
+        match sqlx::postgres::PgListener::connect_with(&pool).await {
+            Ok(mut listener) => {
+                if let Err(e) = listener.listen(PG_CHANNEL).await {
+                    tracing::warn!(error = %e, "change events: LISTEN failed");
+                } else if let Some(cursor) = start_reading(&weak, &pool).await {
+                    tracing::info!("change events: listening to PostgreSQL");
+                    if !follow(&weak, &pool, &mut listener, cursor).await {
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "change events: cannot listen to PostgreSQL yet")
+            }
+        }
+        if weak.upgrade().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The cursor at the log's newest row now. What changed while this instance was not listening
+/// is not known: it forgets every cached record (its own decision) and refreshes.
+async fn start_reading(weak: &WeakState, pool: &sqlx::PgPool) -> Option<LogCursor> {
+    let newest: Result<(Option<i64>,), _> =
+        sqlx::query_as("SELECT max(id) FROM aura_control.change_log")
+            .fetch_one(pool)
+            .await;
+    let last = match newest {
+        Ok((last,)) => last.unwrap_or(0),
+        Err(e) => {
+            tracing::warn!(error = %e, "change events: the change log cannot be read (run `aura-gateway migrate`)");
+            return None;
+        }
+    };
+    let state = weak.upgrade()?;
+    apply(&state, &Change::Everything, "postgres").await;
+    Some(LogCursor {
+        last,
+        gaps: BTreeMap::new(),
+    })
+}
+
+/// Follows notifications until the connection is lost (true) or the state is gone (false).
+async fn follow(
+    weak: &WeakState,
+    pool: &sqlx::PgPool,
+    listener: &mut sqlx::postgres::PgListener,
+    mut cursor: LogCursor,
+) -> bool {
+    let mut last_read = tokio::time::Instant::now() - LOG_READ_SPACING;
+    // `None` or an error: the connection was lost; reconnect.
+    while let Ok(Some(notification)) = listener.try_recv().await {
+        let Some(state) = weak.upgrade() else {
+            return false;
+        };
+        if !worth_a_read(&state, &cursor, notification.payload()) {
+            continue;
+        }
+        // However many notifications arrive, the log is read at most every LOG_READ_SPACING,
+        // and one read covers every notification already received.
+        tokio::time::sleep_until(last_read + LOG_READ_SPACING).await;
+        while let Some(more) = listener.next_buffered() {
+            worth_a_read(&state, &cursor, more.payload());
+        }
+        last_read = tokio::time::Instant::now();
+        read_log(&state, pool, &mut cursor).await;
+    }
+    true
+}
+
+/// Whether a notification's payload may bring a row not read yet. The triggers send a row id
+/// and nothing else; anything else is not theirs (refused and counted).
+fn worth_a_read(state: &AppState, cursor: &LogCursor, payload: &str) -> bool {
+    match payload.parse::<i64>() {
+        Ok(id) if id > 0 => cursor.may_be_new(id),
+        _ => {
+            state.fleet.refuse("postgres", "invalid");
+            false
+        }
+    }
+}
+
+/// Reads and applies the rows of the log past the cursor (and the gaps it waits for).
+async fn read_log(state: &AppState, pool: &sqlx::PgPool, cursor: &mut LogCursor) {
+    loop {
+        let gaps = cursor.waiting();
+        let rows: Result<Vec<LogRow>, _> = sqlx::query_as(
+            "SELECT id, kind, key_sha256, project_ref, organization_id, user_id \
+             FROM aura_control.change_log WHERE id > $1 OR id = ANY($2) ORDER BY id LIMIT 500",
+        )
+        .bind(cursor.last)
+        .bind(&gaps)
+        .fetch_all(pool)
+        .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "change events: the change log cannot be read now");
+                return;
+            }
+        };
+        let full = rows.len() == 500;
+        for row in rows {
+            cursor.read(row.0);
+            match change_of_row(row) {
+                Some(change) => apply(state, &change, "postgres").await,
+                None => state.fleet.refuse("postgres", "invalid"),
+            }
+        }
+        if !full {
+            return;
+        }
     }
 }
 
@@ -218,28 +710,165 @@ pub fn spawn(state: &AppState) {
 mod tests {
     use super::*;
 
+    fn fleet(secret: Option<&str>) -> Fleet {
+        let mut config = crate::config::Config::default();
+        config.nats.fleet_secret = secret.map(str::to_owned);
+        Fleet::new(&config, &Metrics::new())
+    }
+
+    fn refused(f: &Fleet, reason: &str) -> u64 {
+        f.refused.with_label_values(&["nats", reason]).get()
+    }
+
     #[test]
     fn events_parse_strictly_and_within_bounds() {
-        let p: Published =
-            parse(br#"{"origin":"a","kind":"api_key","key_sha256":"ab"}"#).expect("an event");
+        let p: Published = serde_json::from_slice(
+            br#"{"origin":"a","seq":1,"at_ms":2,"kind":"api_key","key_sha256":"ab"}"#,
+        )
+        .expect("an event");
         assert_eq!(
             p.change,
             Change::ApiKey {
                 key_sha256: "ab".into()
             }
         );
-        assert!(parse::<Change>(br#"{"kind":"nonsense"}"#).is_none());
-        assert!(parse::<Change>(br#"{"kind":"project"}"#).is_none());
-        let big = format!(
-            r#"{{"kind":"project","project_ref":"{}"}}"#,
-            "x".repeat(MAX_EVENT_BYTES)
-        );
-        assert!(parse::<Change>(big.as_bytes()).is_none());
+        assert!(p.change.check().is_err(), "not a SHA-256");
+        assert!(serde_json::from_slice::<Change>(br#"{"kind":"nonsense"}"#).is_err());
+        assert!(serde_json::from_slice::<Change>(br#"{"kind":"project"}"#).is_err());
+        let long = Change::Project {
+            project_ref: "x".repeat(MAX_REF_BYTES + 1),
+        };
+        assert!(long.check().is_err());
+        let membership = Change::Membership {
+            organization_id: "not-a-uuid".into(),
+            user_id: uuid::Uuid::new_v4().to_string(),
+        };
+        assert!(membership.check().is_err());
+    }
+
+    #[test]
+    fn only_signed_fresh_unreplayed_events_of_another_instance_are_accepted() {
+        let sender = fleet(Some("0123456789abcdef0123456789abcdef"));
+        let receiver = fleet(Some("0123456789abcdef0123456789abcdef"));
+        let change = Change::TenantModules {
+            project_ref: "alpha".into(),
+        };
+        let (payload, signed) = sender.sign(change.clone()).expect("signed");
+        let now = now_ms();
         assert_eq!(
-            parse::<Change>(br#"{"kind":"tenant_modules","project_ref":"alpha"}"#),
-            Some(Change::TenantModules {
+            receiver.accept(&payload, Some(&signed), now),
+            Some(change.clone())
+        );
+        assert_eq!(
+            receiver.accept(&payload, Some(&signed), now),
+            None,
+            "a replay"
+        );
+        assert_eq!(refused(&receiver, "replayed"), 1);
+        assert_eq!(receiver.accept(&payload, None, now), None);
+        assert_eq!(refused(&receiver, "unsigned"), 1);
+        let (next, next_signed) = sender.sign(change.clone()).expect("signed");
+        let mut forged = next.clone();
+        let at = forged.len() - 3;
+        forged[at] ^= 1;
+        assert_eq!(receiver.accept(&forged, Some(&next_signed), now), None);
+        assert_eq!(refused(&receiver, "bad_signature"), 1);
+        // Signed under another secret: refused the same.
+        let (other, other_signed) = fleet(Some("another-secret-of-the-right-size!"))
+            .sign(change.clone())
+            .expect("signed");
+        assert_eq!(receiver.accept(&other, Some(&other_signed), now), None);
+        assert_eq!(refused(&receiver, "bad_signature"), 2);
+        // Too old (or ahead): refused, whatever its signature.
+        let late = now + MAX_EVENT_AGE.as_millis() as u64 + 1;
+        assert_eq!(receiver.accept(&next, Some(&next_signed), late), None);
+        assert_eq!(refused(&receiver, "stale"), 1);
+        assert_eq!(
+            receiver.accept(&next, Some(&next_signed), now),
+            Some(change)
+        );
+        // Its own events are not acted on twice; `everything` is never another's decision.
+        let (own, own_signed) = receiver.sign(Change::OperatorReload).expect("signed");
+        assert_eq!(receiver.accept(&own, Some(&own_signed), now), None);
+        let (all, all_signed) = sender.sign(Change::Everything).expect("signed");
+        assert_eq!(receiver.accept(&all, Some(&all_signed), now), None);
+        assert_eq!(refused(&receiver, "kind"), 1);
+    }
+
+    #[test]
+    fn without_a_fleet_secret_nothing_is_signed_or_accepted() {
+        let f = fleet(None);
+        assert!(!f.signs());
+        assert!(f.sign(Change::OperatorReload).is_none());
+        let signed = fleet(Some("0123456789abcdef0123456789abcdef"))
+            .sign(Change::OperatorReload)
+            .expect("signed");
+        assert_eq!(f.accept(&signed.0, Some(&signed.1), now_ms()), None);
+    }
+
+    #[tokio::test]
+    async fn asks_made_before_a_run_starts_are_one_run() {
+        let c = Coalesced::new("test", Duration::from_millis(1), &Metrics::new());
+        for _ in 0..100 {
+            c.ask();
+        }
+        assert!(c.is_due());
+        tokio::time::timeout(Duration::from_secs(1), c.asked())
+            .await
+            .expect("asked");
+        assert!(!c.is_due(), "the 100 asks were one run");
+        assert_eq!(c.run.get(), 1);
+        assert_eq!(c.coalesced.get(), 99);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), c.asked())
+                .await
+                .is_err(),
+            "nothing more was asked"
+        );
+        c.ask();
+        tokio::time::timeout(Duration::from_secs(1), c.asked())
+            .await
+            .expect("asked again");
+    }
+
+    #[test]
+    fn the_cursor_reads_late_commits_in_its_gaps() {
+        let mut cursor = LogCursor {
+            last: 10,
+            gaps: BTreeMap::new(),
+        };
+        assert!(!cursor.may_be_new(9));
+        assert!(cursor.may_be_new(11));
+        cursor.read(13);
+        assert_eq!(cursor.last, 13);
+        assert_eq!(cursor.waiting(), vec![11, 12], "11 and 12 may still commit");
+        assert!(cursor.may_be_new(12));
+        cursor.read(12);
+        assert_eq!(cursor.waiting(), vec![11]);
+        assert!(!cursor.may_be_new(12));
+    }
+
+    #[test]
+    fn rows_of_kinds_the_triggers_do_not_write_are_refused() {
+        let row = |kind: &str, key: Option<&str>, project: Option<&str>| -> LogRow {
+            (
+                1,
+                kind.into(),
+                key.map(str::to_owned),
+                project.map(str::to_owned),
+                None,
+                None,
+            )
+        };
+        assert_eq!(
+            change_of_row(row("project", None, Some("alpha"))),
+            Some(Change::Project {
                 project_ref: "alpha".into()
             })
         );
+        assert_eq!(change_of_row(row("everything", None, None)), None);
+        assert_eq!(change_of_row(row("operator_reload", None, None)), None);
+        assert_eq!(change_of_row(row("api_key", Some("zz"), None)), None);
+        assert_eq!(change_of_row(row("project", None, None)), None);
     }
 }

@@ -114,6 +114,30 @@ pub struct ServerConfig {
     /// How often the listeners' certificate files are checked for a change, in milliseconds
     /// (SIGHUP reloads them at once).
     pub tls_watch_interval_ms: u64,
+    /// An HTTP/2 connection with no stream open for this long is closed (GOAWAY), in
+    /// milliseconds. Frames without a stream (PING) do not keep it open. Its first stream must
+    /// start within `header_read_timeout_ms` of the accept, like an HTTP/1.1 request.
+    pub http2_idle_timeout_ms: u64,
+    /// How often the gateway PINGs an HTTP/2 client, in milliseconds; a client that does not
+    /// answer within `http2_keep_alive_timeout_ms` is gone and its connection (with its
+    /// streams) is closed. 0: no PINGs.
+    pub http2_keep_alive_interval_ms: u64,
+    /// How long an HTTP/2 client has to answer a PING, in milliseconds.
+    pub http2_keep_alive_timeout_ms: u64,
+    /// Long-lived exchanges open at once per listener, whatever the protocol: streamed bodies
+    /// to and from HTTP backends (storage, realtime SSE and REST, PostgREST) and WebSocket
+    /// tunnels. Past it, such a request is answered `503 too_many_streams` with `Retry-After`
+    /// before any backend connection is made (an HTTP/2 connection multiplexes up to
+    /// `http2_max_concurrent_streams` of them). None: `max_connections`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_streams: Option<usize>,
+}
+
+impl ServerConfig {
+    /// `max_streams`, or `max_connections` when unset.
+    pub fn stream_budget(&self) -> usize {
+        self.max_streams.unwrap_or(self.max_connections)
+    }
 }
 
 impl Default for ServerConfig {
@@ -129,6 +153,10 @@ impl Default for ServerConfig {
             http2_max_concurrent_streams: 100,
             max_header_bytes: 64 * 1024,
             tls_watch_interval_ms: 2_000,
+            http2_idle_timeout_ms: 60_000,
+            http2_keep_alive_interval_ms: 20_000,
+            http2_keep_alive_timeout_ms: 10_000,
+            max_streams: None,
         }
     }
 }
@@ -191,6 +219,10 @@ pub struct NatsConfig {
     pub nkey_seed: Option<String>,
     /// A `.creds` file: the user JWT and its NKey seed (decentralised authentication).
     pub credentials_file: Option<String>,
+    /// The fleet's shared secret (at least 32 characters, the same on every instance): change
+    /// events on NATS are signed with it (HMAC-SHA256) and events that do not verify are
+    /// refused. None: instances neither publish nor accept change events on NATS.
+    pub fleet_secret: Option<String>,
 }
 
 impl Default for NatsConfig {
@@ -207,6 +239,7 @@ impl Default for NatsConfig {
             token: None,
             nkey_seed: None,
             credentials_file: None,
+            fleet_secret: None,
         }
     }
 }
@@ -323,6 +356,10 @@ pub struct ControlConfig {
     pub max_connections: u32,
     /// Time allowed to get a pooled connection, in milliseconds (postgres store).
     pub acquire_timeout_ms: u64,
+    /// Reloads and refreshes asked for by change events (another instance's, or PostgreSQL's
+    /// change log) start at most once per this interval, in milliseconds; asks in between are
+    /// folded into the next one.
+    pub change_min_interval_ms: u64,
 }
 
 impl Default for ControlConfig {
@@ -336,6 +373,7 @@ impl Default for ControlConfig {
             notifications: true,
             max_connections: 10,
             acquire_timeout_ms: 2_000,
+            change_min_interval_ms: 1_000,
         }
     }
 }
@@ -714,6 +752,14 @@ pub struct PluginRuntimeConfig {
     pub tenant_compile_concurrency: usize,
     /// Module uploads in progress at once per instance; past it an upload is answered `503`.
     pub tenant_max_concurrent_uploads: usize,
+    /// Of those, uploads one organization may have in progress at once (the others' share
+    /// stays free); past it its upload is answered `503 uploads_busy`.
+    pub tenant_max_concurrent_uploads_per_org: usize,
+    /// Largest stage configuration accepted, in bytes of its JSON text: in a project's upload
+    /// (`413 config_too_large`), in this file's `plugins.*.config`, and read back from the
+    /// control store (a larger one is refused like a module that does not load). The policy
+    /// history keeps each configuration once, bounded by it.
+    pub max_config_bytes: usize,
     /// The executable run to compile uploaded modules (`<exe> compile-worker`). None: this
     /// executable.
     pub tenant_compile_worker: Option<String>,
@@ -762,6 +808,8 @@ impl Default for PluginRuntimeConfig {
             tenant_max_compile_memory_bytes: 512 << 20,
             tenant_compile_concurrency: 1,
             tenant_max_concurrent_uploads: 2,
+            tenant_max_concurrent_uploads_per_org: 1,
+            max_config_bytes: 64 * 1024,
             tenant_compile_worker: None,
             compiled_cache_bytes: 128 * 1024 * 1024,
             compile_cache_dir: None,
@@ -940,19 +988,71 @@ pub fn is_loopback_host(host: &str) -> bool {
         || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// A URL with its password (or a user that is a token) replaced.
+/// Query parameters that carry a secret in connection URLs (besides the names
+/// [`is_secret_key`] takes: `password`, `token`, `*_secret`…).
+const SECRET_PARAMETERS: &[&str] = &[
+    "pass",
+    "pwd",
+    "passphrase",
+    "sslpassword",
+    "auth",
+    "authtoken",
+    "apikey",
+    "api_key",
+    "key",
+    "access_key",
+    "sig",
+    "signature",
+    "jwt",
+    "nkey",
+];
+
+/// Whether a URL query parameter named `name` carries a secret.
+fn is_secret_parameter(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    is_secret_key(&name) || SECRET_PARAMETERS.contains(&name.as_str())
+}
+
+/// A URL with its password (or a user that is a token) and its secret query parameters
+/// (`?password=…`, `?token=…`) replaced; `None` when it holds neither.
 fn redact_url(value: &str) -> Option<String> {
     let (scheme, rest) = value.split_once("://")?;
     let (authority, path) = match rest.find(['/', '?', '#']) {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
-    let (userinfo, host) = authority.rsplit_once('@')?;
-    let user = match userinfo.split_once(':') {
-        Some((user, _)) => format!("{user}:{REDACTED}"),
-        None => REDACTED.to_owned(),
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:{REDACTED}"),
+                None => REDACTED.to_owned(),
+            };
+            format!("{user}@{host}")
+        }
+        None => authority.to_owned(),
     };
-    Some(format!("{scheme}://{user}@{host}{path}"))
+    let (path, fragment) = match path.split_once('#') {
+        Some((p, f)) => (p, Some(f)),
+        None => (path, None),
+    };
+    let path = match path.split_once('?') {
+        Some((p, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) if is_secret_parameter(name) => format!("{name}={REDACTED}"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{p}?{}", query.join("&"))
+        }
+        None => path.to_owned(),
+    };
+    let out = match fragment {
+        Some(f) => format!("{scheme}://{authority}{path}#{f}"),
+        None => format!("{scheme}://{authority}{path}"),
+    };
+    (out != value).then_some(out)
 }
 
 fn redact(value: &mut serde_json::Value) {
@@ -968,7 +1068,7 @@ fn redact(value: &mut serde_json::Value) {
         }
         serde_json::Value::Array(items) => items.iter_mut().for_each(redact),
         // Comma-separated URL lists (`nats.url`) too.
-        serde_json::Value::String(s) if s.contains("://") && s.contains('@') => {
+        serde_json::Value::String(s) if s.contains("://") && s.contains(['@', '?']) => {
             *s = s
                 .split(',')
                 .map(|part| redact_url(part.trim()).unwrap_or_else(|| part.trim().to_owned()))
@@ -1256,6 +1356,14 @@ impl Config {
                 "user/password, token, nkey_seed and credentials_file are alternatives: set one",
             ));
         }
+        if let Some(secret) = &n.fleet_secret
+            && secret.len() < 32
+        {
+            return Err(problem(
+                "nats.fleet_secret",
+                "must be at least 32 characters (it signs the fleet's change events)",
+            ));
+        }
         if n.password.is_some() && n.user.is_none() {
             return Err(problem("nats.password", "needs nats.user"));
         }
@@ -1323,6 +1431,21 @@ impl Config {
                 "server.max_header_bytes",
                 "must be between 8192 and 1048576",
             ));
+        }
+        if s.http2_idle_timeout_ms == 0 {
+            return Err(problem(
+                "server.http2_idle_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        if s.http2_keep_alive_interval_ms > 0 && s.http2_keep_alive_timeout_ms == 0 {
+            return Err(problem(
+                "server.http2_keep_alive_timeout_ms",
+                "must be at least 1 while http2_keep_alive_interval_ms is on",
+            ));
+        }
+        if s.max_streams == Some(0) {
+            return Err(problem("server.max_streams", "must be at least 1"));
         }
         if s.drain_delay_secs > 3_600 {
             return Err(problem(
@@ -1459,6 +1582,23 @@ impl Config {
                 return Err(problem(key, "must be at least 1"));
             }
         }
+        if p.tenant_max_concurrent_uploads_per_org == 0
+            || p.tenant_max_concurrent_uploads_per_org > p.tenant_max_concurrent_uploads
+        {
+            return Err(problem(
+                "plugins.tenant_max_concurrent_uploads_per_org",
+                format!(
+                    "must be between 1 and plugins.tenant_max_concurrent_uploads ({})",
+                    p.tenant_max_concurrent_uploads
+                ),
+            ));
+        }
+        if !(2..=1 << 20).contains(&p.max_config_bytes) {
+            return Err(problem(
+                "plugins.max_config_bytes",
+                "must be between 2 and 1048576 (1 MiB)",
+            ));
+        }
         if p.tenant_threads > 1 && p.tenant_max_concurrent_calls >= p.tenant_threads {
             return Err(problem(
                 "plugins.tenant_max_concurrent_calls",
@@ -1511,6 +1651,12 @@ impl Config {
                     }
                 }
             }
+        }
+        if !(10..=60_000).contains(&c.change_min_interval_ms) {
+            return Err(problem(
+                "control.change_min_interval_ms",
+                "must be between 10 and 60000",
+            ));
         }
         if c.reload_interval_ms == 0 {
             return Err(problem("control.reload_interval_ms", "must be at least 1"));
@@ -1626,6 +1772,18 @@ impl Config {
                 "must start with redis:// or rediss://",
             ));
         }
+        if let Some(url) = &r.redis_url
+            && url.split_once('#').is_some_and(|(_, fragment)| {
+                fragment
+                    .split(['&', ','])
+                    .any(|f| f.eq_ignore_ascii_case("insecure"))
+            })
+        {
+            return Err(problem(
+                "rate_limit.redis_url",
+                "#insecure turns off the verification of Redis's certificate; trust its CA with rate_limit.redis_tls.ca_file instead",
+            ));
+        }
         if r.redis_tls.is_some()
             && !r
                 .redis_url
@@ -1723,6 +1881,16 @@ impl Config {
             }
             if !stage.config.is_object() {
                 return Err(problem(&format!("{key}.config"), "must be a table"));
+            }
+            let size = stage.config.to_string().len();
+            if size > p.max_config_bytes {
+                return Err(problem(
+                    &format!("{key}.config"),
+                    format!(
+                        "is {size} bytes as JSON; at most plugins.max_config_bytes ({}) are accepted",
+                        p.max_config_bytes
+                    ),
+                ));
             }
             if let Some(digest) = stage.module_digest()
                 && !crate::control::records::is_sha256_hex(digest)
@@ -2052,6 +2220,7 @@ mod tests {
         );
         // Not secrets: names that merely contain a secret word.
         assert_eq!(value["auth"]["key_cache_ttl_secs"], 30);
+        assert!(value["nats"]["fleet_secret"].is_null());
         assert_eq!(value["metrics"]["token"], REDACTED);
         // Unset secrets stay null.
         assert!(value["plugins"]["admin_token"].is_null());
@@ -2059,5 +2228,50 @@ mod tests {
         let mut other = config.clone();
         other.port += 1;
         assert_ne!(config.digest(), other.digest());
+    }
+
+    #[test]
+    fn secrets_in_url_queries_are_redacted() {
+        let mut config = Config::default();
+        config.control.database_url = Some(
+            "postgres://db:5432/aura?user=aura&password=pg-query-password&sslmode=verify-full"
+                .into(),
+        );
+        config.rate_limit.redis_url = Some("rediss://cache:6380/0?pwd=redis-query#x".into());
+        config.nats.fleet_secret = Some("fleet-secret-0123456789abcdef0123456789".into());
+        config.tracing.otlp_endpoint = Some("https://otlp:4318?api_key=otlp-key".into());
+        let text = serde_json::to_string(&config.redacted()).expect("json");
+        for secret in [
+            "pg-query-password",
+            "redis-query",
+            "fleet-secret-0123456789",
+            "otlp-key",
+        ] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        let value = config.redacted();
+        assert_eq!(
+            value["control"]["database_url"],
+            "postgres://db:5432/aura?user=aura&password=[redacted]&sslmode=verify-full"
+        );
+        assert_eq!(
+            value["rate_limit"]["redis_url"],
+            "rediss://cache:6380/0?pwd=[redacted]#x"
+        );
+        assert_eq!(
+            value["nats"]["url"], "nats://127.0.0.1:4222",
+            "a URL with nothing secret is kept as it is"
+        );
+    }
+
+    #[test]
+    fn a_redis_url_turning_off_certificate_checks_is_refused() {
+        let mut config = Config::default();
+        config.rate_limit.redis_url = Some("rediss://cache:6380/#insecure".into());
+        let err = config.validate(None).expect_err("refused");
+        assert_eq!(err.key, "rate_limit.redis_url");
+        assert!(err.problem.contains("#insecure"), "{}", err.problem);
+        config.rate_limit.redis_url = Some("rediss://cache:6380/".into());
+        assert!(config.validate(None).is_ok());
     }
 }

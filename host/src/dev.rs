@@ -274,6 +274,10 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
     config.auth.user_jwt.hs256_secret = Some(user_secret.clone());
     config.auth.console_jwt.hs256_secret = Some(console_secret.clone());
     config.metrics.token = Some(metrics_token.clone());
+    // One instance: its change events are its own, signed with a secret of its own.
+    if config.nats.fleet_secret.is_none() {
+        config.nats.fleet_secret = Some(random_secret());
+    }
     config.validate(None)?;
 
     println!("Aura gateway (dev)");

@@ -99,7 +99,6 @@ impl GatewayError {
         Self::new(StatusCode::CONFLICT, code, message, Side::Client)
     }
 
-    /// 413: the request body is over a limit.
     /// `431 request_headers_too_large`: the request head is over `server.max_header_bytes`.
     pub fn headers_too_large(message: impl Into<String>) -> Self {
         Self::new(
@@ -110,13 +109,14 @@ impl GatewayError {
         )
     }
 
+    /// `413 payload_too_large`: the request body is over a limit.
     pub fn payload_too_large(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            message,
-            Side::Client,
-        )
+        Self::too_large("payload_too_large", message)
+    }
+
+    /// 413 with its own code: a part of the body is over its limit (`config_too_large`).
+    pub fn too_large(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, code, message, Side::Client)
     }
 
     /// 429: over a rate limit; retry after `wait`.

@@ -368,7 +368,9 @@ fn print_wit(version: &str, out: Option<&std::path::Path>) -> anyhow::Result<()>
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
             let path = dir.join("gateway.wit");
-            std::fs::write(&path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            // A link planted at the path is replaced, never written through.
+            authoring::replace_file(&path, text.as_bytes())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             println!("wrote {}", path.display());
         }
     }
@@ -541,6 +543,11 @@ async fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {
     }
     for warning in config.plaintext_warnings() {
         println!("warning: {warning}");
+    }
+    if config.nats.fleet_secret.is_none() {
+        println!(
+            "warning: nats.fleet_secret is not set: instances neither publish nor accept change events on NATS (each sees another's change within its cache lifetimes and plugins.tenant_refresh_secs)"
+        );
     }
     println!("configuration OK");
     Ok(())

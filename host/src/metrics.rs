@@ -72,6 +72,25 @@ pub struct Metrics {
     pub tls_reloads: IntCounterVec,
     /// TLS handshakes that failed or timed out, by plane.
     pub tls_handshake_failures: IntCounterVec,
+    /// Connections the listener closed before or between requests, by plane and reason
+    /// (`silent`: no request started within `server.header_read_timeout_ms`; `http2_refused`:
+    /// an HTTP/2 preface with `server.http2` off; `idle`: an HTTP/2 connection without a stream
+    /// for `server.http2_idle_timeout_ms`).
+    pub connections_closed: IntCounterVec,
+    /// Long-lived exchanges refused because the listener's `server.max_streams` were open, by
+    /// plane.
+    pub streams_refused: IntCounterVec,
+    /// Long-lived exchanges open now (streamed HTTP-backend bodies, WebSocket tunnels), by plane.
+    pub streams_open: IntGaugeVec,
+    /// Module uploads answered `503 uploads_busy`, by scope (`organization`: its share in
+    /// progress; `instance`: every place taken).
+    pub tenant_uploads_busy: IntCounterVec,
+    /// Change events refused before acting, by source and reason (`unsigned`, `bad_signature`,
+    /// `stale`, `replayed`, `invalid`, `kind`).
+    pub change_events_refused: IntCounterVec,
+    /// Reloads and refreshes asked for by change events, by action (`operator_reload`,
+    /// `tenant_refresh`) and outcome (`run`, `coalesced`: folded into one already due).
+    pub change_actions: IntCounterVec,
     /// `ratelimit_decisions` by plane, limiter and decision, looked up once.
     decisions: std::sync::Arc<[prometheus::IntCounter; 8]>,
 }
@@ -268,8 +287,47 @@ impl Metrics {
             "TLS handshakes that failed or timed out, by plane",
             &["plane"],
         );
+        let connections_closed = counter(
+            "connections_closed_total",
+            "Connections closed by the listener before or between requests, by plane and reason (silent, http2_refused, idle)",
+            &["plane", "reason"],
+        );
+        let streams_refused = counter(
+            "streams_refused_total",
+            "Long-lived exchanges refused (503 too_many_streams) because server.max_streams were open, by plane",
+            &["plane"],
+        );
+        let streams_open = IntGaugeVec::new(
+            Opts::new(
+                "streams_open",
+                "Long-lived exchanges open (streamed HTTP-backend bodies, WebSocket tunnels), by plane",
+            ),
+            &["plane"],
+        )
+        .expect("valid metric");
+        let tenant_uploads_busy = counter(
+            "tenant_uploads_busy_total",
+            "Module uploads answered 503 uploads_busy, by scope (organization, instance)",
+            &["scope"],
+        );
+        let change_events_refused = counter(
+            "change_events_refused_total",
+            "Change events refused before acting, by source and reason",
+            &["source", "reason"],
+        );
+        let change_actions = counter(
+            "change_actions_total",
+            "Reloads and refreshes asked for by change events, by action and outcome (run, coalesced)",
+            &["action", "outcome"],
+        );
         for c in [
             Box::new(log_lines_dropped.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(connections_closed.clone()),
+            Box::new(streams_refused.clone()),
+            Box::new(streams_open.clone()),
+            Box::new(tenant_uploads_busy.clone()),
+            Box::new(change_events_refused.clone()),
+            Box::new(change_actions.clone()),
             Box::new(tls_reloads.clone()),
             Box::new(change_events.clone()),
             Box::new(tls_handshake_failures.clone()),
@@ -309,6 +367,12 @@ impl Metrics {
         }));
         Self {
             log_lines_dropped,
+            connections_closed,
+            streams_refused,
+            streams_open,
+            tenant_uploads_busy,
+            change_events_refused,
+            change_actions,
             tls_reloads,
             tls_handshake_failures,
             change_events,

@@ -11,7 +11,8 @@
 //! 3. empty segments are merged (`//` → `/`; a trailing `/` is kept);
 //! 4. dot segments are removed (RFC 3986 §5.2.4); a `..` that would climb into the first two
 //!    segments (`/v1/{service}`, the prefix that picks the backend) or above the root is
-//!    refused.
+//!    refused, and so is a dot segment with parameters (`..;x`, `.;`, `..%3B`), which backends
+//!    that strip path parameters read as `..`.
 //!
 //! The result never holds `.` or `..` segments, `//`, `%2F`, `%5C` or an encoded dot; normalising
 //! it again gives it back unchanged.
@@ -42,6 +43,10 @@ pub enum PathError {
     /// `..` climbing into the service prefix or above the root.
     #[error("the path climbs above its service prefix")]
     Climbs,
+    /// A dot segment with parameters (`..;x`, `.;`, `..%3B`): a `..` to backends that strip
+    /// path parameters (Tomcat, Jetty, Spring), a name to the gateway.
+    #[error("the path holds a dot segment with parameters (..;)")]
+    DotSegmentParameters,
 }
 
 /// Segments that a `..` may never pop: `/v1/{service}` decides the backend.
@@ -123,7 +128,12 @@ fn is_normal(path: &str) -> bool {
     if bytes.first() != Some(&b'/') {
         return false;
     }
-    let is_dots = |segment: &[u8]| segment == b"." || segment == b"..";
+    let is_dots = |segment: &[u8]| {
+        segment == b"."
+            || segment == b".."
+            || segment.starts_with(b".;")
+            || segment.starts_with(b"..;")
+    };
     // Where the segment being read starts.
     let mut start = 1;
     for (i, &b) in bytes.iter().enumerate().skip(1) {
@@ -139,6 +149,15 @@ fn is_normal(path: &str) -> bool {
         }
     }
     !is_dots(&bytes[start..])
+}
+
+/// Whether a (decoded) segment is `.` or `..` followed by path parameters (`;…`, `%3B…`).
+fn is_dot_with_parameters(segment: &str) -> bool {
+    let rest = segment
+        .strip_prefix("..")
+        .or_else(|| segment.strip_prefix('.'))
+        .unwrap_or(segment);
+    rest.len() < segment.len() && (rest.starts_with(';') || rest.starts_with("%3B"))
 }
 
 /// The normal form of a request path (without its query), or why it is refused.
@@ -164,6 +183,9 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
         segment(raw, &mut out)?;
         let written = &out[start + 1..];
         last_was_dot = false;
+        if is_dot_with_parameters(written) {
+            return Err(PathError::DotSegmentParameters);
+        }
         if written == "." {
             out.truncate(start);
             last_was_dot = true;
@@ -217,7 +239,31 @@ mod tests {
         path.starts_with('/')
             && !path.contains(['%', '\\'])
             && !path.contains("//")
-            && !path.split('/').skip(1).any(|s| s == "." || s == "..")
+            && !path
+                .split('/')
+                .skip(1)
+                .any(|s| s == "." || s == ".." || s.starts_with(".;") || s.starts_with("..;"))
+    }
+
+    #[test]
+    fn dot_segments_with_parameters_are_refused() {
+        for p in [
+            "/v1/storage/..;/x",
+            "/v1/storage/object/..;jsessionid=1/secret",
+            "/v1/db/.;/todos",
+            "/v1/db/a/..%3b/b",
+            "/v1/db/a/%2e%2e;/b",
+        ] {
+            assert!(normalize(p).is_err(), "{p}");
+        }
+        assert_eq!(
+            normalize("/v1/storage/..;/x"),
+            Err(PathError::DotSegmentParameters)
+        );
+        // Parameters elsewhere, and dots that are names, are kept.
+        assert_eq!(ok("/v1/db/a;b/c"), "/v1/db/a;b/c");
+        assert_eq!(ok("/v1/db/...;x"), "/v1/db/...;x");
+        assert_eq!(ok("/v1/db/.x;y"), "/v1/db/.x;y");
     }
 
     #[test]

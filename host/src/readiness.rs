@@ -8,7 +8,14 @@
 //! moment SIGTERM arrives the instance answers `503 draining` for `server.drain_delay_secs`
 //! while it still serves, so that load balancers stop sending before the listeners close.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long the dependency checks of `/ready` (a store ping, a Redis ping) are answered from
+/// their last result: `/ready` is unauthenticated, and a flood of it must not become a flood of
+/// store and Redis round trips.
+pub const PROBE_TTL: Duration = Duration::from_secs(1);
 
 /// What `/ready` is decided from (the checks made on each call are added by the handler).
 #[derive(Debug, Default)]
@@ -16,6 +23,17 @@ pub struct Readiness {
     store_answered: AtomicBool,
     tenant_modules_loaded: AtomicBool,
     draining: AtomicBool,
+    /// The last checks of the dependencies, and when they were made.
+    probes: tokio::sync::Mutex<Option<(Instant, Probes)>>,
+}
+
+/// The dependency checks of one `/ready`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probes {
+    /// The control store answered its ping.
+    pub store_up: bool,
+    /// Redis answered its ping (`None`: not configured).
+    pub redis_up: Option<bool>,
 }
 
 /// One answer of `/ready`.
@@ -76,6 +94,24 @@ impl Readiness {
         self.draining.load(Ordering::Acquire)
     }
 
+    /// The dependency checks as of `now`: the last ones when made less than [`PROBE_TTL`] ago,
+    /// else made by `probe` (once, however many requests wait for them).
+    pub async fn probes<F: Future<Output = Probes>>(
+        &self,
+        now: Instant,
+        probe: impl FnOnce() -> F,
+    ) -> Probes {
+        let mut last = self.probes.lock().await;
+        if let Some((at, probes)) = *last
+            && now.saturating_duration_since(at) < PROBE_TTL
+        {
+            return probes;
+        }
+        let probes = probe().await;
+        *last = Some((now, probes));
+        probes
+    }
+
     /// The report, given what the handler checked now.
     pub fn report(&self, store_up: bool, nats_up: bool) -> Report {
         if store_up {
@@ -94,6 +130,34 @@ impl Readiness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn dependency_checks_are_made_at_most_once_a_second() {
+        let r = Readiness::default();
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let probe = || async {
+            made.fetch_add(1, Ordering::SeqCst);
+            Probes {
+                store_up: true,
+                redis_up: None,
+            }
+        };
+        let t0 = Instant::now();
+        for ms in [0, 10, 500, 999] {
+            r.probes(t0 + Duration::from_millis(ms), probe).await;
+        }
+        assert_eq!(
+            made.load(Ordering::SeqCst),
+            1,
+            "answered from the last checks"
+        );
+        r.probes(t0 + PROBE_TTL, probe).await;
+        assert_eq!(
+            made.load(Ordering::SeqCst),
+            2,
+            "checked again after a second"
+        );
+    }
 
     #[test]
     fn ready_only_once_everything_loaded_and_not_while_draining() {

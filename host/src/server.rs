@@ -17,11 +17,11 @@ use axum::body::Body;
 use axum::response::IntoResponse;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Binds both listeners. Fails with the address when a port is taken.
 pub async fn bind(config: &Config) -> anyhow::Result<(TcpListener, TcpListener)> {
@@ -97,6 +97,107 @@ pub async fn serve(
     a.and(b)
 }
 
+/// The client preface that opens every HTTP/2 connection (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The protocol a connection speaks, told by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// What `first` (the first bytes of a connection) says it speaks: HTTP/2 once they are the whole
+/// client preface, HTTP/1 as soon as they differ from it, `None` while they are a strict part
+/// of it (wait for more: `P` is `POST` as well as `PRI`).
+fn protocol_of(first: &[u8]) -> Option<Protocol> {
+    let n = first.len().min(H2_PREFACE.len());
+    if n == 0 {
+        None
+    } else if first[..n] != H2_PREFACE[..n] {
+        Some(Protocol::Http1)
+    } else if n == H2_PREFACE.len() {
+        Some(Protocol::Http2)
+    } else {
+        None
+    }
+}
+
+/// The settings every connection of a listener is served with.
+struct Listener {
+    plane: Plane,
+    http1: hyper::server::conn::http1::Builder,
+    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+    /// `server.http2`: a connection opening with the preface is closed when off.
+    http2_enabled: bool,
+    /// `server.header_read_timeout_ms`: the TLS handshake, the protocol's detection and an
+    /// HTTP/2 connection's first stream must all be done within it of the accept.
+    header_timeout: Duration,
+    /// `server.http2_idle_timeout_ms`.
+    http2_idle: Duration,
+    closed: [prometheus::IntCounter; 3],
+    handshake_failures: prometheus::IntCounter,
+}
+
+/// Why the listener closed a connection (`aura_connections_closed_total{reason}`).
+#[derive(Debug, Clone, Copy)]
+enum Closed {
+    /// Nothing that starts a request within the header timeout.
+    Silent = 0,
+    /// An HTTP/2 preface with `server.http2` off.
+    Http2Refused = 1,
+    /// An HTTP/2 connection with no stream for the idle timeout.
+    Idle = 2,
+}
+
+impl Listener {
+    fn new(plane: Plane, config: &Config, metrics: &crate::metrics::Metrics) -> Self {
+        let s = &config.server;
+        let header_timeout = Duration::from_millis(s.header_read_timeout_ms);
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            // Heads up to twice the limit reach the request-limits phase, which answers them
+            // with the contract's JSON `431`; larger ones are cut here (at least 8192, hyper's
+            // least).
+            .max_buf_size(2 * s.max_header_bytes as usize);
+        let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(s.http2_max_concurrent_streams)
+            .max_header_list_size(2 * s.max_header_bytes);
+        if s.http2_keep_alive_interval_ms > 0 {
+            // A peer that does not answer a PING within the timeout is gone: its connection
+            // and streams are closed rather than held.
+            http2
+                .keep_alive_interval(Duration::from_millis(s.http2_keep_alive_interval_ms))
+                .keep_alive_timeout(Duration::from_millis(s.http2_keep_alive_timeout_ms));
+        }
+        let closed = |reason| {
+            metrics
+                .connections_closed
+                .with_label_values(&[plane.as_str(), reason])
+        };
+        Self {
+            plane,
+            http1,
+            http2,
+            http2_enabled: s.http2,
+            header_timeout,
+            http2_idle: Duration::from_millis(s.http2_idle_timeout_ms),
+            closed: [closed("silent"), closed("http2_refused"), closed("idle")],
+            handshake_failures: metrics
+                .tls_handshake_failures
+                .with_label_values(&[plane.as_str()]),
+        }
+    }
+
+    fn count(&self, closed: Closed) {
+        self.closed[closed as usize].inc();
+    }
+}
+
 async fn serve_plane(
     plane: Plane,
     listener: TcpListener,
@@ -114,35 +215,16 @@ async fn serve_plane(
         client_certificates = tls.as_ref().is_some_and(|t| t.requires_client_certificate()),
         "listening"
     );
-    let handshake_failures = state
-        .metrics
-        .tls_handshake_failures
-        .with_label_values(&[plane.as_str()]);
-    let mut builder = Builder::new(TokioExecutor::new());
-    let header_timeout = Duration::from_millis(config.server.header_read_timeout_ms);
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
-        // Heads up to twice the limit reach the request-limits phase, which answers them with
-        // the contract's JSON `431`; larger ones are cut here (at least 8192, hyper's least).
-        .max_buf_size(2 * config.server.max_header_bytes as usize);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(config.server.http2_max_concurrent_streams)
-        .max_header_list_size(2 * config.server.max_header_bytes);
-    let builder = Arc::new(builder);
-    // With `server.http2` off, a connection opening with the HTTP/2 preface is closed (the
-    // builder's own HTTP/1-only switch does not apply to connections served with upgrades).
-    let http2 = config.server.http2;
+    let settings = Arc::new(Listener::new(plane, config, &state.metrics));
     let permits = Arc::new(Semaphore::new(config.server.max_connections));
     let in_flight = Arc::new(Semaphore::new(config.server.max_in_flight));
     let shed = state
         .metrics
         .requests_shed
         .with_label_values(&[plane.as_str()]);
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
+    // Cancelled once the grace is over: the connections still open are dropped.
+    let force_close = CancellationToken::new();
     loop {
         // Past the cap, stop accepting: new connections wait in the kernel backlog.
         let permit = tokio::select! {
@@ -163,110 +245,24 @@ async fn serve_plane(
         let _ = stream.set_nodelay(true);
         // Held by the connection and by a tunnel it may open (released when both are done).
         let slot = crate::proxy::tunnels::ConnectionSlot(Arc::new(permit));
-        let plane_service = service.clone();
-        let in_flight = in_flight.clone();
-        let shed = shed.clone();
-        let connection_slot = slot.clone();
-        let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
-            // Only an upgrade can outlive its exchange (a WebSocket tunnel): it keeps the slot.
-            if request.headers().contains_key(http::header::UPGRADE) {
-                request.extensions_mut().insert(connection_slot.clone());
-            }
-            let plane_service = plane_service.clone();
-            // Load shedding: past `server.max_in_flight` requests in progress, answer at once
-            // rather than queue (a queue would only add latency to every request behind it).
-            let permit = in_flight.clone().try_acquire_owned();
-            let shed = shed.clone();
-            async move {
-                let Ok(_permit) = permit else {
-                    shed.inc();
-                    let mut response = crate::error::GatewayError::overloaded().into_response();
-                    // Answered before the chain: the headers every answer carries, set here.
-                    crate::phases::security_headers::stamp(response.headers_mut());
-                    crate::phases::request_id::stamp_if_missing(response.headers_mut());
-                    return Ok(response);
-                };
-                Ok::<_, Infallible>(plane_service.handle(request.map(Body::new), peer).await)
-            }
-        });
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
+        let requests = Requests {
+            plane: service.clone(),
+            in_flight: in_flight.clone(),
+            shed: shed.clone(),
+            slot: slot.clone(),
+            peer,
+        };
+        let settings = settings.clone();
         let acceptor = tls.as_ref().map(|t| t.acceptor());
-        let handshake_failures = handshake_failures.clone();
-        tokio::spawn(async move {
-            // Serves the connection under the graceful shutdown, then gives its slot back.
-            macro_rules! serve_watched {
-                ($io:expr) => {{
-                    let connection = builder
-                        .serve_connection_with_upgrades(TokioIo::new($io), service)
-                        .into_owned();
-                    if let Err(e) = watcher.watch(connection).await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                    drop(slot);
-                }};
+        let stop = stop.clone();
+        let force_close = force_close.clone();
+        connections.spawn(async move {
+            let serve = serve_connection(&settings, stream, peer, acceptor, requests, stop);
+            tokio::select! {
+                () = serve => {}
+                () = force_close.cancelled() => {}
             }
-            // The protocol detection reads the first bytes before hyper's header-read timeout
-            // runs: a connection that sends nothing at all would hold its slot under
-            // `server.max_connections` forever. It gets the same time to start as to finish
-            // (a TLS handshake included).
-            let deadline = tokio::time::Instant::now() + header_timeout;
-            if let Some(acceptor) = acceptor {
-                let mut stream = match tokio::time::timeout_at(deadline, acceptor.accept(stream))
-                    .await
-                {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(e)) => {
-                        handshake_failures.inc();
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        handshake_failures.inc();
-                        tracing::debug!(%peer, "TLS handshake not done within the header timeout");
-                        return;
-                    }
-                };
-                // ALPN offered `h2` only with `server.http2` on; the preface tells the rest.
-                // Without HTTP/2, a client sending its preface anyway is not served: the
-                // first three bytes are read and handed back to the connection.
-                let stream = if http2 {
-                    Prefixed::new(stream, Vec::new())
-                } else {
-                    let mut first = [0u8; 3];
-                    match tokio::time::timeout_at(deadline, stream.read_exact(&mut first)).await {
-                        Ok(Ok(_)) if &first != b"PRI" => Prefixed::new(stream, first.to_vec()),
-                        _ => {
-                            tracing::debug!(%peer, "TLS connection closed: no HTTP/1.1 request");
-                            return;
-                        }
-                    }
-                };
-                serve_watched!(stream);
-                return;
-            }
-            // Without HTTP/2, the first three bytes tell its preface (`PRI`) from a request.
-            let wanted = if http2 { 1 } else { 3 };
-            let mut first = [0u8; 3];
-            let peeked = loop {
-                match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
-                    Ok(Ok(n)) if n >= wanted => break n,
-                    // Fewer bytes so far: wait for the rest (rare: a first segment of 1–2 bytes).
-                    Ok(Ok(1..)) => tokio::time::sleep(Duration::from_millis(5)).await,
-                    _ => break 0,
-                }
-            };
-            if peeked == 0 {
-                tracing::debug!(%peer, "connection sent nothing within the header timeout; closed");
-                drop(slot);
-                return;
-            }
-            if !http2 && &first == b"PRI" {
-                tracing::debug!(%peer, "HTTP/2 connection refused (server.http2 is off)");
-                drop(slot);
-                return;
-            }
-            serve_watched!(stream);
+            drop(slot);
         });
     }
     drop(listener);
@@ -276,7 +272,8 @@ async fn serve_plane(
         grace_secs = grace.as_secs(),
         "shutting down"
     );
-    if tokio::time::timeout(grace, graceful.shutdown())
+    connections.close();
+    if tokio::time::timeout(grace, connections.wait())
         .await
         .is_err()
     {
@@ -284,8 +281,272 @@ async fn serve_plane(
             plane = plane.as_str(),
             "grace period over; closing remaining connections"
         );
+        force_close.cancel();
+        connections.wait().await;
     }
     Ok(())
+}
+
+/// What each request of a connection is served with.
+#[derive(Clone)]
+struct Requests {
+    plane: PlaneService,
+    in_flight: Arc<Semaphore>,
+    shed: prometheus::IntCounter,
+    slot: crate::proxy::tunnels::ConnectionSlot,
+    peer: SocketAddr,
+}
+
+impl Requests {
+    /// Serves one request: shed past `server.max_in_flight`, else through the plane's chain.
+    async fn serve(self, mut request: http::Request<Incoming>) -> axum::response::Response {
+        // Only an upgrade can outlive its exchange (a WebSocket tunnel): it keeps the slot.
+        if request.headers().contains_key(http::header::UPGRADE) {
+            request.extensions_mut().insert(self.slot.clone());
+        }
+        // Load shedding: past `server.max_in_flight` requests in progress, answer at once
+        // rather than queue (a queue would only add latency to every request behind it).
+        let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
+            self.shed.inc();
+            let mut response = crate::error::GatewayError::overloaded().into_response();
+            // Answered before the chain: the headers every answer carries, set here.
+            crate::phases::security_headers::stamp(response.headers_mut());
+            crate::phases::request_id::stamp_if_missing(response.headers_mut());
+            return response;
+        };
+        self.plane.handle(request.map(Body::new), self.peer).await
+    }
+}
+
+/// Serves one accepted connection: the TLS handshake, the protocol's detection, then HTTP/1.1
+/// or HTTP/2 until it ends, the client goes idle, or shutdown asks it to finish.
+///
+/// Everything before the first request is bounded by `server.header_read_timeout_ms` from the
+/// accept: a connection that completes TLS and sends nothing, or sends a part of the HTTP/2
+/// preface and stops (`P`), is closed at that deadline instead of holding its slot under
+/// `server.max_connections`.
+async fn serve_connection(
+    settings: &Listener,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    requests: Requests,
+    stop: watch::Receiver<bool>,
+) {
+    let deadline = tokio::time::Instant::now() + settings.header_timeout;
+    let Some(acceptor) = acceptor else {
+        let Some(protocol) = peek_protocol(&stream, deadline).await else {
+            settings.count(Closed::Silent);
+            tracing::debug!(%peer, "connection started no request within the header timeout; closed");
+            return;
+        };
+        return serve_http(
+            settings,
+            TokioIo::new(stream),
+            protocol,
+            deadline,
+            requests,
+            stop,
+        )
+        .await;
+    };
+    let mut stream = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            settings.handshake_failures.inc();
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            settings.handshake_failures.inc();
+            tracing::debug!(%peer, "TLS handshake not done within the header timeout");
+            return;
+        }
+    };
+    // ALPN offered `h2` only with `server.http2` on; the bytes tell what the client speaks.
+    let mut first = Vec::with_capacity(H2_PREFACE.len());
+    let protocol = tokio::time::timeout_at(deadline, async {
+        let mut buf = [0u8; 24];
+        loop {
+            let want = H2_PREFACE.len() - first.len();
+            match stream.read(&mut buf[..want]).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => first.extend_from_slice(&buf[..n]),
+            }
+            if let Some(protocol) = protocol_of(&first) {
+                return Some(protocol);
+            }
+        }
+    })
+    .await;
+    let Ok(Some(protocol)) = protocol else {
+        settings.count(Closed::Silent);
+        tracing::debug!(%peer, "TLS connection started no request within the header timeout; closed");
+        return;
+    };
+    let io = TokioIo::new(Prefixed::new(stream, first));
+    serve_http(settings, io, protocol, deadline, requests, stop).await;
+}
+
+/// The protocol of a plain-text connection, from its first bytes left in the socket (peeked,
+/// not read), by `deadline`; `None` when it closed or stayed silent.
+async fn peek_protocol(
+    stream: &tokio::net::TcpStream,
+    deadline: tokio::time::Instant,
+) -> Option<Protocol> {
+    let mut first = [0u8; 24];
+    tokio::time::timeout_at(deadline, async {
+        loop {
+            match stream.peek(&mut first).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => match protocol_of(&first[..n]) {
+                    Some(protocol) => return Some(protocol),
+                    // A strict part of the preface so far: wait for the rest (rare: a first
+                    // segment cut inside the preface).
+                    None => tokio::time::sleep(Duration::from_millis(5)).await,
+                },
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Serves `io` as `protocol` until the connection ends; an HTTP/2 connection is closed
+/// (GOAWAY, then dropped if it lingers) when it has had no stream open for
+/// `server.http2_idle_timeout_ms`, or none at all by `first_stream_by`.
+async fn serve_http<I>(
+    settings: &Listener,
+    io: TokioIo<I>,
+    protocol: Protocol,
+    first_stream_by: tokio::time::Instant,
+    requests: Requests,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    match protocol {
+        Protocol::Http1 => {
+            let service = hyper::service::service_fn(move |request| {
+                let requests = requests.clone();
+                async move { Ok::<_, Infallible>(requests.serve(request).await) }
+            });
+            let connection = settings.http1.serve_connection(io, service).with_upgrades();
+            tokio::pin!(connection);
+            // hyper closes an idle keep-alive connection itself (`header_read_timeout`).
+            tokio::select! {
+                result = connection.as_mut() => return log_end(result),
+                _ = stopped(&mut stop) => connection.as_mut().graceful_shutdown(),
+            }
+            log_end(connection.await);
+        }
+        Protocol::Http2 if !settings.http2_enabled => {
+            settings.count(Closed::Http2Refused);
+            tracing::debug!(
+                plane = settings.plane.as_str(),
+                "HTTP/2 connection refused (server.http2 is off)"
+            );
+        }
+        Protocol::Http2 => {
+            let streams = Streams::default();
+            let counted = streams.clone();
+            let service = hyper::service::service_fn(move |request| {
+                let requests = requests.clone();
+                let open = counted.open();
+                async move {
+                    let response = requests.serve(request).await;
+                    // The stream stays open until its answer's body is done.
+                    Ok::<_, Infallible>(
+                        response.map(|body| Body::new(crate::proxy::Holding::new(body, open))),
+                    )
+                }
+            });
+            let connection = settings.http2.serve_connection(io, service);
+            tokio::pin!(connection);
+            let idle = streams.idle(first_stream_by, settings.http2_idle);
+            tokio::pin!(idle);
+            let lingering = settings.header_timeout;
+            tokio::select! {
+                result = connection.as_mut() => return log_end(result),
+                _ = stopped(&mut stop) => connection.as_mut().graceful_shutdown(),
+                () = idle.as_mut() => {
+                    settings.count(Closed::Idle);
+                    connection.as_mut().graceful_shutdown();
+                    // A client that does not close after the GOAWAY (a half-sent stream) is
+                    // dropped after the header timeout.
+                    if let Ok(result) = tokio::time::timeout(lingering, connection.as_mut()).await {
+                        log_end(result);
+                    }
+                    return;
+                }
+            }
+            log_end(connection.await);
+        }
+    }
+}
+
+fn log_end(result: Result<(), hyper::Error>) {
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// The streams open on one HTTP/2 connection, from the request's arrival to the end of its
+/// answer's body: (open now, opened since the connection started).
+#[derive(Debug, Clone, Default)]
+struct Streams(Arc<watch::Sender<(usize, u64)>>);
+
+/// One open stream; closed when dropped.
+struct OpenStream(Arc<watch::Sender<(usize, u64)>>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.send_modify(|(open, _)| *open -= 1);
+    }
+}
+
+impl Streams {
+    fn open(&self) -> OpenStream {
+        self.0.send_modify(|(open, opened)| {
+            *open += 1;
+            *opened += 1;
+        });
+        OpenStream(self.0.clone())
+    }
+
+    /// Resolves once no stream has been open for `idle`, or none was ever opened by `first`.
+    /// Frames without a stream (PING, SETTINGS, WINDOW_UPDATE) do not count: a connection
+    /// that only pings holds a slot for nothing.
+    async fn idle(&self, first: tokio::time::Instant, idle: Duration) {
+        let mut watched = self.0.subscribe();
+        let mut seen = 0;
+        let mut until = first;
+        loop {
+            let (open, opened) = *watched.borrow_and_update();
+            if open > 0 {
+                // Busy: the idle time starts when the last stream closes.
+                if watched.wait_for(|(open, _)| *open == 0).await.is_err() {
+                    return std::future::pending().await;
+                }
+                continue;
+            }
+            if opened != seen {
+                seen = opened;
+                until = tokio::time::Instant::now() + idle;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {
+                    if *watched.borrow() == (0, seen) {
+                        return;
+                    }
+                }
+                changed = watched.changed() => if changed.is_err() {
+                    return std::future::pending().await;
+                },
+            }
+        }
+    }
 }
 
 /// A stream with bytes already read from it put back in front.

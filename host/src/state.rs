@@ -54,8 +54,8 @@ pub struct StateInner {
     pub started_at: std::time::SystemTime,
     /// This instance's id in the fleet's change events.
     pub instance_id: String,
-    /// Wakes the tenant refresh before its period (a change event).
-    tenant_refresh: Arc<tokio::sync::Notify>,
+    /// This instance's part in the fleet: signed change events, coalesced actions.
+    pub fleet: Arc<crate::changes::Fleet>,
 }
 
 /// An [`AppState`] that does not keep the state alive (for background tasks).
@@ -138,6 +138,7 @@ impl AppState {
             IpLimiter::new(&rl.management_plane_per_ip, retain),
         ];
         let quotas = QuotaLimiter::new(rl, metrics.clone());
+        let fleet = Arc::new(crate::changes::Fleet::new(&config, &metrics));
         let runtime = PolicyEngine::new(&config.plugins)?;
         runtime.set_metrics(metrics.clone());
         let stored = crate::policy::fetch_stored_modules(&config, store.as_ref()).await?;
@@ -145,10 +146,7 @@ impl AppState {
         crate::policy::conformance::check(&policies)?;
         let nats = NatsTransport::connect(&config.nats).await?;
         let tenants = TenantPolicies::new(runtime.clone(), &config.plugins, metrics.clone());
-        let http = HttpTransport::new(
-            &config_upstreams,
-            metrics.upstream_connections_opened.clone(),
-        )?;
+        let http = HttpTransport::new(&config_upstreams, config.server.stream_budget(), &metrics)?;
         let state = Self(Arc::new(StateInner {
             config,
             nats,
@@ -162,8 +160,8 @@ impl AppState {
             auth,
             readiness: crate::readiness::Readiness::default(),
             started_at: std::time::SystemTime::now(),
-            instance_id: uuid::Uuid::new_v4().to_string(),
-            tenant_refresh: Arc::new(tokio::sync::Notify::new()),
+            instance_id: fleet.instance_id.clone(),
+            fleet,
         }));
         state.spawn_tenant_refresh();
         state.spawn_policy_history();
@@ -227,28 +225,36 @@ impl AppState {
         WeakState(Arc::downgrade(&self.0))
     }
 
-    /// Refreshes the projects' modules now rather than at the end of the period.
+    /// Refreshes the projects' modules soon rather than at the end of the period (a change
+    /// event): asks made before the refresh starts are one refresh, and refreshes asked for
+    /// this way start at most once per `control.change_min_interval_ms`.
     pub fn request_tenant_refresh(&self) {
-        self.tenant_refresh.notify_one();
+        self.fleet.tenant_refresh.ask();
     }
 
     fn spawn_tenant_refresh(&self) {
-        let weak = Arc::downgrade(&self.0);
+        let weak = self.downgrade();
+        let fleet = self.fleet.clone();
         let every = Duration::from_secs(self.config.plugins.tenant_refresh_secs.max(1));
         tokio::spawn(async move {
             loop {
-                let Some(inner) = weak.upgrade() else { break };
-                let state = AppState(inner);
+                let started = tokio::time::Instant::now();
+                let Some(state) = weak.upgrade() else { break };
                 if state.policies.tenants.refresh(&state.auth.store).await {
                     state.readiness.store_answered();
                     state.readiness.tenant_modules_loaded();
                 }
-                let wake = state.tenant_refresh.clone();
                 drop(state);
-                // The period, or sooner when a change event asks for it.
+                // The period, or sooner when a change event asks for it — but never sooner
+                // than the least interval after the last refresh started, whatever arrives.
                 tokio::select! {
-                    _ = tokio::time::sleep(every) => {}
-                    _ = wake.notified() => {}
+                    () = tokio::time::sleep(every) => {}
+                    asked = fleet.tenant_refresh.wait(&weak) => {
+                        if !asked {
+                            break;
+                        }
+                        tokio::time::sleep_until(started + fleet.tenant_refresh.every()).await;
+                    }
                 }
             }
         });
@@ -317,6 +323,12 @@ impl AppState {
         self.metrics
             .nats_connected
             .set(i64::from(self.nats.is_connected()));
+        for plane in [crate::plane::Plane::Data, crate::plane::Plane::Management] {
+            self.metrics
+                .streams_open
+                .with_label_values(&[plane.as_str()])
+                .set(self.http.streams_open(plane) as i64);
+        }
         // Targets that closed again disappear from the gauge: start from scratch.
         self.metrics.breaker_state.reset();
         for (target, state) in self.breakers.postgrest.not_closed() {

@@ -148,8 +148,53 @@ pub fn init(log: &LogConfig, tracing_config: &TracingConfig) -> anyhow::Result<T
             )
             .try_init(),
     };
+    install_panic_hook();
     Ok(TelemetryGuard {
         provider,
         _writer: Some(writer_guard),
     })
+}
+
+/// The longest panic message logged, in bytes.
+const MAX_PANIC_BYTES: usize = 1024;
+
+/// Routes panics through the log: one `error` line with the thread, the location and the
+/// message (control characters replaced, cut at [`MAX_PANIC_BYTES`]), under the log's own
+/// limits, instead of the default hook's unbounded text on stderr. A panic the host catches
+/// (a policy call's) is still logged once here.
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("a panic");
+        let mut end = message.len().min(MAX_PANIC_BYTES);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let message: String = message[..end]
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let thread = std::thread::current();
+        tracing::error!(
+            thread = thread.name().unwrap_or("-"),
+            location = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line())),
+            message,
+            truncated = end < payload_len(payload),
+            "panic"
+        );
+    }));
+}
+
+fn payload_len(payload: &(dyn std::any::Any + Send)) -> usize {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.len())
+        .or_else(|| payload.downcast_ref::<String>().map(String::len))
+        .unwrap_or(0)
 }

@@ -36,6 +36,7 @@ fn fleet(
 [nats]
 url = "{nats}"
 subject_prefix = "{prefix}"
+fleet_secret = "{fleet}"
 
 [control]
 store = "postgres"
@@ -58,6 +59,7 @@ token = "{METRICS_TOKEN}"
 "#,
                     db = db.url,
                     console = crate::support::fixture::CONSOLE_SECRET,
+                    fleet = crate::support::gateway::FLEET_SECRET,
                 ),
             )
             .expect("config");
@@ -273,7 +275,7 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
 }
 
 #[tokio::test]
-async fn a_control_file_change_applies_at_once_and_hostile_events_change_nothing() {
+async fn a_control_file_change_applies_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
     let prefix = unique_prefix();
@@ -286,46 +288,6 @@ async fn a_control_file_change_applies_at_once_and_hostile_events_change_nothing
         "[auth]\nkey_cache_ttl_secs = 30\n",
     );
     let gw = Process::serve(&config, dir.path());
-    assert_eq!(
-        status_with_key(&gw, &fx.anon_key).await,
-        StatusCode::SERVICE_UNAVAILABLE
-    );
-
-    // Anyone on the subject: garbage, an oversized event, a cache flush, a key that is no hash.
-    let nats = async_nats::connect(shared().url()).await.expect("nats");
-    let subject = aura_gateway::changes::subject(&prefix);
-    let oversized = format!(
-        r#"{{"origin":"x","kind":"project","project_ref":"{}"}}"#,
-        "a".repeat(aura_gateway::changes::MAX_EVENT_BYTES)
-    );
-    for payload in [
-        b"\xff\xfe not json".to_vec(),
-        oversized.into_bytes(),
-        br#"{"origin":"x","kind":"everything"}"#.to_vec(),
-        br#"{"origin":"x","kind":"api_key","key_sha256":"not-hex"}"#.to_vec(),
-    ] {
-        nats.publish(subject.clone(), payload.into())
-            .await
-            .expect("publish");
-    }
-    nats.flush().await.expect("flush");
-    let started = Instant::now();
-    loop {
-        let refused = metric(
-            &gw.metrics().await,
-            "aura_change_events_total",
-            &["source=\"nats\"", "kind=\"refused\""],
-        );
-        if refused >= 3.0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "hostile events not refused"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Still serving, the key still cached as valid.
     assert_eq!(
         status_with_key(&gw, &fx.anon_key).await,
         StatusCode::SERVICE_UNAVAILABLE

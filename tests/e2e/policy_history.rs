@@ -319,9 +319,8 @@ async fn the_file_store_keeps_the_history_and_a_rollback_restores_a_module() {
     let fx = Fixture::new();
     let gw = InProcess::start_with_store(config(), Arc::new(fx.file_store(dir.path()))).await;
     scenario(&gw, &fx).await;
-    // One JSON line per change beside the control file.
-    let lines = std::fs::read_to_string(dir.path().join("policy-history.jsonl")).expect("file");
-    assert_eq!(lines.lines().count(), 7);
+    // One JSON line per change beside the control file (one file per project and stage).
+    assert_eq!(crate::support::gateway::file_history_lines(dir.path()), 7);
 }
 
 #[tokio::test]
@@ -334,10 +333,11 @@ async fn the_postgres_store_keeps_the_history_and_a_rollback_restores_a_module()
     scenario(&gw, &fx).await;
 }
 
-/// The history cannot grow without bound: the PostgreSQL store keeps the newest events of a
-/// project's stage, the file store cuts its file past 4 MiB; both keep serving the newest.
+/// The history cannot grow without bound, and one project's installs never cut another's
+/// history: both stores keep the newest events of each project's stage, and a listing never
+/// carries a configuration (a rollback reads the one it restores).
 #[tokio::test]
-async fn a_history_written_in_a_loop_stays_bounded_in_both_stores() {
+async fn a_history_written_in_a_loop_stays_bounded_per_project_and_stage_in_both_stores() {
     use aura_gateway::control::ControlStore;
     let db = TestDatabase::create().await;
     let pg = db.store().await;
@@ -345,11 +345,11 @@ async fn a_history_written_in_a_loop_stays_bounded_in_both_stores() {
     let fx = Fixture::new();
     fx.seed(&db).await;
     let file = fx.file_store(dir.path());
-    let kept = aura_gateway::control::postgres::HISTORY_KEPT as usize;
-    let event = |i: usize| {
+    let kept = aura_gateway::control::HISTORY_KEPT;
+    let event = |project: &str, i: usize| {
         let mut e = aura_gateway::policy::history::event(
             &fx.admin.to_string(),
-            Some("alpha"),
+            Some(project),
             aura_gateway::plane::Plane::Data,
             "cors",
             "install",
@@ -357,29 +357,66 @@ async fn a_history_written_in_a_loop_stays_bounded_in_both_stores() {
             Some(format!("{i:064}")),
             None,
         );
-        // About 4 KiB a line: the file passes its 4 MiB bound within this loop.
-        e.config = Some(format!("{{\"pad\": \"{}\"}}", "x".repeat(4_000)));
+        e.config = Some(format!(
+            "{{\"pad\": \"{}\", \"n\": {i}}}",
+            "x".repeat(4_000)
+        ));
         e
     };
-    for i in 0..kept + 100 {
-        pg.append_policy_event(&event(i)).await.expect("append");
-        file.append_policy_event(&event(i)).await.expect("append");
+    // Beta's one event, written first, outlives every cut of alpha's stream.
+    for store in [&pg as &dyn ControlStore, &file] {
+        store
+            .append_policy_event(&event("beta", 7))
+            .await
+            .expect("append");
     }
-    let newest = format!("{:064}", kept + 99);
-    let rows = pg
-        .policy_events(Some("alpha"), Some("cors"), 10_000)
-        .await
-        .expect("read");
-    assert_eq!(rows.len(), kept);
-    assert_eq!(rows[0].digest_after.as_deref(), Some(newest.as_str()));
-    let size = std::fs::metadata(dir.path().join("policy-history.jsonl"))
-        .expect("file")
-        .len();
-    assert!(size <= 4 << 20, "{size} bytes");
-    let lines = file
-        .policy_events(Some("alpha"), Some("cors"), 10_000)
-        .await
-        .expect("read");
-    assert!(lines.len() < kept + 100, "{} lines", lines.len());
-    assert_eq!(lines[0].digest_after.as_deref(), Some(newest.as_str()));
+    for i in 0..kept + 300 {
+        pg.append_policy_event(&event("alpha", i))
+            .await
+            .expect("append");
+        file.append_policy_event(&event("alpha", i))
+            .await
+            .expect("append");
+    }
+    let newest = format!("{:064}", kept + 299);
+    for store in [&pg as &dyn ControlStore, &file] {
+        let rows = store
+            .policy_events(Some("alpha"), Some("cors"), 10_000)
+            .await
+            .expect("read");
+        assert!(
+            rows.len() >= kept && rows.len() < kept + 300,
+            "{} events of alpha kept by the {} store",
+            rows.len(),
+            store.kind()
+        );
+        assert_eq!(rows[0].digest_after.as_deref(), Some(newest.as_str()));
+        assert!(
+            rows.iter().all(|e| e.config.is_none()),
+            "a listing carries no configuration"
+        );
+        let restored = store
+            .policy_event_of(Some("alpha"), "cors", &newest)
+            .await
+            .expect("read")
+            .expect("kept");
+        assert!(
+            restored
+                .config
+                .as_deref()
+                .is_some_and(|c| c.ends_with(&format!("\"n\": {}}}", kept + 299))),
+            "the {} store restores the configuration",
+            store.kind()
+        );
+        let beta = store
+            .policy_events(Some("beta"), Some("cors"), 10)
+            .await
+            .expect("read");
+        assert_eq!(
+            beta.len(),
+            1,
+            "beta's history survives alpha's in the {} store",
+            store.kind()
+        );
+    }
 }

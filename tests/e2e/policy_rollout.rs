@@ -493,8 +493,11 @@ async fn shadow_and_canary_through_the_binary_with_the_file_store() {
     // The control file holds no candidate any more (promoted), the history file every change.
     let control = std::fs::read_to_string(dir.path().join("control.toml")).expect("file");
     assert!(!control.contains("policy_candidates"), "{control}");
-    let history = std::fs::read_to_string(dir.path().join("policy-history.jsonl")).expect("file");
-    assert_eq!(history.lines().count(), 10, "{history}");
+    assert_eq!(
+        crate::support::gateway::file_history_lines(dir.path()),
+        10,
+        "one history line per change"
+    );
 }
 
 #[tokio::test]

@@ -24,6 +24,23 @@ pub fn is_public(method: &Method, path: &str) -> bool {
     }
 }
 
+/// Routes of the management plane only (its introspection, reload, readiness, projects and
+/// organizations): on the data plane they do not exist, and answer `404` before any credential
+/// is looked at — an admin path probed there learns nothing of the management plane's guards.
+pub fn is_management_route(path: &str) -> bool {
+    const PREFIXES: [&str; 5] = [
+        "/v1/admin",
+        "/v1/policies",
+        "/v1/projects",
+        "/v1/organizations",
+        "/ready",
+    ];
+    PREFIXES.iter().any(|prefix| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
+}
+
 static APIKEY: header::HeaderName = header::HeaderName::from_static("apikey");
 static X_API_KEY: header::HeaderName = header::HeaderName::from_static("x-api-key");
 
@@ -241,6 +258,23 @@ mod tests {
         assert!(!is_public(&Method::POST, "/health"));
         assert!(!is_public(&Method::GET, "/v1/auth/user"));
         assert!(is_public(&Method::GET, "/metrics"));
+    }
+
+    #[test]
+    fn management_routes_are_told_by_whole_segments() {
+        for path in [
+            "/v1/admin",
+            "/v1/admin/config",
+            "/v1/policies/reload",
+            "/v1/projects/alpha/policies/cors",
+            "/v1/organizations/x/projects",
+            "/ready",
+        ] {
+            assert!(is_management_route(path), "{path}");
+        }
+        for path in ["/v1/adminx", "/v1/auth/user", "/readyz", "/v1/db/projects"] {
+            assert!(!is_management_route(path), "{path}");
+        }
     }
 
     #[test]

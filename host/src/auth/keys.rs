@@ -227,7 +227,7 @@ where
             return Ok(Some(found));
         }
         // Taken before the cache is read: a forget after this keeps the answer out of the table.
-        let ticket = self.hot.ticket();
+        let ticket = self.hot.ticket(hash);
         let (fetched_at, found) = match self.cache.get(key).await {
             Some(cached) => cached,
             None => {
@@ -274,7 +274,8 @@ where
     {
         self.cache.invalidate(key).await;
         // After the cache: a lookup that starts after this finds the cache already without it.
-        self.hot.forget_all();
+        // Only this key's slot: one change never empties the table for every other key.
+        self.hot.forget(self.hot.hash(key), key);
         self.last_known.forget(label);
     }
 

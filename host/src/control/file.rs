@@ -235,13 +235,9 @@ pub struct FileStore {
     writing: tokio::sync::Mutex<()>,
     /// Bumped on every reload of the file.
     reloads: tokio::sync::watch::Sender<u64>,
-    /// The policy history when no file is configured (otherwise `policy-history.jsonl` beside
-    /// the control file).
-    history: std::sync::Mutex<Vec<PolicyEventRecord>>,
+    /// The policy history: files beside the control file, or memory without one.
+    history: super::file_history::PolicyHistory,
 }
-
-/// The policy history file is cut to its newer half when it grows past this size.
-const HISTORY_MAX_BYTES: u64 = 4 << 20;
 
 fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
     let meta = std::fs::metadata(path).ok()?;
@@ -257,7 +253,7 @@ impl FileStore {
             stamp: std::sync::Mutex::new(None),
             writing: tokio::sync::Mutex::new(()),
             reloads: tokio::sync::watch::Sender::new(0),
-            history: std::sync::Mutex::new(Vec::new()),
+            history: super::file_history::PolicyHistory::open(None),
         }
     }
 
@@ -271,7 +267,9 @@ impl FileStore {
             stamp: std::sync::Mutex::new(stamp),
             writing: tokio::sync::Mutex::new(()),
             reloads: tokio::sync::watch::Sender::new(0),
-            history: std::sync::Mutex::new(Vec::new()),
+            history: super::file_history::PolicyHistory::open(Some(
+                path.parent().unwrap_or_else(|| Path::new(".")),
+            )),
         })
     }
 
@@ -327,17 +325,6 @@ impl FileStore {
                 }
             }
         });
-    }
-
-    /// `policy-history.jsonl` beside the control file.
-    fn history_file(&self) -> Option<PathBuf> {
-        let path = self.path.as_ref()?;
-        Some(
-            path.parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_default()
-                .join("policy-history.jsonl"),
-        )
     }
 
     fn modules_dir(&self) -> Result<PathBuf, StoreError> {
@@ -474,35 +461,8 @@ impl ControlStore for FileStore {
     }
 
     async fn append_policy_event(&self, event: &PolicyEventRecord) -> Result<(), StoreError> {
-        let Some(path) = self.history_file() else {
-            if let Ok(mut history) = self.history.lock() {
-                history.push(event.clone());
-            }
-            return Ok(());
-        };
-        let line = serde_json::to_string(event)
-            .map_err(|e| StoreError::Invalid(format!("policy event: {e}")))?;
         let _guard = self.writing.lock().await;
-        let fail = |e: std::io::Error| StoreError::Invalid(format!("{}: {e}", path.display()));
-        {
-            use std::io::Write;
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(fail)?;
-            writeln!(file, "{line}").map_err(fail)?;
-        }
-        if std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) > HISTORY_MAX_BYTES {
-            let text = std::fs::read_to_string(&path).map_err(fail)?;
-            let lines: Vec<&str> = text.lines().collect();
-            let kept = lines[lines.len() / 2..].join("\n") + "\n";
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, kept)
-                .and_then(|()| std::fs::rename(&tmp, &path))
-                .map_err(fail)?;
-        }
-        Ok(())
+        self.history.append(event)
     }
 
     async fn policy_events(
@@ -511,25 +471,16 @@ impl ControlStore for FileStore {
         stage: Option<&str>,
         limit: usize,
     ) -> Result<Vec<PolicyEventRecord>, StoreError> {
-        let all: Vec<PolicyEventRecord> = match self.history_file() {
-            None => self.history.lock().map(|h| h.clone()).unwrap_or_default(),
-            Some(path) => match std::fs::read_to_string(&path) {
-                Ok(text) => text
-                    .lines()
-                    // A line cut by a crash, or edited by hand into nonsense, is skipped.
-                    .filter_map(|l| serde_json::from_str(l).ok())
-                    .collect(),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(e) => return Err(StoreError::Invalid(format!("{}: {e}", path.display()))),
-            },
-        };
-        Ok(all
-            .into_iter()
-            .rev()
-            .filter(|e| e.project_ref.as_deref() == project_ref)
-            .filter(|e| stage.is_none_or(|s| e.stage == s))
-            .take(limit)
-            .collect())
+        self.history.list(project_ref, stage, limit)
+    }
+
+    async fn policy_event_of(
+        &self,
+        project_ref: Option<&str>,
+        stage: &str,
+        digest: &str,
+    ) -> Result<Option<PolicyEventRecord>, StoreError> {
+        self.history.event_of(project_ref, stage, digest)
     }
 
     async fn put_module(&self, digest: &str, module: &[u8]) -> Result<(), StoreError> {

@@ -3,6 +3,7 @@
 //! DB-less default) and PostgreSQL ([`postgres`]).
 
 pub mod file;
+pub mod file_history;
 pub mod postgres;
 pub mod records;
 
@@ -18,6 +19,10 @@ pub use records::{
 };
 
 use crate::config::{self, ControlConfig, StoreKind};
+
+/// Policy events kept per project (or the operator) and stage, in both stores; older ones are
+/// removed.
+pub const HISTORY_KEPT: usize = 1_000;
 
 /// A control store failure.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -96,16 +101,29 @@ pub trait ControlStore: Send + Sync + std::fmt::Debug {
     ) -> Result<bool, StoreError>;
     /// Every candidate module.
     async fn policy_candidates(&self) -> Result<Vec<PolicyCandidateRecord>, StoreError>;
-    /// Appends one change of a module in force to the history.
+    /// Appends one change of a module in force to the history. The history of one project (or
+    /// the operator's) and stage keeps its newest [`HISTORY_KEPT`] events; older ones are
+    /// removed, never another project's or stage's.
     async fn append_policy_event(&self, event: &PolicyEventRecord) -> Result<(), StoreError>;
     /// The most recent changes (newest first, at most `limit`) of `project_ref`'s modules
-    /// (none: the operator's) for `stage` (none: every stage).
+    /// (none: the operator's) for `stage` (none: every stage), **without their configurations**
+    /// (`config` is always `None`: a listing never reads them; see
+    /// [`ControlStore::policy_event_of`]).
     async fn policy_events(
         &self,
         project_ref: Option<&str>,
         stage: Option<&str>,
         limit: usize,
     ) -> Result<Vec<PolicyEventRecord>, StoreError>;
+    /// The newest `enforce` event of `project_ref`'s (none: the operator's) `stage` that put
+    /// `digest` in force, **with** its configuration: what a rollback to `digest` restores.
+    /// `Ok(None)` when the kept history holds no such event.
+    async fn policy_event_of(
+        &self,
+        project_ref: Option<&str>,
+        stage: &str,
+        digest: &str,
+    ) -> Result<Option<PolicyEventRecord>, StoreError>;
     /// Marks stored modules as in use now: they are not collected for the grace period.
     async fn touch_modules(&self, digests: &[String]) -> Result<(), StoreError> {
         let _ = digests;

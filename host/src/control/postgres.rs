@@ -16,8 +16,7 @@ use super::{
 };
 use crate::config::ControlConfig;
 
-/// Policy events kept per project (or the operator) and stage; older ones are removed.
-pub const HISTORY_KEPT: i64 = 1_000;
+pub use super::HISTORY_KEPT;
 
 /// The migrations shipped with the gateway.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -317,7 +316,7 @@ impl ControlStore for PostgresStore {
         )
         .bind(&e.project_ref)
         .bind(&e.stage)
-        .bind(HISTORY_KEPT)
+        .bind(HISTORY_KEPT as i64)
         .execute(&self.pool)
         .await
         .map(|_| ())
@@ -330,63 +329,42 @@ impl ControlStore for PostgresStore {
         stage: Option<&str>,
         limit: usize,
     ) -> Result<Vec<PolicyEventRecord>, StoreError> {
-        type Row = (
-            DateTime<Utc>,
-            String,
-            Option<String>,
-            String,
-            String,
-            String,
-            Option<String>,
-            Option<String>,
-            String,
-            Option<String>,
-            Option<String>,
-        );
-        let rows: Vec<Row> = sqlx::query_as(
-            "SELECT at, actor, project_ref, stage, plane, action, digest_before, digest_after, mode, reason, config \
+        // Never the configuration: a listing reads the small columns only (a configuration is
+        // read by `policy_event_of`, one at a time).
+        let rows: Vec<EventRow> = sqlx::query_as(
+            "SELECT at, actor, project_ref, stage, plane, action, digest_before, digest_after, mode, reason, NULL::text \
              FROM aura_control.policy_events \
              WHERE project_ref IS NOT DISTINCT FROM $1 AND ($2::text IS NULL OR stage = $2) \
              ORDER BY id DESC LIMIT $3",
         )
         .bind(project_ref)
         .bind(stage)
-        .bind(limit.min(10_000) as i64)
+        .bind(limit.min(HISTORY_KEPT * 16) as i64)
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(
-                    at,
-                    actor,
-                    project_ref,
-                    stage,
-                    plane,
-                    action,
-                    digest_before,
-                    digest_after,
-                    mode,
-                    reason,
-                    config,
-                )| {
-                    PolicyEventRecord {
-                        at,
-                        actor,
-                        project_ref,
-                        stage,
-                        plane,
-                        action,
-                        digest_before,
-                        digest_after,
-                        mode,
-                        reason,
-                        config,
-                    }
-                },
-            )
-            .collect())
+        Ok(rows.into_iter().map(event_of).collect())
+    }
+
+    async fn policy_event_of(
+        &self,
+        project_ref: Option<&str>,
+        stage: &str,
+        digest: &str,
+    ) -> Result<Option<PolicyEventRecord>, StoreError> {
+        let row: Option<EventRow> = sqlx::query_as(
+            "SELECT at, actor, project_ref, stage, plane, action, digest_before, digest_after, mode, reason, config \
+             FROM aura_control.policy_events \
+             WHERE project_ref IS NOT DISTINCT FROM $1 AND stage = $2 AND digest_after = $3 \
+             AND mode = 'enforce' ORDER BY id DESC LIMIT 1",
+        )
+        .bind(project_ref)
+        .bind(stage)
+        .bind(digest)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(row.map(event_of))
     }
 
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
@@ -517,6 +495,50 @@ impl ControlStore for PostgresStore {
 
     fn postgres_pool(&self) -> Option<sqlx::PgPool> {
         Some(self.pool.clone())
+    }
+}
+
+type EventRow = (
+    DateTime<Utc>,
+    String,
+    Option<String>,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    String,
+    Option<String>,
+    Option<String>,
+);
+
+fn event_of(
+    (
+        at,
+        actor,
+        project_ref,
+        stage,
+        plane,
+        action,
+        digest_before,
+        digest_after,
+        mode,
+        reason,
+        config,
+    ): EventRow,
+) -> PolicyEventRecord {
+    PolicyEventRecord {
+        at,
+        actor,
+        project_ref,
+        stage,
+        plane,
+        action,
+        digest_before,
+        digest_after,
+        mode,
+        reason,
+        config,
     }
 }
 

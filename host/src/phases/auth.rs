@@ -20,6 +20,11 @@ pub async fn authenticate(
     request: Request,
 ) -> Result<Request, GatewayError> {
     let (mut parts, body) = request.into_parts();
+    if cx.plane == Plane::Data && data_plane::is_management_route(parts.uri.path()) {
+        return Err(GatewayError::not_found(
+            "no such route on the data plane (it is a management-plane route)",
+        ));
+    }
     let mut actor: Actor =
         match cx.plane {
             Plane::Data => {

@@ -28,6 +28,7 @@ impl RefusedPath {
             PathError::EncodedControl => "encoded_control",
             PathError::EncodedDotSegment => "encoded_dot_segment",
             PathError::Climbs => "climbs",
+            PathError::DotSegmentParameters => "dot_segment_parameters",
         }
     }
 }

@@ -76,12 +76,25 @@ async fn ready(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let store_up = matches!(
-        tokio::time::timeout(std::time::Duration::from_secs(1), state.auth.store.ping()).await,
-        Ok(Ok(()))
-    );
-    let report = state.readiness.report(store_up, state.nats.is_connected());
-    let redis = match state.quotas.redis_up().await {
+    // Checked at most once a second (`crate::readiness::PROBE_TTL`), whoever asks.
+    let probes = state
+        .readiness
+        .probes(std::time::Instant::now(), || async {
+            let store_up = matches!(
+                tokio::time::timeout(std::time::Duration::from_secs(1), state.auth.store.ping())
+                    .await,
+                Ok(Ok(()))
+            );
+            crate::readiness::Probes {
+                store_up,
+                redis_up: state.quotas.redis_up().await,
+            }
+        })
+        .await;
+    let report = state
+        .readiness
+        .report(probes.store_up, state.nats.is_connected());
+    let redis = match probes.redis_up {
         None => "not_configured",
         Some(true) => "up",
         Some(false) => "down",

@@ -69,6 +69,9 @@ async fn announce(state: &AppState, project: &str) {
 fn prepare_failed(e: PrepareError) -> GatewayError {
     match e {
         PrepareError::TooLarge { .. } => GatewayError::payload_too_large(e.to_string()),
+        PrepareError::ConfigTooLarge { .. } => {
+            GatewayError::too_large("config_too_large", e.to_string())
+        }
         PrepareError::Refused(reason) => refused(reason),
         PrepareError::Unavailable(reason) => {
             GatewayError::unavailable("policy_check_unavailable", reason)
@@ -114,14 +117,26 @@ pub async fn put(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    // Bounded before the body is read: uploads cannot pile up bodies and compilations.
-    let Some(_upload) = state.policies.tenants.upload_permit() else {
-        return GatewayError::unavailable(
-            "uploads_busy",
-            "too many module uploads are in progress; retry shortly",
-        )
-        .retry_after(std::time::Duration::from_secs(1))
-        .into_response();
+    // Bounded before the body is read: uploads cannot pile up bodies and compilations, and
+    // one organization cannot take every place (its share is
+    // `plugins.tenant_max_concurrent_uploads_per_org`).
+    let organization = match state.auth.cached_project(&project).await {
+        Ok(Some(record)) => record.organization_id,
+        Ok(None) => return GatewayError::not_found("project not found").into_response(),
+        Err(e) => return e.into_response(),
+    };
+    let _upload = match state.policies.tenants.upload_permit(organization) {
+        Ok(permit) => permit,
+        Err(busy) => {
+            state
+                .metrics
+                .tenant_uploads_busy
+                .with_label_values(&[busy.label()])
+                .inc();
+            return GatewayError::unavailable("uploads_busy", busy.to_string())
+                .retry_after(std::time::Duration::from_secs(1))
+                .into_response();
+        }
     };
     // Read through the chain's body limit (`server.max_body_bytes`), never the framework's own
     // default: past it the answer is the gateway's JSON 413 (with the defaults a module up to
@@ -196,6 +211,13 @@ async fn put_inner(
         .config
         .unwrap_or_else(|| serde_json::json!({}))
         .to_string();
+    let max_config = state.policies.tenants.max_config_bytes();
+    if config.len() > max_config {
+        return Err(prepare_failed(PrepareError::ConfigTooLarge {
+            size: config.len(),
+            max: max_config,
+        }));
+    }
     let prepared = state
         .policies
         .tenants
@@ -723,9 +745,14 @@ pub async fn rollback(
         };
         ensure_project(&state, &project).await?;
         let store = &state.auth.store;
-        // Only the modules that were in force: a shadow or canary never was.
+        // Only the modules that were in force: a shadow or canary never was. Listed without
+        // their configurations; the one restored is read alone.
         let events: Vec<PolicyEventRecord> = store
-            .policy_events(Some(&project), Some(&stage_key), 1000)
+            .policy_events(
+                Some(&project),
+                Some(&stage_key),
+                crate::control::HISTORY_KEPT,
+            )
             .await
             .map_err(|e| store_failed(&e))?
             .into_iter()
@@ -749,10 +776,12 @@ pub async fn rollback(
                     )
                 })?,
         };
+        drop(events);
         // The configuration the module had when it was last put in force.
-        let config = events
-            .iter()
-            .find(|e| e.digest_after.as_deref() == Some(target.as_str()))
+        let config = store
+            .policy_event_of(Some(&project), &stage_key, &target)
+            .await
+            .map_err(|e| store_failed(&e))?
             .ok_or_else(|| {
                 GatewayError::conflict(
                     "not_in_history",
@@ -760,7 +789,6 @@ pub async fn rollback(
                 )
             })?
             .config
-            .clone()
             .unwrap_or_else(|| "{}".to_owned());
         let config: serde_json::Value = serde_json::from_str(&config).unwrap_or_default();
         let body = serde_json::to_vec(&serde_json::json!({ "digest": target, "config": config }))

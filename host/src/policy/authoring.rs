@@ -165,10 +165,40 @@ pub fn scaffold(stage: Stage, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, St
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
         }
-        std::fs::write(&path, contents).map_err(|e| format!("{}: {e}", path.display()))?;
+        write_new(&path, contents.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
         written.push(path);
     }
     Ok(written)
+}
+
+/// Creates `path` with `contents`; fails if anything is there already — a file, or a link
+/// planted to make the write land elsewhere (`O_EXCL | O_NOFOLLOW`).
+pub fn write_new(path: &std::path::Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .mode(0o644)
+        .open(path)?;
+    file.write_all(contents)?;
+    file.sync_all()
+}
+
+/// Writes `contents` to `path`, replacing what is there: through a new file beside it
+/// ([`write_new`]) renamed over `path`, so that a link planted at `path` is replaced, never
+/// followed.
+pub fn replace_file(path: &std::path::Path, contents: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+    write_new(&tmp, contents)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }
 
 /// A Cargo package name made of a folder name.
@@ -240,6 +270,30 @@ fn readme(stage: Stage, lang: Lang, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_planted_link_is_replaced_never_written_through() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep").expect("write");
+        let out = dir.path().join("gateway.wit");
+        std::os::unix::fs::symlink(&victim, &out).expect("link");
+        assert!(
+            write_new(&out, b"x").is_err(),
+            "a link is not written through"
+        );
+        replace_file(&out, b"wit").expect("replaced");
+        assert_eq!(std::fs::read_to_string(&victim).expect("read"), "keep");
+        assert_eq!(std::fs::read_to_string(&out).expect("read"), "wit");
+        assert!(!std::fs::symlink_metadata(&out).expect("meta").is_symlink());
+        replace_file(&out, b"again").expect("replaced again");
+        assert_eq!(std::fs::read_to_string(&out).expect("read"), "again");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("dir").count(),
+            2,
+            "no temporary left"
+        );
+    }
 
     #[test]
     fn both_wit_versions_are_served_and_others_refused() {

@@ -6,8 +6,13 @@
 //! (`plugins.tenant_max_compile_memory_bytes`, as `RLIMIT_DATA`) and CPU time before reading the module, and is
 //! killed when it runs past `plugins.tenant_max_compile_ms` of wall time. Its time and peak
 //! memory are measured and reported. At most `plugins.tenant_compile_concurrency` compile at
-//! once. The artefact comes back over a pipe and is loaded by the gateway's engine (wasmtime
-//! checks that it was compiled with compatible settings).
+//! once. Before it reads the module the worker confines itself ([`super::confine`]): no network,
+//! no file it could open, create or change, no program it could run, the privileges of `nobody`
+//! when started as root. The artefact comes back over a pipe and is bound to the module it was
+//! compiled from before the gateway loads it: the worker names the digest of what it read and of
+//! what it wrote, both checked, and the loaded component must import and export exactly what the
+//! uploaded module declares (read from its bytes, without compiling them); wasmtime then checks
+//! that it was compiled with compatible settings.
 //!
 //! Results are kept by digest: a compiled component in a bounded cache
 //! (`plugins.compiled_cache_bytes`), so that a module installed again or by several projects is
@@ -85,17 +90,27 @@ pub struct CompileReport {
 }
 
 /// The first line the worker writes, before the artefact.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct WorkerHeader {
     ok: bool,
+    /// Why the module was refused (its fault).
     #[serde(default)]
     error: Option<String>,
+    /// Why the worker could not compile at all (the gateway's side: not the module's fault).
+    #[serde(default)]
+    worker_error: Option<String>,
     #[serde(default)]
     compile_ms: u64,
     #[serde(default)]
     peak_rss_bytes: u64,
     #[serde(default)]
     artefact_bytes: u64,
+    /// SHA-256 (hex) of the module the worker read.
+    #[serde(default)]
+    input_sha256: String,
+    /// SHA-256 (hex) of the artefact it wrote.
+    #[serde(default)]
+    artefact_sha256: String,
 }
 
 /// Compiles uploaded modules.
@@ -290,6 +305,9 @@ impl Compiler {
         let Some(header) = header else {
             return Err(died(status, self.max_memory, self.max_time));
         };
+        if let Some(reason) = header.worker_error {
+            return Err(CompileError::Worker(reason));
+        }
         if !header.ok {
             return Err(match header.error {
                 Some(reason) => CompileError::Invalid(reason),
@@ -300,7 +318,24 @@ impl Compiler {
         if artefact.len() as u64 != header.artefact_bytes || !status.success() {
             return Err(died(status, self.max_memory, self.max_time));
         }
+        // Bound to this module: the worker compiled what it was given and sent what it wrote.
+        if header.input_sha256 != super::tenants::digest_of(bytes)
+            || header.artefact_sha256 != super::tenants::digest_of(artefact)
+        {
+            return Err(CompileError::Worker(
+                "the compiled module is not the one sent to the worker; not loaded".into(),
+            ));
+        }
         let component = load_artefact(self.runtime.engine(), artefact)?;
+        let (declared, compiled) = (
+            declared_interface(bytes).map_err(CompileError::Invalid)?,
+            compiled_interface(self.runtime.engine(), &component),
+        );
+        if declared != compiled {
+            return Err(CompileError::Worker(format!(
+                "the compiled module's imports and exports ({compiled:?}) are not the uploaded module's ({declared:?}); not loaded"
+            )));
+        }
         Ok((
             component,
             CompileReport {
@@ -310,6 +345,56 @@ impl Compiler {
             },
         ))
     }
+}
+
+/// The names a component imports and exports at its top level, read from its bytes without
+/// compiling them (nested modules and components are skipped).
+fn declared_interface(bytes: &[u8]) -> Result<Interface, String> {
+    use wasmparser::Payload;
+    let mut interface = Interface::default();
+    let mut depth = 0usize;
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        match payload.map_err(|e| format!("{e}"))? {
+            Payload::Version { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ComponentImportSection(reader) if depth == 1 => {
+                for import in reader {
+                    let import = import.map_err(|e| format!("{e}"))?;
+                    interface.imports.insert(import.name.name.to_owned());
+                }
+            }
+            Payload::ComponentExportSection(reader) if depth == 1 => {
+                for export in reader {
+                    let export = export.map_err(|e| format!("{e}"))?;
+                    interface.exports.insert(export.name.name.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(interface)
+}
+
+/// The names a compiled component imports and exports.
+fn compiled_interface(engine: &Engine, component: &Component) -> Interface {
+    let ty = component.component_type();
+    Interface {
+        imports: ty
+            .imports(engine)
+            .map(|(name, _)| name.to_owned())
+            .collect(),
+        exports: ty
+            .exports(engine)
+            .map(|(name, _)| name.to_owned())
+            .collect(),
+    }
+}
+
+/// A component's top-level import and export names.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Interface {
+    imports: std::collections::BTreeSet<String>,
+    exports: std::collections::BTreeSet<String>,
 }
 
 /// What a worker that answered nothing usable died of.
@@ -350,6 +435,8 @@ pub struct WorkerArgs {
     pub max_memory_bytes: u64,
     /// CPU-time limit of the worker.
     pub cpu_secs: u64,
+    /// `--check-sandbox`: confine, try what the confinement forbids, print it, exit.
+    pub check_sandbox: bool,
 }
 
 impl WorkerArgs {
@@ -360,9 +447,14 @@ impl WorkerArgs {
             max_module_bytes: 4 << 20,
             max_memory_bytes: 1 << 30,
             cpu_secs: 11,
+            check_sandbox: false,
         };
         let mut it = args.iter();
         while let Some(name) = it.next() {
+            if name == "--check-sandbox" {
+                out.check_sandbox = true;
+                continue;
+            }
             let value = it
                 .next()
                 .ok_or_else(|| format!("{name}: a value is missing"))?;
@@ -379,9 +471,15 @@ impl WorkerArgs {
     }
 }
 
-fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
+/// The peak resident memory, read from `status` (`/proc/self/status`, opened before the
+/// confinement forbids opening files).
+fn peak_rss_bytes(status: Option<&mut std::fs::File>) -> u64 {
+    use std::io::Seek as _;
+    let mut text = String::new();
+    let read = status
+        .is_some_and(|f| f.rewind().is_ok() && std::io::Read::read_to_string(f, &mut text).is_ok());
+    Some(text)
+        .filter(|_| read)
         .and_then(|status| {
             status
                 .lines()
@@ -391,10 +489,15 @@ fn peak_rss_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
-/// The compile worker: limits itself, reads a module on stdin, writes a header line and the
-/// compiled artefact on stdout.
+/// The compile worker: limits and confines itself ([`super::confine`]), reads a module on
+/// stdin, writes a header line and the compiled artefact on stdout.
 pub fn worker_main(args: WorkerArgs) -> ExitCode {
     use rustix::process::{Resource, Rlimit, setrlimit};
+    if args.check_sandbox {
+        let report = super::confine::check();
+        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
     let limit = |resource, value| {
         setrlimit(
             resource,
@@ -404,21 +507,34 @@ pub fn worker_main(args: WorkerArgs) -> ExitCode {
             },
         )
     };
-    // RLIMIT_DATA counts the private writable memory (heap, anonymous maps, thread stacks): what
-    // compiling allocates, not the executable's mapped code.
-    if limit(Resource::Data, args.max_memory_bytes).is_err()
-        || limit(Resource::Cpu, args.cpu_secs).is_err()
-    {
-        return answer(
+    let failed = |reason: String| {
+        answer(
             &WorkerHeader {
-                ok: false,
-                error: None,
-                compile_ms: 0,
-                peak_rss_bytes: 0,
-                artefact_bytes: 0,
+                worker_error: Some(reason),
+                ..WorkerHeader::default()
             },
             &[],
-        );
+        )
+    };
+    // RLIMIT_DATA counts the private writable memory (heap, anonymous maps, thread stacks): what
+    // compiling allocates, not the executable's mapped code.
+    if let Err(e) = limit(Resource::Data, args.max_memory_bytes)
+        .and_then(|()| limit(Resource::Cpu, args.cpu_secs))
+    {
+        return failed(format!("cannot limit the worker: {e}"));
+    }
+    // What needs a file or the system's description comes before the confinement.
+    let mut status = std::fs::File::open("/proc/self/status").ok();
+    let settings = PluginRuntimeConfig {
+        memory_limit_bytes: args.memory_limit_bytes,
+        ..PluginRuntimeConfig::default()
+    };
+    let engine = match Engine::new(&engine_config(&settings, false)) {
+        Ok(engine) => engine,
+        Err(e) => return failed(format!("engine: {e}")),
+    };
+    if let Err(e) = super::confine::confine() {
+        return failed(format!("cannot confine the worker: {e}"));
     }
     let mut bytes = Vec::new();
     let read = std::io::stdin()
@@ -427,41 +543,36 @@ pub fn worker_main(args: WorkerArgs) -> ExitCode {
         .read_to_end(&mut bytes);
     if read.is_err() || bytes.len() > args.max_module_bytes {
         return answer(
-            &refusal("the module could not be read or is too large"),
+            &refusal(
+                "the module could not be read or is too large",
+                status.as_mut(),
+            ),
             &[],
         );
     }
-    let settings = PluginRuntimeConfig {
-        memory_limit_bytes: args.memory_limit_bytes,
-        ..PluginRuntimeConfig::default()
-    };
-    let engine = match Engine::new(&engine_config(&settings, false)) {
-        Ok(engine) => engine,
-        Err(e) => return answer(&refusal(&format!("engine: {e}")), &[]),
-    };
     let started = Instant::now();
     match engine.precompile_component(&bytes) {
         Ok(artefact) => answer(
             &WorkerHeader {
                 ok: true,
-                error: None,
                 compile_ms: started.elapsed().as_millis() as u64,
-                peak_rss_bytes: peak_rss_bytes(),
+                peak_rss_bytes: peak_rss_bytes(status.as_mut()),
                 artefact_bytes: artefact.len() as u64,
+                input_sha256: super::tenants::digest_of(&bytes),
+                artefact_sha256: super::tenants::digest_of(&artefact),
+                ..WorkerHeader::default()
             },
             &artefact,
         ),
-        Err(e) => answer(&refusal(&format!("{e:#}")), &[]),
+        Err(e) => answer(&refusal(&format!("{e:#}"), status.as_mut()), &[]),
     }
 }
 
-fn refusal(reason: &str) -> WorkerHeader {
+fn refusal(reason: &str, status: Option<&mut std::fs::File>) -> WorkerHeader {
     WorkerHeader {
-        ok: false,
         error: Some(reason.to_owned()),
-        compile_ms: 0,
-        peak_rss_bytes: peak_rss_bytes(),
-        artefact_bytes: 0,
+        peak_rss_bytes: peak_rss_bytes(status),
+        ..WorkerHeader::default()
     }
 }
 

@@ -39,8 +39,49 @@ fn epoch_tick(call_deadline_ms: u64) -> Duration {
     Duration::from_millis((call_deadline_ms / 4).clamp(1, 10))
 }
 
-/// The deadline of setting up an instance, when longer than the call deadline.
+/// The deadline of setting up an instance of an operator's module, when longer than the call
+/// deadline: a language runtime (Python, JavaScript) initialises megabytes of memory when
+/// instantiated. A project's module gets [`TENANT_SETUP_FACTOR`] times the call deadline
+/// instead: it may be set up again after every failed call, and each setup runs on the
+/// project's share of the tenant threads.
 pub const SETUP_DEADLINE_MS: u64 = 1_000;
+
+/// A project's module is set up (instantiated and configured) within this many call
+/// deadlines.
+pub const TENANT_SETUP_FACTOR: u64 = 2;
+
+/// The longest text kept of a module's refusal or of a panic's message, in bytes.
+const MAX_REASON_BYTES: usize = 1024;
+
+/// `text` cleaned of control characters and cut to [`MAX_REASON_BYTES`]: a module writes it.
+fn bounded_reason(text: &str) -> String {
+    let mut end = text.len().min(MAX_REASON_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = if end < text.len() { "…" } else { "" };
+    format!("{}{cut}", plugin_log::clean(&text[..end]))
+}
+
+/// Runs `f`, turning a panic of the host inside it (a host function's bug, a runtime without a
+/// context) into the call's error: the call fails closed and is counted like a trap, and no
+/// panic leaves the call.
+fn guarded<T>(f: impl FnOnce() -> wasmtime::Result<T>) -> wasmtime::Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            Err(wasmtime::format_err!(
+                "the host failed during the call: {}",
+                bounded_reason(&message)
+            ))
+        }
+    }
+}
 
 fn deadline_ticks(call_deadline_ms: u64) -> u64 {
     let tick = epoch_tick(call_deadline_ms).as_millis() as u64;
@@ -200,18 +241,21 @@ impl PolicyEngine {
         deadline_ticks(self.settings.call_deadline_ms)
     }
 
-    /// Ticks until the deadline of setting up an instance (instantiation and `configure`):
-    /// [`SETUP_DEADLINE_MS`] or the call deadline, whichever is longer. A language runtime
-    /// (Python, JavaScript) initialises megabytes of memory when instantiated.
-    fn setup_deadline_ticks(&self) -> u64 {
-        let tick = epoch_tick(self.settings.call_deadline_ms).as_millis() as u64;
-        SETUP_DEADLINE_MS
-            .max(self.settings.call_deadline_ms)
-            .div_ceil(tick)
-            + 1
+    /// Ticks until the deadline of setting up an instance (instantiation and `configure`): for
+    /// an operator's module, [`SETUP_DEADLINE_MS`] or the call deadline, whichever is longer; for
+    /// a project's, [`TENANT_SETUP_FACTOR`] call deadlines.
+    fn setup_deadline_ticks(&self, tenant: bool) -> u64 {
+        let call = self.settings.call_deadline_ms;
+        let tick = epoch_tick(call).as_millis() as u64;
+        let deadline = if tenant {
+            TENANT_SETUP_FACTOR * call
+        } else {
+            SETUP_DEADLINE_MS.max(call)
+        };
+        deadline.div_ceil(tick) + 1
     }
 
-    fn new_store(&self) -> Store<PluginState> {
+    fn new_store(&self, tenant: bool) -> Store<PluginState> {
         let mut store = Store::new(
             &self.engine,
             PluginState {
@@ -221,7 +265,7 @@ impl PolicyEngine {
             },
         );
         store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(self.setup_deadline_ticks());
+        store.set_epoch_deadline(self.setup_deadline_ticks(tenant));
         store
     }
 }
@@ -362,9 +406,8 @@ fn instantiate<W: StageWorld>(
     let failed = |store: &Store<PluginState>, what: &str, e: wasmtime::Error| {
         (classify(store, &e), format!("{what}: {e:#}"))
     };
-    let instance = pre
-        .instantiate(&mut *store)
-        .map_err(|e| failed(store, "instantiation", e))?;
+    let instance =
+        guarded(|| pre.instantiate(&mut *store)).map_err(|e| failed(store, "instantiation", e))?;
     let configure = instance
         .get_typed_func::<(W::Plane, String), (Result<W::Setup, String>,)>(
             &mut *store,
@@ -374,9 +417,9 @@ fn instantiate<W: StageWorld>(
     let decide = instance
         .get_typed_func::<(W::Request<'static>,), (W::Decision,)>(&mut *store, exports.decide)
         .map_err(|e| (FailureKind::Refused, format!("{}: {e:#}", W::DECIDE)))?;
-    match configure.call(&mut *store, (W::plane(plane), config.to_owned())) {
+    match guarded(|| configure.call(&mut *store, (W::plane(plane), config.to_owned()))) {
         Ok((Ok(setup),)) => Ok(Ok((decide, setup))),
-        Ok((Err(reason),)) => Ok(Err(reason)),
+        Ok((Err(reason),)) => Ok(Err(bounded_reason(&reason))),
         Err(e) => Err(failed(store, "configure", e)),
     }
 }
@@ -428,6 +471,8 @@ pub(crate) struct StageModule<W: StageWorld> {
     /// A candidate: its failures drop it alone, never the operator's modules in force.
     judged_alone: AtomicBool,
     stats: super::stats::CallStats,
+    /// A project's module: set up within [`TENANT_SETUP_FACTOR`] call deadlines.
+    tenant: bool,
 }
 
 /// Calls and failures of a module in the current window.
@@ -476,7 +521,8 @@ impl<W: StageWorld> StageModule<W> {
         let pre = linker(&runtime.engine, component)
             .and_then(|linker| linker.instantiate_pre(component))
             .map_err(|e| refuse(FailureKind::Refused, format!("imports: {e:#}")))?;
-        let mut store = runtime.new_store();
+        let tenant = name.starts_with(super::tenants::TENANT_MODULE_PREFIX);
+        let mut store = runtime.new_store(tenant);
         let configured = instantiate::<W>(&pre, &exports, &mut store, plane, &config);
         let log_rate = LogRate::default();
         write_log::<W>(&mut store, plane, &name, &digest, None, &log_rate, &runtime);
@@ -509,6 +555,7 @@ impl<W: StageWorld> StageModule<W> {
             failing: AtomicBool::new(false),
             judged_alone: AtomicBool::new(false),
             stats: super::stats::CallStats::default(),
+            tenant,
         };
         if module.runtime.settings.instance_reuse == InstanceReuse::Pooled {
             module.put_back(Slot { store, decide });
@@ -555,7 +602,7 @@ impl<W: StageWorld> StageModule<W> {
     }
 
     fn new_slot(&self, request_id: Option<&str>) -> Result<Slot<W>, PluginError> {
-        let mut store = self.runtime.new_store();
+        let mut store = self.runtime.new_store(self.tenant);
         let configured = instantiate::<W>(
             &self.pre,
             &self.exports,
@@ -636,11 +683,7 @@ impl<W: StageWorld> StageModule<W> {
         self.failing.store(over, Ordering::Release);
         // A project's own module never rolls back the operator's modules: its failures fail
         // that project's requests only.
-        if failed
-            && over
-            && !self.name.starts_with(super::tenants::TENANT_MODULE_PREFIX)
-            && !self.judged_alone.load(Ordering::Acquire)
-        {
+        if failed && over && !self.tenant && !self.judged_alone.load(Ordering::Acquire) {
             self.runtime
                 .rollback_requested
                 .store(true, Ordering::Release);
@@ -715,7 +758,7 @@ impl<W: StageWorld> StageModule<W> {
         slot.store.data_mut().limiter.memory_exceeded = false;
         slot.store.set_epoch_deadline(self.runtime.deadline_ticks());
         let started = Instant::now();
-        let result = W::call(&slot.decide, &mut slot.store, request);
+        let result = guarded(|| W::call(&slot.decide, &mut slot.store, request));
         let took = started.elapsed();
         if let Some((calls, latency)) = self.call_metrics() {
             calls.inc();
@@ -804,6 +847,36 @@ fn classify(store: &Store<PluginState>, error: &wasmtime::Error) -> FailureKind 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panic_inside_a_call_is_its_error_and_reasons_are_bounded() {
+        let e = guarded::<()>(|| panic!("no reactor running\n{}", "x".repeat(5000)))
+            .expect_err("failed");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("the host failed during the call: no reactor running"),
+            "{text}"
+        );
+        assert!(text.len() < MAX_REASON_BYTES + 100, "{} bytes", text.len());
+        assert!(!text.contains('\n'), "control characters cleaned: {text:?}");
+        assert_eq!(guarded(|| Ok(7)).expect("ran"), 7);
+        assert_eq!(
+            bounded_reason("é".repeat(600).as_str()).chars().count(),
+            513
+        );
+    }
+
+    #[test]
+    fn a_projects_module_is_set_up_within_twice_the_call_deadline() {
+        let settings = PluginRuntimeConfig {
+            call_deadline_ms: 20,
+            ..PluginRuntimeConfig::default()
+        };
+        let engine = PolicyEngine::new(&settings).expect("engine");
+        // Ticks of 5 ms: 40 ms for a project's module, 1 s for the operator's.
+        assert_eq!(engine.setup_deadline_ticks(true), 9);
+        assert_eq!(engine.setup_deadline_ticks(false), 201);
+    }
 
     #[test]
     fn a_call_is_stopped_between_its_deadline_and_one_tick_later() {

@@ -51,9 +51,24 @@ pub fn event(
         digest_before,
         digest_after,
         mode: "enforce".to_owned(),
-        reason,
+        reason: reason.map(|r| bounded(r, MAX_REASON_BYTES)),
         config: None,
     }
+}
+
+/// The longest reason an event keeps, in bytes (a reason may quote a module's error).
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn bounded(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
 }
 
 /// Appends `event`; a store that cannot take it is logged (the change itself stands).

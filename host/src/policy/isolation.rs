@@ -101,15 +101,24 @@ impl TenantPool {
 }
 
 impl TenantPool {
-    /// Runs `call` on the pool when a shadow place and a thread are free at once, without
-    /// waiting for either ([`Busy`] otherwise): a shadow run must never hold up a request. The
-    /// caller does not wait for it.
-    pub fn try_spawn(&self, call: impl FnOnce() + Send + 'static) -> Result<(), Busy> {
+    /// Runs `call` on the pool when a place of `gate` (the project's, for a project's shadow),
+    /// a shadow place and a thread are free at once, without waiting for any ([`Busy`]
+    /// otherwise): a shadow run must never hold up a request, and a project's shadows count
+    /// against its own share like its calls. The caller does not wait for it.
+    pub fn try_spawn(
+        &self,
+        gate: Option<&Arc<Semaphore>>,
+        call: impl FnOnce() + Send + 'static,
+    ) -> Result<(), Busy> {
+        let project = gate
+            .map(|g| g.clone().try_acquire_owned())
+            .transpose()
+            .map_err(|_| Busy)?;
         let shadow = self.shadows.clone().try_acquire_owned().map_err(|_| Busy)?;
         let slot = self.slots.clone().try_acquire_owned().map_err(|_| Busy)?;
         let job: Job = Box::new(move || {
             call();
-            drop((shadow, slot));
+            drop((project, shadow, slot));
         });
         self.jobs.try_send(job).map_err(|_| Busy)
     }
@@ -119,15 +128,29 @@ fn worker(receiver: &Mutex<Receiver<Job>>) {
     if let Err(e) = rustix::process::setpriority_process(None, POOL_NICE) {
         tracing::debug!(error = %e, "tenant module thread keeps the default priority");
     }
+    // A runtime context of its own, never driven: a module's WASI call that would wait (a
+    // clock's pollable, a sleep) registers its timer here, is found not ready at once, and
+    // traps inside the call (counted as a failure) instead of finding no runtime and panicking.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build();
+    let _context = match &runtime {
+        Ok(runtime) => Some(runtime.enter()),
+        Err(e) => {
+            tracing::error!(error = %e, "a tenant module thread has no runtime context");
+            None
+        }
+    };
     loop {
         let job = match receiver.lock() {
             Ok(r) => r.recv(),
             Err(_) => return,
         };
         let Ok(job) = job else { return };
-        // A panic in a call must not take the thread with it.
+        // A call catches the host's panics itself (a failed call); one that escaped must not
+        // take the thread with it.
         if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
-            tracing::error!("a tenant module call panicked in the host");
+            tracing::error!("a tenant module job panicked in the host");
         }
     }
 }
@@ -135,6 +158,7 @@ fn worker(receiver: &Mutex<Receiver<Job>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future as _;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[tokio::test]
@@ -167,7 +191,7 @@ mod tests {
         let pool = Arc::new(TenantPool::new(2, 2, Duration::from_millis(100)));
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
         let (ran_tx, ran_rx) = std::sync::mpsc::channel::<()>();
-        pool.try_spawn(move || {
+        pool.try_spawn(None, move || {
             let _ = ran_tx.send(());
             let _ = release_rx.recv();
         })
@@ -175,19 +199,70 @@ mod tests {
         ran_rx.recv().expect("the shadow ran");
         // Half the threads are for shadows: the next shadow is skipped at once...
         let started = std::time::Instant::now();
-        assert_eq!(pool.try_spawn(|| {}), Err(Busy));
+        assert_eq!(pool.try_spawn(None, || {}), Err(Busy));
         assert!(started.elapsed() < Duration::from_millis(50));
         // ... while a call still finds a thread.
         let gate = pool.project_gate();
         assert_eq!(pool.run(&gate, || 7).await, Ok(7));
         release_tx.send(()).expect("release");
         for _ in 0..100 {
-            if pool.try_spawn(|| {}).is_ok() {
+            if pool.try_spawn(None, || {}).is_ok() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("the shadow place was not given back");
+    }
+
+    #[tokio::test]
+    async fn a_projects_shadows_take_its_gate_and_are_skipped_when_it_is_full() {
+        let pool = Arc::new(TenantPool::new(4, 1, Duration::from_millis(100)));
+        let gate = pool.project_gate();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let (ran_tx, ran_rx) = std::sync::mpsc::channel::<()>();
+        pool.try_spawn(Some(&gate), move || {
+            let _ = ran_tx.send(());
+            let _ = release_rx.recv();
+        })
+        .expect("a free place");
+        ran_rx.recv().expect("the shadow ran");
+        // The project's one place is held by its shadow: its next shadow is skipped, and a
+        // call of the project waits for its place (and is refused at the queue timeout)…
+        assert_eq!(pool.try_spawn(Some(&gate), || {}), Err(Busy));
+        assert_eq!(pool.run(&gate, || 1).await, Err(Busy));
+        // … while another project's shadow and calls still run.
+        let other = pool.project_gate();
+        assert_eq!(pool.run(&other, || 2).await, Ok(2));
+        assert!(pool.try_spawn(Some(&other), || {}).is_ok());
+        release_tx.send(()).expect("release");
+        for _ in 0..100 {
+            if pool.run(&gate, || 3).await == Ok(3) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the project's place was not given back");
+    }
+
+    #[test]
+    fn a_tenant_thread_has_a_runtime_context_for_timers() {
+        let pool = TenantPool::new(1, 1, Duration::from_secs(1));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let gate = pool.project_gate();
+        // A timer made on the thread does not panic (no reactor) and is not ready at once.
+        let pending = rt.block_on(pool.run(&gate, || {
+            let sleep = tokio::time::sleep(Duration::from_secs(60));
+            let mut sleep = std::pin::pin!(sleep);
+            let waker = std::task::Waker::noop();
+            sleep
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(waker))
+                .is_pending()
+        }));
+        assert_eq!(pending, Ok(true));
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ mod bindings;
 pub mod builtin;
 pub mod compile;
 pub mod compile_cache;
+pub mod confine;
 pub mod conformance;
 pub mod engine;
 pub mod history;

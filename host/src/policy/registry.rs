@@ -246,7 +246,7 @@ impl PolicyRegistry {
                         .await;
                     if let Ok(enforced) = &decision {
                         self.tenants
-                            .shadow_cors(candidate, request_id, plane, input, enforced);
+                            .shadow_cors(candidate, &gate, request_id, plane, input, enforced);
                     }
                     return decision;
                 }
@@ -306,7 +306,7 @@ impl PolicyRegistry {
                     let enforced = describe_cors(&decision);
                     let query = CorsQuery::from(input);
                     let runner = c.clone();
-                    self.tenants.spawn_shadow(&c.comparison, move || {
+                    self.tenants.spawn_shadow(&c.comparison, None, move || {
                         let shadow = runner
                             .stage
                             .decide(Some(&compared.request_id), plane, query.input())
@@ -451,6 +451,7 @@ impl PolicyRegistry {
                     if let Ok((enforced, _)) = &decision {
                         self.tenants.shadow_quota(
                             candidate,
+                            &gate,
                             request_id,
                             method,
                             path,
@@ -519,7 +520,7 @@ impl PolicyRegistry {
                     let enforced = describe_quota(&decision);
                     let (method, path, who) = (method.to_owned(), path.to_owned(), actor.clone());
                     let runner = c.clone();
-                    self.tenants.spawn_shadow(&c.comparison, move || {
+                    self.tenants.spawn_shadow(&c.comparison, None, move || {
                         let shadow = runner
                             .stage
                             .decide(

@@ -113,6 +113,11 @@ pub enum PrepareError {
     /// Over `plugins.tenant_max_module_bytes`.
     #[error("the module is {size} bytes; at most {max} are accepted")]
     TooLarge { size: usize, max: usize },
+    /// A configuration over `plugins.max_config_bytes`.
+    #[error(
+        "the stage configuration is {size} bytes as JSON; at most {max} are accepted (plugins.max_config_bytes)"
+    )]
+    ConfigTooLarge { size: usize, max: usize },
     /// The module's fault: invalid, too costly to compile, wrong exports, refused configuration,
     /// failed conformance vectors.
     #[error("{0}")]
@@ -199,6 +204,47 @@ pub enum TenantCallError {
     Busy(#[from] Busy),
 }
 
+/// Why an upload found no place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UploadsBusy {
+    /// The organization has its share of uploads in progress.
+    #[error("this organization already has its share of module uploads in progress; retry shortly")]
+    Organization,
+    /// Every place of the instance is taken.
+    #[error("too many module uploads are in progress; retry shortly")]
+    Instance,
+}
+
+impl UploadsBusy {
+    /// Label value of `aura_tenant_uploads_busy_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            UploadsBusy::Organization => "organization",
+            UploadsBusy::Instance => "instance",
+        }
+    }
+}
+
+/// One upload's place, given back when dropped.
+#[derive(Debug)]
+pub struct UploadPermit {
+    _place: OwnedSemaphorePermit,
+    organization: uuid::Uuid,
+    by_org: Arc<Mutex<HashMap<uuid::Uuid, usize>>>,
+}
+
+impl Drop for UploadPermit {
+    fn drop(&mut self) {
+        let mut by_org = self.by_org.lock().unwrap_or_else(|p| p.into_inner());
+        match by_org.get_mut(&self.organization) {
+            Some(n) if *n > 1 => *n -= 1,
+            _ => {
+                by_org.remove(&self.organization);
+            }
+        }
+    }
+}
+
 /// One project's modules and its concurrency gate.
 #[derive(Debug)]
 struct ProjectModules {
@@ -264,7 +310,12 @@ pub struct TenantPolicies {
     pub compiler: Compiler,
     pool: TenantPool,
     uploads: Arc<Semaphore>,
+    /// Uploads in progress per organization, each at most `uploads_per_org`.
+    uploads_by_org: Arc<Mutex<HashMap<uuid::Uuid, usize>>>,
+    uploads_per_org: usize,
     max_module_bytes: usize,
+    /// `plugins.max_config_bytes`.
+    max_config_bytes: usize,
     /// Load refusals by digest, stage and configuration.
     refused: moka::sync::Cache<String, String>,
     metrics: Metrics,
@@ -296,7 +347,10 @@ impl TenantPolicies {
                 Duration::from_millis(settings.tenant_queue_timeout_ms),
             ),
             uploads: Arc::new(Semaphore::new(settings.tenant_max_concurrent_uploads)),
+            uploads_by_org: Arc::new(Mutex::new(HashMap::new())),
+            uploads_per_org: settings.tenant_max_concurrent_uploads_per_org.max(1),
             max_module_bytes: settings.tenant_max_module_bytes,
+            max_config_bytes: settings.max_config_bytes,
             refused: moka::sync::Cache::builder()
                 .max_capacity(10_000)
                 .time_to_live(Duration::from_secs(settings.tenant_refused_retry_secs))
@@ -408,6 +462,7 @@ impl TenantPolicies {
     pub fn shadow_cors(
         &self,
         shadow: Arc<Installed>,
+        gate: &Arc<Semaphore>,
         request_id: Option<&str>,
         plane: Plane,
         input: CorsInput<'_>,
@@ -421,7 +476,7 @@ impl TenantPolicies {
         let query = CorsQuery::from(input);
         let request_id = compared.request_id.clone();
         let runner = shadow.clone();
-        self.spawn_shadow(comparison, move || {
+        self.spawn_shadow(comparison, Some(gate), move || {
             let TenantModule::Cors(stage) = &runner.module else {
                 return;
             };
@@ -501,6 +556,7 @@ impl TenantPolicies {
     pub fn shadow_quota(
         &self,
         shadow: Arc<Installed>,
+        gate: &Arc<Semaphore>,
         request_id: Option<&str>,
         method: &str,
         path: &str,
@@ -516,7 +572,7 @@ impl TenantPolicies {
         let (method, path, actor) = (method.to_owned(), path.to_owned(), actor.clone());
         let request_id = compared.request_id.clone();
         let runner = shadow.clone();
-        self.spawn_shadow(comparison, move || {
+        self.spawn_shadow(comparison, Some(gate), move || {
             let TenantModule::Quota(stage) = &runner.module else {
                 return;
             };
@@ -530,18 +586,48 @@ impl TenantPolicies {
         });
     }
 
-    /// Runs a shadow's `job` on the tenant pool when a shadow place and a thread are free at
-    /// once; counts a skip in `comparison` otherwise. Nothing waits for it.
-    pub fn spawn_shadow(&self, comparison: &Comparison, job: impl FnOnce() + Send + 'static) {
-        if self.pool.try_spawn(job).is_err() {
+    /// Runs a shadow's `job` on the tenant pool when a place of `gate` (a project's shadow:
+    /// the project's own share), a shadow place and a thread are free at once; counts a skip in
+    /// `comparison` otherwise. Nothing waits for it.
+    pub fn spawn_shadow(
+        &self,
+        comparison: &Comparison,
+        gate: Option<&Arc<Semaphore>>,
+        job: impl FnOnce() + Send + 'static,
+    ) {
+        if self.pool.try_spawn(gate, job).is_err() {
             comparison.skipped();
         }
     }
 
-    /// A place for one upload, or `None` when `plugins.tenant_max_concurrent_uploads` are in
-    /// progress.
-    pub fn upload_permit(&self) -> Option<OwnedSemaphorePermit> {
-        self.uploads.clone().try_acquire_owned().ok()
+    /// A place for one upload of `organization`, or why not: its organization already has
+    /// `plugins.tenant_max_concurrent_uploads_per_org` in progress, or every one of the
+    /// instance's `plugins.tenant_max_concurrent_uploads` is taken.
+    pub fn upload_permit(&self, organization: uuid::Uuid) -> Result<UploadPermit, UploadsBusy> {
+        let mut by_org = self
+            .uploads_by_org
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let held = by_org.get(&organization).copied().unwrap_or(0);
+        if held >= self.uploads_per_org {
+            return Err(UploadsBusy::Organization);
+        }
+        let place = self
+            .uploads
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| UploadsBusy::Instance)?;
+        by_org.insert(organization, held + 1);
+        Ok(UploadPermit {
+            _place: place,
+            organization,
+            by_org: self.uploads_by_org.clone(),
+        })
+    }
+
+    /// `plugins.max_config_bytes`.
+    pub fn max_config_bytes(&self) -> usize {
+        self.max_config_bytes
     }
 
     /// Compiles and checks a module for `stage` of `project`; the module is not put in force.
@@ -556,6 +642,12 @@ impl TenantPolicies {
             return Err(PrepareError::TooLarge {
                 size: bytes.len(),
                 max: self.max_module_bytes,
+            });
+        }
+        if config.len() > self.max_config_bytes {
+            return Err(PrepareError::ConfigTooLarge {
+                size: config.len(),
+                max: self.max_config_bytes,
             });
         }
         let digest = digest_of(bytes);

@@ -79,6 +79,40 @@ pub struct HttpTransport {
     pub postgrest_targets: Arc<super::targets::TargetAllowList>,
     /// Open WebSocket tunnels.
     pub tunnels: super::tunnels::Tunnels,
+    /// Each listener's budget of long-lived exchanges (`server.max_streams`): data, management.
+    streams: [StreamBudget; 2],
+}
+
+/// One listener's budget of long-lived exchanges: a request to an HTTP backend holds a place
+/// from before its backend connection is made until its answer's body (or its tunnel) ends, so
+/// that an HTTP/2 connection multiplexing streams cannot hold more backend connections than
+/// the budget whatever `server.max_connections` says.
+#[derive(Debug, Clone)]
+struct StreamBudget {
+    places: Arc<tokio::sync::Semaphore>,
+    size: usize,
+    refused: prometheus::IntCounter,
+}
+
+impl StreamBudget {
+    fn new(size: usize, plane: crate::plane::Plane, metrics: &crate::metrics::Metrics) -> Self {
+        Self {
+            places: Arc::new(tokio::sync::Semaphore::new(size)),
+            size,
+            refused: metrics.streams_refused.with_label_values(&[plane.as_str()]),
+        }
+    }
+
+    fn take(&self) -> Result<tokio::sync::OwnedSemaphorePermit, GatewayError> {
+        self.places.clone().try_acquire_owned().map_err(|_| {
+            self.refused.inc();
+            GatewayError::unavailable(
+                "too_many_streams",
+                "this listener has its most long-lived exchanges open (server.max_streams); retry shortly",
+            )
+            .retry_after(Duration::from_secs(1))
+        })
+    }
 }
 
 impl HttpTransport {
@@ -86,8 +120,10 @@ impl HttpTransport {
     /// plus `upstreams.tls`); `opened` counts the connections they open, by backend.
     pub fn new(
         config: &UpstreamsConfig,
-        opened: prometheus::IntCounterVec,
+        max_streams: usize,
+        metrics: &crate::metrics::Metrics,
     ) -> Result<Self, crate::tls::TlsError> {
+        let opened = metrics.upstream_connections_opened.clone();
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
         connector.set_nodelay(true);
@@ -117,7 +153,17 @@ impl HttpTransport {
                     .unwrap_or_default(),
             ),
             tunnels: super::tunnels::Tunnels::default(),
+            streams: [
+                StreamBudget::new(max_streams, crate::plane::Plane::Data, metrics),
+                StreamBudget::new(max_streams, crate::plane::Plane::Management, metrics),
+            ],
         })
+    }
+
+    /// Long-lived exchanges open now on `plane`'s listener.
+    pub fn streams_open(&self, plane: crate::plane::Plane) -> usize {
+        let budget = &self.streams[usize::from(plane == crate::plane::Plane::Management)];
+        budget.size - budget.places.available_permits()
     }
 
     /// The backend of a dedicated PostgREST target (checked against the allow-list first).
@@ -136,6 +182,9 @@ impl HttpTransport {
         actor: &Actor,
         deadline: Instant,
     ) -> Result<Response, GatewayError> {
+        // Before the breaker and the backend: a request over the budget costs neither.
+        let place =
+            self.streams[usize::from(actor.plane == crate::plane::Plane::Management)].take()?;
         let probe = breaker.try_acquire_probe().map_err(|r| {
             GatewayError::unavailable(
                 "circuit_open",
@@ -176,15 +225,23 @@ impl HttpTransport {
 
         // The answer's body streams (from its pooled connection) under the idle limit.
         let idle = self.idle;
+        // The place goes with the answer's body (held until it is done or dropped), or with
+        // the tunnel of an upgrade.
+        let mut place = Some(place);
         let sent = if upgrade {
             // Boxed: a rare case whose state would make every request's future larger.
             tokio::time::timeout_at(deadline, Box::pin(backend.pool.send_upgrade(upstream)))
                 .await
                 .map(|r| r.map(|response| response.map(|b| Body::new(IdleBody::new(b, idle)))))
         } else {
+            let place = place.take();
             tokio::time::timeout_at(deadline, backend.pool.send(upstream))
                 .await
-                .map(|r| r.map(|response| response.map(|b| Body::new(IdleBody::new(b, idle)))))
+                .map(|r| {
+                    r.map(|response| {
+                        response.map(|b| Body::new(IdleBody::new(b, idle).holding(place)))
+                    })
+                })
         };
         let mut response = match sent {
             // The budget ran out: delivery unknown, the probe goes back unconsumed.
@@ -236,7 +293,7 @@ impl HttpTransport {
             };
             let upstream_upgrade = hyper::upgrade::on(&mut response);
             // The tunnel keeps its client connection's slot and ends within the shutdown grace.
-            self.tunnels.spawn(slot, async move {
+            self.tunnels.spawn(slot, place.take(), async move {
                 match tokio::try_join!(client_upgrade, upstream_upgrade) {
                     Ok((client, upstream)) => {
                         pump(TokioIo::new(client), TokioIo::new(upstream), idle).await;
@@ -252,6 +309,10 @@ impl HttpTransport {
             return Ok(out);
         }
 
+        if let Some(place) = place {
+            // An upgrade the backend refused: its answer's body holds the place.
+            response = response.map(|body| Body::new(super::Holding::new(body, place)));
+        }
         strip_hop_by_hop(response.headers_mut());
         // Room for the phases' headers at once, instead of the map growing twice on their way.
         response

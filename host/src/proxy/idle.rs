@@ -26,6 +26,8 @@ pub struct IdleBody<B> {
     timer: Option<Pin<Box<Sleep>>>,
     /// Whether the timer's deadline counts from the current wait.
     armed: bool,
+    /// The exchange's place in its listener's stream budget, given back with the body.
+    _place: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl<B> IdleBody<B> {
@@ -36,7 +38,14 @@ impl<B> IdleBody<B> {
             idle,
             timer: None,
             armed: false,
+            _place: None,
         }
+    }
+
+    /// The body holding `place` (a stream budget's) until it is dropped.
+    pub fn holding(mut self, place: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
+        self._place = place;
+        self
     }
 }
 

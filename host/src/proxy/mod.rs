@@ -23,6 +23,41 @@ use crate::phases::context::RouteContext;
 use crate::policy::stages::{DbEngine, DbRoute, ProjectDb, Topology};
 use crate::state::AppState;
 
+/// An answer's body holding something until the body is done or dropped: a place in a budget,
+/// the count of an open stream.
+#[derive(Debug)]
+pub struct Holding<G> {
+    body: Body,
+    _held: G,
+}
+
+impl<G> Holding<G> {
+    /// `body`, holding `held`.
+    pub fn new(body: Body, held: G) -> Self {
+        Self { body, _held: held }
+    }
+}
+
+impl<G: Send + Unpin + 'static> http_body::Body for Holding<G> {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// A route handler forwarding to `service` over NATS.
 pub fn nats_route(service: Service) -> MethodRouter<AppState> {
     any(

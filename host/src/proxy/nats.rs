@@ -202,6 +202,18 @@ impl NatsTransport {
         self.client.publish(subject, payload).await
     }
 
+    /// Publishes `payload` with `headers` on `subject` (fire and forget).
+    pub async fn publish_with_headers(
+        &self,
+        subject: String,
+        headers: async_nats::HeaderMap,
+        payload: bytes::Bytes,
+    ) -> Result<(), async_nats::PublishError> {
+        self.client
+            .publish_with_headers(subject, headers, payload)
+            .await
+    }
+
     /// Subscribes to `subject`; the client resubscribes after a reconnection.
     pub async fn subscribe(
         &self,

@@ -1,7 +1,8 @@
 //! Upgraded connections (WebSocket tunnels) after the handshake.
 //!
 //! A tunnel outlives the HTTP exchange that opened it, so it is accounted for on its own: it
-//! keeps the connection slot of its client connection (`server.max_connections`) until it ends,
+//! keeps the connection slot of its client connection (`server.max_connections`) and its place
+//! in the listener's stream budget (`server.max_streams`) until it ends,
 //! and it is tracked so that shutdown waits for tunnels at most the rest of
 //! `server.shutdown_grace_secs`, then closes those still open.
 
@@ -26,10 +27,12 @@ pub struct Tunnels {
 }
 
 impl Tunnels {
-    /// Runs `pump` as a tunnel holding `slot`, until it ends or shutdown closes it.
+    /// Runs `pump` as a tunnel holding `slot` and its place in the listener's stream budget,
+    /// until it ends or shutdown closes it.
     pub fn spawn(
         &self,
         slot: Option<ConnectionSlot>,
+        place: Option<OwnedSemaphorePermit>,
         pump: impl Future<Output = ()> + Send + 'static,
     ) {
         let cancel = self.cancel.clone();
@@ -40,7 +43,7 @@ impl Tunnels {
                     tracing::debug!("tunnel closed by shutdown");
                 }
             }
-            drop(slot);
+            drop((slot, place));
         });
     }
 

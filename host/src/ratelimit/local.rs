@@ -210,7 +210,7 @@ where
         let bucket = match self.hot.get(hash, rule.bucket.as_str(), now) {
             Some(b) if same(&b) => b,
             _ => {
-                let ticket = self.hot.ticket();
+                let ticket = self.hot.ticket(hash);
                 let bucket = match self.buckets.get(rule.bucket.as_str()) {
                     Some(b) if same(&b) => b,
                     _ => {

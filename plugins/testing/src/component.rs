@@ -18,6 +18,7 @@ use exports::aura::gateway::cors::{CorsAllow, CorsDecision, CorsRequest, Guest};
 struct Component;
 
 static TRAP_ALWAYS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static ECHO_ALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn recurse(depth: u64, pad: [u64; 32]) -> u64 {
     let mut next = black_box(pad);
@@ -34,12 +35,32 @@ impl Guest for Component {
         }
         let trap = value.get("trap_always") == Some(&serde_json::Value::Bool(true));
         TRAP_ALWAYS.store(trap, std::sync::atomic::Ordering::Relaxed);
+        let echo = value.get("echo_all") == Some(&serde_json::Value::Bool(true));
+        ECHO_ALL.store(echo, std::sync::atomic::Ordering::Relaxed);
+        // Set up slowly from a moment on: every instance made after it spins in `configure`.
+        if let Some(after) = value
+            .get("spin_configure_after_ms")
+            .and_then(serde_json::Value::as_u64)
+        {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            if now >= after {
+                let mut n: u64 = 0;
+                loop {
+                    n = black_box(n.wrapping_add(1));
+                }
+            }
+        }
         Ok(())
     }
 
     fn decide(request: CorsRequest) -> CorsDecision {
         if TRAP_ALWAYS.load(std::sync::atomic::Ordering::Relaxed) {
             std::process::abort();
+        }
+        if ECHO_ALL.load(std::sync::atomic::Ordering::Relaxed) {
+            return echo(request.origin);
         }
         match behaviour(&request.origin) {
             Behaviour::Trap => std::process::abort(),

@@ -349,6 +349,14 @@ impl ControlStore for CountingStore {
     ) -> Result<Vec<aura_gateway::control::PolicyEventRecord>, StoreError> {
         self.inner.policy_events(project_ref, stage, limit).await
     }
+    async fn policy_event_of(
+        &self,
+        project_ref: Option<&str>,
+        stage: &str,
+        digest: &str,
+    ) -> Result<Option<aura_gateway::control::PolicyEventRecord>, StoreError> {
+        self.inner.policy_event_of(project_ref, stage, digest).await
+    }
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
         let records = self.inner.project_policies().await;
         let hold = self.hold.lock().expect("lock").take();

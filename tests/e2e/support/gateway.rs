@@ -99,6 +99,7 @@ pub fn test_config(nats_url: &str, prefix: &str) -> Config {
     let mut config = Config::default();
     config.nats.url = nats_url.to_owned();
     config.nats.subject_prefix = prefix.to_owned();
+    config.nats.fleet_secret = Some(FLEET_SECRET.into());
     config.log.level = "warn".into();
     config.metrics.token = Some("test-metrics-token-0123456789".into());
     config.plugins.call_deadline_ms = 2_000;
@@ -242,6 +243,23 @@ pub fn serve_binary(
     Process::serve(&config, dir)
 }
 
+/// A gateway binary over a new [`super::fixture::Fixture`]'s records in a new folder, with
+/// `extra_toml` (see [`serve_binary`]).
+pub struct Started {
+    pub gw: Process,
+    pub fx: super::fixture::Fixture,
+    /// Kept for the test's life: the gateway's files.
+    pub dir: tempfile::TempDir,
+}
+
+/// Starts a [`Started`] gateway.
+pub fn start_binary(extra_toml: &str) -> Started {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = super::fixture::Fixture::new();
+    let gw = serve_binary(dir.path(), &fx, "", extra_toml);
+    Started { gw, fx, dir }
+}
+
 /// Sends SIGTERM to a gateway process.
 pub fn terminate(child: &Child) {
     let pid = child.id().to_string();
@@ -342,7 +360,8 @@ pub fn console_client() -> reqwest::Client {
 
 /// Writes `fx`'s control file (plus `extra_records`) and a configuration for the gateway binary
 /// in `dir`: loopback, NATS at `nats_url` under `prefix`, the test secrets, per-IP limits out of
-/// the way, then `extra_toml` (tables of its own). Returns the config path.
+/// the way, then `extra_toml` (tables of its own; when it has a `[control]` table, that one is
+/// the store's instead of the control file). Returns the config path.
 pub fn binary_config(
     dir: &Path,
     fx: &super::fixture::Fixture,
@@ -365,11 +384,9 @@ level = "info"
 [nats]
 url = "{nats_url}"
 subject_prefix = "{prefix}"
+fleet_secret = "{FLEET_SECRET}"
 
-[control]
-file = "control.toml"
-reload_interval_ms = 200
-
+{control}
 [metrics]
 token = "{METRICS_TOKEN}"
 
@@ -391,11 +408,19 @@ burst = 1000000
 "#,
         user = super::fixture::USER_SECRET,
         console = super::fixture::CONSOLE_SECRET,
+        control = if extra_toml.contains("[control]") {
+            ""
+        } else {
+            "[control]\nfile = \"control.toml\"\nreload_interval_ms = 200\n"
+        },
     );
     let path = dir.join("gateway.toml");
     std::fs::write(&path, config).expect("config");
     path
 }
+
+/// The fleet secret of the test configurations (change events on NATS are signed with it).
+pub const FLEET_SECRET: &str = "test-fleet-secret-0123456789abcdef0123456789";
 
 /// The metrics token of the test configurations.
 pub const METRICS_TOKEN: &str = "test-metrics-token-0123456789";
@@ -463,4 +488,24 @@ pub fn raw_exchange(addr: impl std::net::ToSocketAddrs, raw: &[u8]) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The events of a file store's policy history under `dir` (every project's and the operator's,
+/// every stage: one line each in `policy-history/<scope>/<stage>.jsonl`).
+pub fn file_history_lines(dir: &Path) -> usize {
+    let root = dir.join(aura_gateway::control::file_history::DIR);
+    let Ok(scopes) = std::fs::read_dir(&root) else {
+        return 0;
+    };
+    scopes
+        .flatten()
+        .filter_map(|scope| std::fs::read_dir(scope.path()).ok())
+        .flat_map(|files| files.flatten())
+        .filter(|f| f.path().extension().is_some_and(|x| x == "jsonl"))
+        .map(|f| {
+            std::fs::read_to_string(f.path())
+                .map(|t| t.lines().count())
+                .unwrap_or(0)
+        })
+        .sum()
 }

@@ -5,9 +5,11 @@
 
 pub mod fixture;
 pub mod gateway;
+pub mod h2raw;
 pub mod nats_server;
 pub mod otlp;
 pub mod outage;
+pub mod pg_counter;
 pub mod pki;
 pub mod postgres;
 pub mod redis_server;

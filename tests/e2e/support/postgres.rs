@@ -72,21 +72,27 @@ impl TestDatabase {
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
-        let admin = admin_url();
-        let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                if let Ok(mut conn) = PgConnection::connect(&admin).await {
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .execute(&mut conn)
-                        .await;
-                }
-            });
-        })
-        .join();
+        run_as_admin(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ));
     }
+}
+
+/// Runs `sql` on the administrative connection, from any context (a drop included), best
+/// effort.
+pub fn run_as_admin(sql: String) {
+    let admin = admin_url();
+    let _ = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            if let Ok(mut conn) = PgConnection::connect(&admin).await {
+                let _ = sqlx::query(&sql).execute(&mut conn).await;
+            }
+        });
+    })
+    .join();
 }

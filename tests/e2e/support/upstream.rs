@@ -43,12 +43,7 @@ impl Recorder {
     /// Starts one on an ephemeral port.
     pub async fn start() -> Self {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let app = Self::app(seen.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let addr = serve_http(Self::app(seen.clone())).await;
         Self {
             url: format!("http://{addr}"),
             seen,
@@ -98,6 +93,16 @@ impl Recorder {
     pub fn clear(&self) {
         self.seen.lock().expect("lock").clear();
     }
+}
+
+/// Serves `app` over HTTP on an ephemeral port of 127.0.0.1; returns its address.
+pub async fn serve_http(app: Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
 }
 
 /// Serves `app` over HTTPS with `tls` on an ephemeral port of 127.0.0.1; returns the port.
@@ -154,4 +159,71 @@ pub async fn websocket_echo() -> String {
         }
     });
     format!("http://{addr}")
+}
+
+/// A backend whose every answer is a Server-Sent Events stream that never ends: one event, then
+/// silence. It counts the streams it has open (each one a backend connection of the gateway's)
+/// and the most it ever had open at once.
+#[derive(Clone)]
+pub struct SseBackend {
+    pub url: String,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One open stream of an [`SseBackend`]: counted until its body is dropped.
+struct OpenStream {
+    open: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl SseBackend {
+    /// Starts one on an ephemeral port.
+    pub async fn start() -> Self {
+        use std::sync::atomic::Ordering;
+        let open: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let most: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let (o, m) = (open.clone(), most.clone());
+        let app = Router::new().fallback(move || {
+            let (open, most) = (o.clone(), m.clone());
+            async move {
+                let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                let guard = OpenStream { open };
+                let events = futures::stream::once(async {
+                    Ok::<_, std::convert::Infallible>(bytes::Bytes::from_static(b"data: hi\n\n"))
+                })
+                .chain(futures::stream::pending())
+                .map(move |item| {
+                    let _ = &guard;
+                    item
+                });
+                (
+                    [(http::header::CONTENT_TYPE, "text/event-stream")],
+                    axum::body::Body::from_stream(events),
+                )
+            }
+        });
+        let addr = serve_http(app).await;
+        Self {
+            url: format!("http://{addr}"),
+            open,
+            most,
+        }
+    }
+
+    /// Streams open now.
+    pub fn open(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The most streams it had open at once.
+    pub fn most(&self) -> usize {
+        self.most.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }

@@ -1,0 +1,291 @@
+//! A project's modules under attack on the tenant threads, through the real binary: a shadow
+//! that spins, a module that waits, a module that sets up slowly once in force, and one
+//! organization taking every upload place.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use reqwest::StatusCode;
+use tokio::io::AsyncWriteExt;
+
+use crate::support::fixture::console_token;
+use crate::support::gateway::{Process, Started, metric, start_binary};
+
+fn testing_module() -> String {
+    base64::engine::general_purpose::STANDARD
+        .encode(std::fs::read(aura_gateway::policy::builtin::TESTING_PLUGIN_PATH).expect("module"))
+}
+
+async fn install(gw: &Process, token: &str, project: &str, body: serde_json::Value) {
+    let r = reqwest::Client::new()
+        .put(gw.mgmt_url(&format!("/v1/projects/{project}/policies/cors")))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .expect("upload");
+    let status = r.status();
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        r.text().await.unwrap_or_default()
+    );
+}
+
+/// `GET /health` with `key` from `origin`: the project's CORS module decides.
+async fn from_origin(gw: &Process, key: &str, origin: &str) -> (StatusCode, String, Duration) {
+    let started = Instant::now();
+    let r = reqwest::Client::new()
+        .get(gw.data_url("/health"))
+        .header("apikey", key)
+        .header("origin", origin)
+        .send()
+        .await
+        .expect("answer");
+    let status = r.status();
+    (
+        status,
+        r.text().await.unwrap_or_default(),
+        started.elapsed(),
+    )
+}
+
+fn p90(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples
+        .get(samples.len() * 9 / 10)
+        .copied()
+        .unwrap_or_default()
+}
+
+/// A project whose shadow spins to the deadline on every request, next to its own module, used
+/// to hold every tenant thread (the shadow did not count against the project's share): the
+/// other projects' module calls waited and failed `503 policy_busy`. A shadow now takes the
+/// project's own place, and is skipped when there is none.
+#[tokio::test]
+async fn a_projects_shadow_takes_its_own_share_never_the_other_projects_threads() {
+    let Started { gw, fx, dir: _dir } = start_binary(
+        "[plugins]\ncall_deadline_ms = 300\ntenant_threads = 2\ntenant_max_concurrent_calls = 1\ntenant_queue_timeout_ms = 100\n",
+    );
+    let module = testing_module();
+    let admin = console_token(fx.admin);
+    // Alpha's module answers at once; its shadow (the same module, hostile origins on) spins.
+    install(
+        &gw,
+        &admin,
+        "alpha",
+        serde_json::json!({ "module": module, "config": { "echo_all": true } }),
+    )
+    .await;
+    install(
+        &gw,
+        &admin,
+        "alpha",
+        serde_json::json!({ "module": module, "mode": "shadow" }),
+    )
+    .await;
+    install(
+        &gw,
+        &console_token(fx.outsider),
+        "other",
+        serde_json::json!({ "module": module }),
+    )
+    .await;
+    // Alpha: eight clients whose every request spins its shadow.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut flood = Vec::new();
+    for _ in 0..8 {
+        let (url, key, stop) = (gw.data_url("/health"), fx.anon_key.clone(), stop.clone());
+        flood.push(tokio::spawn(async move {
+            let c = reqwest::Client::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = c
+                    .get(&url)
+                    .header("apikey", &key)
+                    .header("origin", "https://loop.test")
+                    .send()
+                    .await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The other project's module keeps a thread.
+    let mut latencies = Vec::new();
+    for i in 0..30 {
+        let (status, body, took) =
+            from_origin(&gw, &fx.other_project_key, "https://b.example").await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "request {i} of the other project: {body}"
+        );
+        latencies.push(took);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in flood {
+        let _ = task.await;
+    }
+    eprintln!(
+        "the other project's p90 while alpha's module and shadow spin: {:?}",
+        p90(latencies)
+    );
+    let text = gw.metrics().await;
+    assert!(
+        metric(
+            &text,
+            "aura_policy_shadow_runs_total",
+            &["stage=\"cors\"", "outcome=\"skipped\""]
+        ) >= 1.0,
+        "alpha's shadows found its place taken: {text}"
+    );
+}
+
+/// A module that waits (a WASI sleep) used to panic its tenant thread ("no reactor running"):
+/// `503 policy_busy`, the failure not counted, a canary never judged failing, and the panic's
+/// text on stderr past the log's limits. It traps inside its deadline now, like any failure.
+#[tokio::test]
+async fn a_module_that_waits_traps_within_its_deadline_and_a_waiting_canary_is_dropped() {
+    let Started { gw, fx, dir: _dir } = start_binary(
+        "[plugins]\ncall_deadline_ms = 500\nrollback_min_calls = 5\nrollback_window_secs = 60\n",
+    );
+    let module = testing_module();
+    install(
+        &gw,
+        &console_token(fx.admin),
+        "alpha",
+        serde_json::json!({ "module": module }),
+    )
+    .await;
+    let (status, body, took) = from_origin(&gw, &fx.anon_key, "https://sleep.test").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert!(body.contains("policy_failed"), "{body}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let text = gw.metrics().await;
+    assert!(
+        metric(
+            &text,
+            "aura_plugin_failures_total",
+            &["stage=\"cors\"", "kind=\"trap\""]
+        ) >= 1.0,
+        "the failure is counted: {text}"
+    );
+
+    // The same module as a canary for every actor of another project: dropped for failing.
+    let outsider = console_token(fx.outsider);
+    install(
+        &gw,
+        &outsider,
+        "other",
+        serde_json::json!({ "module": module, "mode": "canary", "percent": 100 }),
+    )
+    .await;
+    for _ in 0..8 {
+        let _ = from_origin(&gw, &fx.other_project_key, "https://sleep.test").await;
+    }
+    let started = Instant::now();
+    loop {
+        let r = reqwest::Client::new()
+            .get(gw.mgmt_url("/v1/projects/other/policies/cors"))
+            .bearer_auth(&outsider)
+            .send()
+            .await
+            .expect("answer");
+        if r.status() == StatusCode::NOT_FOUND {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the waiting canary was not dropped: {}",
+            r.text().await.unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = gw.log_text();
+    assert!(!log.contains("no reactor running"), "{log}");
+    assert!(!log.contains("panicked at"), "{log}");
+}
+
+/// After a failed call a project's module is set up again for the next; its setup used to get
+/// a second (fifty call deadlines) on a tenant thread. It gets twice the call deadline.
+#[tokio::test]
+async fn a_projects_module_is_set_up_within_twice_its_call_deadline() {
+    let Started { gw, fx, dir: _dir } = start_binary("[plugins]\ncall_deadline_ms = 100\n");
+    let slow_from = aura_gateway::changes::now_millis() + 3_000;
+    install(
+        &gw,
+        &console_token(fx.admin),
+        "alpha",
+        serde_json::json!({
+            "module": testing_module(),
+            "config": { "spin_configure_after_ms": slow_from },
+        }),
+    )
+    .await;
+    let (status, _, _) = from_origin(&gw, &fx.anon_key, "https://a.example").await;
+    assert_eq!(status, StatusCode::OK);
+    while aura_gateway::changes::now_millis() < slow_from + 100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A trap discards the instance; the next call sets one up, which now spins in configure.
+    let (status, _, _) = from_origin(&gw, &fx.anon_key, "https://trap.test").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let (status, body, took) = from_origin(&gw, &fx.anon_key, "https://a.example").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    eprintln!("a setup that spins was stopped after {took:?} (call deadline 100 ms)");
+    assert!(took < Duration::from_millis(800), "{took:?}");
+}
+
+/// Two upload places per instance used to be shared by every organization: one tenant holding
+/// both kept every other at `503 uploads_busy`. An organization takes at most its share.
+#[tokio::test]
+async fn upload_places_are_shared_between_organizations() {
+    let Started { gw, fx, dir: _dir } = start_binary(
+        "[plugins]\ntenant_max_concurrent_uploads = 2\ntenant_max_concurrent_uploads_per_org = 1\n",
+    );
+    // Organization A holds a place with an upload whose body never ends.
+    let mut held = tokio::net::TcpStream::connect(("127.0.0.1", gw.management_port))
+        .await
+        .expect("connect");
+    held.write_all(
+        format!(
+            "PUT /v1/projects/alpha/policies/cors HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {}\r\n\
+             content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n5\r\n{{\"mod\r\n",
+            console_token(fx.admin)
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let module = testing_module();
+    let r = reqwest::Client::new()
+        .put(gw.mgmt_url("/v1/projects/beta/policies/cors"))
+        .bearer_auth(console_token(fx.admin))
+        .json(&serde_json::json!({ "module": module }))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = r.text().await.unwrap_or_default();
+    assert!(
+        body.contains("uploads_busy") && body.contains("organization"),
+        "{body}"
+    );
+    // Organization B still uploads.
+    install(
+        &gw,
+        &console_token(fx.outsider),
+        "other",
+        serde_json::json!({ "module": module }),
+    )
+    .await;
+    assert!(
+        metric(
+            &gw.metrics().await,
+            "aura_tenant_uploads_busy_total",
+            &["scope=\"organization\""]
+        ) >= 1.0
+    );
+    drop(held);
+}
