@@ -586,8 +586,10 @@ impl LogCursor {
 }
 
 /// Listens to `aura_control_changes` and reads the change log on each notification (at most
-/// every [`LOG_READ_SPACING`]); reconnects after a second when the connection is lost.
+/// every [`LOG_READ_SPACING`]); reconnects when the connection is lost, after a second, and
+/// after up to 30 s while it keeps failing (a store without the change log: `migrate` first).
 async fn listen_postgres(weak: WeakState, pool: sqlx::PgPool) {
+    let mut backoff = Duration::from_secs(1);
     loop {
         match sqlx::postgres::PgListener::connect_with(&pool).await {
             Ok(mut listener) => {
@@ -595,6 +597,7 @@ async fn listen_postgres(weak: WeakState, pool: sqlx::PgPool) {
                     tracing::warn!(error = %e, "change events: LISTEN failed");
                 } else if let Some(cursor) = start_reading(&weak, &pool).await {
                     tracing::info!("change events: listening to PostgreSQL");
+                    backoff = Duration::from_secs(1);
                     if !follow(&weak, &pool, &mut listener, cursor).await {
                         return;
                     }
@@ -607,7 +610,8 @@ async fn listen_postgres(weak: WeakState, pool: sqlx::PgPool) {
         if weak.upgrade().is_none() {
             return;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 

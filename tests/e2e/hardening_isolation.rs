@@ -59,10 +59,12 @@ fn p90(mut samples: Vec<Duration>) -> Duration {
         .unwrap_or_default()
 }
 
-/// A project whose shadow spins to the deadline on every request, next to its own module, used
-/// to hold every tenant thread (the shadow did not count against the project's share): the
-/// other projects' module calls waited and failed `503 policy_busy`. A shadow now takes the
-/// project's own place, and is skipped when there is none.
+/// A project whose shadow spins to the deadline on every request used to run it outside the
+/// project's share (only half the tenant threads bounded shadows): with its own module's calls
+/// beside them, one project held every tenant thread and the others' calls waited (victim p90
+/// 4.2 → 17.7 ms). A shadow now takes a place of the project's own share — while it runs, the
+/// project's next call waits for that place like any other — and is skipped when there is none;
+/// the other projects keep their threads.
 #[tokio::test]
 async fn a_projects_shadow_takes_its_own_share_never_the_other_projects_threads() {
     let Started { gw, fx, dir: _dir } = start_binary(
@@ -70,7 +72,8 @@ async fn a_projects_shadow_takes_its_own_share_never_the_other_projects_threads(
     );
     let module = testing_module();
     let admin = console_token(fx.admin);
-    // Alpha's module answers at once; its shadow (the same module, hostile origins on) spins.
+    // Alpha's module answers at once; its shadow (the same module, hostile origins on) spins
+    // to the deadline on `loop.test`.
     install(
         &gw,
         &admin,
@@ -89,10 +92,22 @@ async fn a_projects_shadow_takes_its_own_share_never_the_other_projects_threads(
         &gw,
         &console_token(fx.outsider),
         "other",
-        serde_json::json!({ "module": module }),
+        serde_json::json!({ "module": module, "config": { "echo_all": true } }),
     )
     .await;
-    // Alpha: eight clients whose every request spins its shadow.
+    let (status, body, _) = from_origin(&gw, &fx.anon_key, "https://loop.test").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Its shadow now spins in alpha's one place: alpha's next call finds none.
+    let (status, body, _) = from_origin(&gw, &fx.anon_key, "https://loop.test").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("policy_busy"), "{body}");
+    let (status, body, _) = from_origin(&gw, &fx.other_project_key, "https://b.example").await;
+    assert_eq!(status, StatusCode::OK, "another project's call: {body}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, body, _) = from_origin(&gw, &fx.anon_key, "https://loop.test").await;
+    assert_eq!(status, StatusCode::OK, "alpha's place is back: {body}");
+
+    // Under a flood of alpha's spinning shadows, the other project's calls keep a thread.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut flood = Vec::new();
     for _ in 0..8 {
@@ -110,7 +125,6 @@ async fn a_projects_shadow_takes_its_own_share_never_the_other_projects_threads(
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // The other project's module keeps a thread.
     let mut latencies = Vec::new();
     for i in 0..30 {
         let (status, body, took) =
@@ -127,17 +141,8 @@ async fn a_projects_shadow_takes_its_own_share_never_the_other_projects_threads(
         let _ = task.await;
     }
     eprintln!(
-        "the other project's p90 while alpha's module and shadow spin: {:?}",
+        "the other project's p90 while alpha's shadows spin: {:?}",
         p90(latencies)
-    );
-    let text = gw.metrics().await;
-    assert!(
-        metric(
-            &text,
-            "aura_policy_shadow_runs_total",
-            &["stage=\"cors\"", "outcome=\"skipped\""]
-        ) >= 1.0,
-        "alpha's shadows found its place taken: {text}"
     );
 }
 

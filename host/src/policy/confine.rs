@@ -40,8 +40,18 @@ pub struct Confinement {
     pub seccomp: bool,
 }
 
-/// Confines the calling process (see the module documentation). Call while it has one thread.
+/// Confines the calling process (see the module documentation). It must have one thread: the
+/// user and group are changed for the calling thread only, so a second thread would keep the
+/// privileges (refused, naming the count).
 pub fn confine() -> Result<Confinement, String> {
+    let threads = std::fs::read_dir("/proc/self/task")
+        .map(|tasks| tasks.count())
+        .map_err(|e| format!("cannot count the worker's threads: {e}"))?;
+    if threads != 1 {
+        return Err(format!(
+            "the worker has {threads} threads before its confinement; it must have one"
+        ));
+    }
     let root = rustix::process::geteuid().is_root();
     let network_namespace = leave_the_network(root);
     if root {
@@ -176,8 +186,9 @@ fn install_filter() -> Result<(), String> {
     let program: seccompiler::BpfProgram = filter
         .try_into()
         .map_err(|e| format!("system call filter: {e}"))?;
-    // Sets `no_new_privs` first: the filter, and the dropped privileges, hold for good.
-    seccompiler::apply_filter(&program).map_err(|e| format!("system call filter: {e}"))
+    // Sets `no_new_privs` first: the filter, and the dropped privileges, hold for good. On every
+    // thread (there is one), and on every thread started later (they inherit it).
+    seccompiler::apply_filter_all_threads(&program).map_err(|e| format!("system call filter: {e}"))
 }
 
 /// What `--check-sandbox` found: the confinement, and the outcome of each forbidden operation
