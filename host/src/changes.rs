@@ -638,43 +638,74 @@ async fn start_reading(weak: &WeakState, pool: &sqlx::PgPool) -> Option<LogCurso
 }
 
 /// Follows notifications until the connection is lost (true) or the state is gone (false).
+///
+/// Receiving and reading are apart: notifications are taken as fast as they come and only
+/// wake the reader, which reads the log at most every [`LOG_READ_SPACING`] — however many
+/// notifications arrived meanwhile, one read covers them.
 async fn follow(
     weak: &WeakState,
     pool: &sqlx::PgPool,
     listener: &mut sqlx::postgres::PgListener,
-    mut cursor: LogCursor,
+    cursor: LogCursor,
 ) -> bool {
-    let mut last_read = tokio::time::Instant::now() - LOG_READ_SPACING;
+    let cursor = std::sync::Arc::new(tokio::sync::Mutex::new(cursor));
+    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let reader = tokio::spawn(read_when_woken(
+        weak.clone(),
+        pool.clone(),
+        cursor.clone(),
+        wake.clone(),
+    ));
     // `None` or an error: the connection was lost; reconnect.
-    while let Ok(Some(notification)) = listener.try_recv().await {
-        let Some(state) = weak.upgrade() else {
-            return false;
+    let lost = loop {
+        let Ok(Some(notification)) = listener.try_recv().await else {
+            break true;
         };
-        if !worth_a_read(&state, &cursor, notification.payload()) {
-            continue;
+        let Some(state) = weak.upgrade() else {
+            break false;
+        };
+        // While a read is in progress, a new notification is worth the next one.
+        let worth = match cursor.try_lock() {
+            Ok(cursor) => worth_a_read(&state, &cursor, notification.payload()),
+            Err(_) => is_row_id(&state, notification.payload()),
+        };
+        if worth {
+            wake.notify_one();
         }
-        // However many notifications arrive, the log is read at most every LOG_READ_SPACING,
-        // and one read covers every notification already received.
-        tokio::time::sleep_until(last_read + LOG_READ_SPACING).await;
-        while let Some(more) = listener.next_buffered() {
-            worth_a_read(&state, &cursor, more.payload());
-        }
-        last_read = tokio::time::Instant::now();
-        read_log(&state, pool, &mut cursor).await;
+    };
+    reader.abort();
+    lost
+}
+
+/// Reads the log each time it is woken, then waits [`LOG_READ_SPACING`] before the next.
+async fn read_when_woken(
+    weak: WeakState,
+    pool: sqlx::PgPool,
+    cursor: std::sync::Arc<tokio::sync::Mutex<LogCursor>>,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+) {
+    loop {
+        wake.notified().await;
+        let Some(state) = weak.upgrade() else { return };
+        read_log(&state, &pool, &mut *cursor.lock().await).await;
+        drop(state);
+        tokio::time::sleep(LOG_READ_SPACING).await;
     }
-    true
+}
+
+/// Whether a payload is a row id (what the triggers send); anything else is refused and counted.
+fn is_row_id(state: &AppState, payload: &str) -> bool {
+    let ok = payload.parse::<i64>().is_ok_and(|id| id > 0);
+    if !ok {
+        state.fleet.refuse("postgres", "invalid");
+    }
+    ok
 }
 
 /// Whether a notification's payload may bring a row not read yet. The triggers send a row id
 /// and nothing else; anything else is not theirs (refused and counted).
 fn worth_a_read(state: &AppState, cursor: &LogCursor, payload: &str) -> bool {
-    match payload.parse::<i64>() {
-        Ok(id) if id > 0 => cursor.may_be_new(id),
-        _ => {
-            state.fleet.refuse("postgres", "invalid");
-            false
-        }
-    }
+    is_row_id(state, payload) && payload.parse::<i64>().is_ok_and(|id| cursor.may_be_new(id))
 }
 
 /// Reads and applies the rows of the log past the cursor (and the gaps it waits for).

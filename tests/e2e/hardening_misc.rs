@@ -158,7 +158,8 @@ async fn ready_checks_reach_the_store_at_most_once_a_second() {
     let pings = counter.statements() - before;
     eprintln!("{answered} /ready answers in 1.5 s cost {pings} store statements");
     assert!(answered > 20, "{answered}");
-    assert!(pings <= 3, "{pings} statements");
+    // Two checks at most in 1.5 s (each at most two statements: the pool's ping, the query).
+    assert!(pings <= 6, "{pings} statements");
 }
 
 /// `rediss://…#insecure` turned off certificate checks silently; it is refused, naming the key.

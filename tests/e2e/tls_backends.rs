@@ -170,7 +170,9 @@ token = "{METRICS_TOKEN}"
         String::from_utf8_lossy(&check.stderr)
     );
     assert!(
-        !printed.contains("warning:"),
+        !printed
+            .lines()
+            .any(|l| l.starts_with("warning:") && l.contains("plain text")),
         "TLS hops warned about: {printed}"
     );
 
@@ -452,9 +454,14 @@ redis_url = "redis://:hunter2-password@cache.internal:6379/0"
     assert!(out.status.success(), "{printed}");
     let warnings: Vec<&str> = printed
         .lines()
-        .filter(|l| l.starts_with("warning:"))
+        .filter(|l| l.starts_with("warning:") && l.contains("plain text"))
         .collect();
     assert_eq!(warnings.len(), 3, "{printed}");
+    // And the fleet's change events, off without a shared secret.
+    assert!(
+        printed.contains("warning: nats.fleet_secret is not set"),
+        "{printed}"
+    );
     assert!(
         warnings
             .iter()
