@@ -181,35 +181,42 @@ impl Comparison {
     /// Records one shadow run: the enforced decision's text and the shadow's (`Err`: the shadow
     /// call failed, with its failure kind).
     pub fn record(&self, request: Compared, enforced: String, shadow: Result<String, String>) {
-        self.compared.fetch_add(1, Ordering::Relaxed);
-        if let Some(series) = self.series.get() {
-            series.compared.inc();
-        }
+        // Counted under the sample's lock, after the sample: a report never shows a
+        // disagreement whose entry is not there yet.
+        let mut sample = self.sample.lock().unwrap_or_else(|p| p.into_inner());
         let shadow = match shadow {
-            Ok(text) if text == enforced => return,
+            Ok(text) if text == enforced => {
+                self.count_compared();
+                return;
+            }
             Ok(text) => text,
             Err(kind) => {
                 self.failures.fetch_add(1, Ordering::Relaxed);
                 format!("failed ({kind})")
             }
         };
-        self.disagreements.fetch_add(1, Ordering::Relaxed);
-        if let Some(series) = self.series.get() {
-            series.disagreements.inc();
+        if sample.len() == SAMPLE_KEPT {
+            sample.pop_front();
         }
-        let entry = Disagreement {
+        sample.push_back(Disagreement {
             at: Utc::now(),
             request_id: request.request_id,
             method: request.method,
             path: request.path,
             enforced: bounded(&enforced),
             shadow: bounded(&shadow),
-        };
-        if let Ok(mut sample) = self.sample.lock() {
-            if sample.len() == SAMPLE_KEPT {
-                sample.pop_front();
-            }
-            sample.push_back(entry);
+        });
+        self.disagreements.fetch_add(1, Ordering::Relaxed);
+        if let Some(series) = self.series.get() {
+            series.disagreements.inc();
+        }
+        self.count_compared();
+    }
+
+    fn count_compared(&self) {
+        self.compared.fetch_add(1, Ordering::Relaxed);
+        if let Some(series) = self.series.get() {
+            series.compared.inc();
         }
     }
 
@@ -223,16 +230,14 @@ impl Comparison {
 
     /// The counts and the sample, newest first.
     pub fn report(&self) -> ShadowReport {
+        // The counters read under the sample's lock: they agree with the sample.
+        let sample = self.sample.lock().unwrap_or_else(|p| p.into_inner());
         ShadowReport {
             compared: self.compared.load(Ordering::Relaxed),
             disagreements: self.disagreements.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
             skipped: self.skipped.load(Ordering::Relaxed),
-            sample: self
-                .sample
-                .lock()
-                .map(|s| s.iter().rev().cloned().collect())
-                .unwrap_or_default(),
+            sample: sample.iter().rev().cloned().collect(),
         }
     }
 }
@@ -399,6 +404,33 @@ impl ShadowMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_never_counts_a_disagreement_its_sample_does_not_hold_yet() {
+        let comparison = Arc::new(Comparison::new(None));
+        let writer = {
+            let comparison = comparison.clone();
+            std::thread::spawn(move || {
+                for i in 0..20_000 {
+                    comparison.record(
+                        Compared::new(Some(&i.to_string()), "GET", "/"),
+                        "allow".into(),
+                        Ok("deny".into()),
+                    );
+                }
+            })
+        };
+        while !writer.is_finished() {
+            let report = comparison.report();
+            assert_eq!(
+                report.sample.len() as u64,
+                report.disagreements.min(SAMPLE_KEPT as u64)
+            );
+            assert_eq!(report.compared, report.disagreements);
+        }
+        writer.join().expect("writer");
+        assert_eq!(comparison.report().sample.len(), SAMPLE_KEPT);
+    }
 
     #[test]
     fn the_canary_share_is_stable_and_near_its_percent() {
