@@ -815,7 +815,8 @@ mod tests {
         assert_eq!(receiver.accept(&other, Some(&other_signed), now), None);
         assert_eq!(refused(&receiver, "bad_signature"), 2);
         // Too old (or ahead): refused, whatever its signature.
-        let late = now + MAX_EVENT_AGE.as_millis() as u64 + 1;
+        // (Signed a moment after `now`: a second past the bound, whatever the moment.)
+        let late = now + MAX_EVENT_AGE.as_millis() as u64 + 1_000;
         assert_eq!(receiver.accept(&next, Some(&next_signed), late), None);
         assert_eq!(refused(&receiver, "stale"), 1);
         assert_eq!(
