@@ -1,5 +1,8 @@
 //! Listeners: two TCP listeners, one per plane, served concurrently over one state, with a
-//! header-read timeout (slowloris guard), a connection cap, and a bounded graceful shutdown.
+//! deadline on everything before a connection's first request (TLS handshake, protocol
+//! detection, an HTTP/2 connection's first stream), hyper's header-read timeout for each
+//! HTTP/1.1 head (slowloris guard), an idle timeout and a PING budget for HTTP/2, a connection
+//! cap, load shedding, and a bounded graceful shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -673,5 +676,58 @@ pub async fn shutdown_signal() -> StopSignal {
             tracing::info!("SIGTERM received");
             StopSignal::Terminate
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_bytes_tell_http2_only_once_they_are_the_whole_preface() {
+        assert_eq!(protocol_of(b""), None);
+        assert_eq!(
+            protocol_of(b"P"),
+            None,
+            "PRI or POST, PUT, PATCH: not known yet"
+        );
+        assert_eq!(protocol_of(b"PO"), Some(Protocol::Http1));
+        assert_eq!(protocol_of(b"GET / HTTP/1.1\r\n"), Some(Protocol::Http1));
+        assert_eq!(protocol_of(&H2_PREFACE[..23]), None);
+        assert_eq!(protocol_of(H2_PREFACE), Some(Protocol::Http2));
+        let mut request = H2_PREFACE.to_vec();
+        request.extend_from_slice(b"\0\0\0\x04");
+        assert_eq!(protocol_of(&request), Some(Protocol::Http2));
+        // `PRI * HTTP/2.0` with anything else after it is not the preface.
+        assert_eq!(
+            protocol_of(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"),
+            Some(Protocol::Http1)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_http2_connection_is_idle_only_without_streams_and_from_the_last_one() {
+        let streams = Streams::default();
+        let first = tokio::time::Instant::now() + Duration::from_secs(10);
+        let idle = Duration::from_secs(60);
+        // No stream by the first deadline: idle then.
+        let started = tokio::time::Instant::now();
+        streams.idle(first, idle).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        // A stream open holds it for as long as it lasts; the idle time counts from its end.
+        let open = streams.open();
+        let watcher = {
+            let streams = streams.clone();
+            tokio::spawn(async move {
+                let from = tokio::time::Instant::now();
+                streams.idle(from, idle).await;
+                from.elapsed()
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert!(!watcher.is_finished(), "idle while a stream is open");
+        drop(open);
+        let lived = watcher.await.expect("watcher");
+        assert_eq!(lived, Duration::from_secs(360));
     }
 }
