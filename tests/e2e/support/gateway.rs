@@ -142,7 +142,10 @@ impl Process {
         const ATTEMPTS: u32 = 5;
         for attempt in 1..=ATTEMPTS {
             let port = super::free_port();
-            let management_port = super::free_port();
+            // Two picks can name the same port (it is free until bound): pick again.
+            let management_port = std::iter::repeat_with(super::free_port)
+                .find(|p| *p != port)
+                .expect("a second free port");
             let log = dir.join("gateway.log");
             let child = Command::new(binary())
                 .arg("serve")
