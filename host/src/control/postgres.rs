@@ -331,8 +331,8 @@ impl ControlStore for PostgresStore {
     ) -> Result<Vec<PolicyEventRecord>, StoreError> {
         // Never the configuration: a listing reads the small columns only (a configuration is
         // read by `policy_event_of`, one at a time).
-        let rows: Vec<EventRow> = sqlx::query_as(
-            "SELECT at, actor, project_ref, stage, plane, action, digest_before, digest_after, mode, reason, NULL::text \
+        let rows: Vec<PolicyEventRecord> = sqlx::query_as(
+            "SELECT at, actor, project_ref, stage, plane, action, digest_before, digest_after, mode, reason, NULL::text AS config \
              FROM aura_control.policy_events \
              WHERE project_ref IS NOT DISTINCT FROM $1 AND ($2::text IS NULL OR stage = $2) \
              ORDER BY id DESC LIMIT $3",
@@ -343,7 +343,7 @@ impl ControlStore for PostgresStore {
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        Ok(rows.into_iter().map(event_of).collect())
+        Ok(rows)
     }
 
     async fn policy_event_of(
@@ -352,7 +352,7 @@ impl ControlStore for PostgresStore {
         stage: &str,
         digest: &str,
     ) -> Result<Option<PolicyEventRecord>, StoreError> {
-        let row: Option<EventRow> = sqlx::query_as(
+        let row: Option<PolicyEventRecord> = sqlx::query_as(
             "SELECT at, actor, project_ref, stage, plane, action, digest_before, digest_after, mode, reason, config \
              FROM aura_control.policy_events \
              WHERE project_ref IS NOT DISTINCT FROM $1 AND stage = $2 AND digest_after = $3 \
@@ -364,7 +364,7 @@ impl ControlStore for PostgresStore {
         .fetch_optional(&self.pool)
         .await
         .map_err(unavailable)?;
-        Ok(row.map(event_of))
+        Ok(row)
     }
 
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
@@ -495,50 +495,6 @@ impl ControlStore for PostgresStore {
 
     fn postgres_pool(&self) -> Option<sqlx::PgPool> {
         Some(self.pool.clone())
-    }
-}
-
-type EventRow = (
-    DateTime<Utc>,
-    String,
-    Option<String>,
-    String,
-    String,
-    String,
-    Option<String>,
-    Option<String>,
-    String,
-    Option<String>,
-    Option<String>,
-);
-
-fn event_of(
-    (
-        at,
-        actor,
-        project_ref,
-        stage,
-        plane,
-        action,
-        digest_before,
-        digest_after,
-        mode,
-        reason,
-        config,
-    ): EventRow,
-) -> PolicyEventRecord {
-    PolicyEventRecord {
-        at,
-        actor,
-        project_ref,
-        stage,
-        plane,
-        action,
-        digest_before,
-        digest_after,
-        mode,
-        reason,
-        config,
     }
 }
 

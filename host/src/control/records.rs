@@ -214,7 +214,7 @@ pub struct PolicyCandidateRecord {
 
 /// One change of a policy module in force (`aura_control.policy_events`): the audit trail and
 /// the history a rollback picks from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyEventRecord {
     pub at: DateTime<Utc>,
