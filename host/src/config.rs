@@ -2265,6 +2265,51 @@ mod tests {
     }
 
     #[test]
+    fn the_hardening_keys_are_validated_naming_the_key() {
+        let refused = |edit: &dyn Fn(&mut Config), key: &str| {
+            let mut config = Config::default();
+            edit(&mut config);
+            let err = config.validate(None).expect_err(key);
+            assert_eq!(err.key, key, "{}", err.problem);
+        };
+        refused(
+            &|c| c.nats.fleet_secret = Some("short".into()),
+            "nats.fleet_secret",
+        );
+        refused(
+            &|c| c.control.change_min_interval_ms = 0,
+            "control.change_min_interval_ms",
+        );
+        refused(&|c| c.server.max_streams = Some(0), "server.max_streams");
+        refused(
+            &|c| c.server.http2_idle_timeout_ms = 0,
+            "server.http2_idle_timeout_ms",
+        );
+        refused(
+            &|c| c.server.http2_keep_alive_timeout_ms = 0,
+            "server.http2_keep_alive_timeout_ms",
+        );
+        refused(
+            &|c| c.plugins.max_config_bytes = 1,
+            "plugins.max_config_bytes",
+        );
+        refused(
+            &|c| c.plugins.tenant_max_concurrent_uploads_per_org = 3,
+            "plugins.tenant_max_concurrent_uploads_per_org",
+        );
+        refused(
+            &|c| {
+                c.data_plane.plugins.cors.config = serde_json::json!({ "pad": "x".repeat(70_000) });
+            },
+            "data_plane.plugins.cors.config",
+        );
+        let mut config = Config::default();
+        config.nats.fleet_secret = Some("0123456789abcdef0123456789abcdef".into());
+        assert!(config.validate(None).is_ok());
+        assert_eq!(config.server.stream_budget(), config.server.max_connections);
+    }
+
+    #[test]
     fn a_redis_url_turning_off_certificate_checks_is_refused() {
         let mut config = Config::default();
         config.rate_limit.redis_url = Some("rediss://cache:6380/#insecure".into());

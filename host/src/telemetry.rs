@@ -164,20 +164,7 @@ const MAX_PANIC_BYTES: usize = 1024;
 /// (a policy call's) is still logged once here.
 pub fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
-        let payload = info.payload();
-        let message = payload
-            .downcast_ref::<&str>()
-            .copied()
-            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-            .unwrap_or("a panic");
-        let mut end = message.len().min(MAX_PANIC_BYTES);
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        let message: String = message[..end]
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
+        let (message, truncated) = panic_text(info.payload(), MAX_PANIC_BYTES);
         let thread = std::thread::current();
         tracing::error!(
             thread = thread.name().unwrap_or("-"),
@@ -185,16 +172,49 @@ pub fn install_panic_hook() {
                 .location()
                 .map(|l| format!("{}:{}", l.file(), l.line())),
             message,
-            truncated = end < payload_len(payload),
+            truncated,
             "panic"
         );
     }));
 }
 
-fn payload_len(payload: &(dyn std::any::Any + Send)) -> usize {
-    payload
+/// A panic's message (`"a panic"` when it is not text), control characters replaced by spaces,
+/// cut to at most `max` bytes at a character boundary; and whether it was cut.
+pub fn panic_text(payload: &(dyn std::any::Any + Send), max: usize) -> (String, bool) {
+    let message = payload
         .downcast_ref::<&str>()
-        .map(|s| s.len())
-        .or_else(|| payload.downcast_ref::<String>().map(String::len))
-        .unwrap_or(0)
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic");
+    let mut end = message.len().min(max);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let text = message[..end]
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    (text, end < message.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panics_text_is_cleaned_and_bounded() {
+        let long: Box<dyn std::any::Any + Send> =
+            Box::new(format!("line\nforged {}", "é".repeat(2000)));
+        let (text, truncated) = panic_text(long.as_ref(), MAX_PANIC_BYTES);
+        assert!(truncated);
+        assert!(text.len() <= MAX_PANIC_BYTES, "{} bytes", text.len());
+        assert!(text.starts_with("line forged "), "{text:?}");
+        let short: Box<dyn std::any::Any + Send> = Box::new("boom");
+        assert_eq!(panic_text(short.as_ref(), 16), ("boom".to_owned(), false));
+        let other: Box<dyn std::any::Any + Send> = Box::new(7u8);
+        assert_eq!(
+            panic_text(other.as_ref(), 16),
+            ("a panic".to_owned(), false)
+        );
+    }
 }

@@ -70,14 +70,9 @@ fn guarded<T>(f: impl FnOnce() -> wasmtime::Result<T>) -> wasmtime::Result<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(result) => result,
         Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".to_owned());
+            let (message, _) = crate::telemetry::panic_text(panic.as_ref(), MAX_REASON_BYTES);
             Err(wasmtime::format_err!(
-                "the host failed during the call: {}",
-                bounded_reason(&message)
+                "the host failed during the call: {message}"
             ))
         }
     }
