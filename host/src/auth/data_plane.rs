@@ -10,8 +10,9 @@ use crate::actor::{Actor, Role};
 use crate::control::{ApiKeyRecord, KeyRole};
 use crate::error::GatewayError;
 use crate::plane::Plane;
+use crate::policy::ApiKeyStage;
+use crate::policy::registry::PolicyRegistry;
 use crate::policy::stages::{KeyDecision, KeyRole as StageKeyRole, KeySource};
-use crate::policy::{ApiKeyStage, PluginError};
 
 /// Paths that need no API key: liveness, the JWKS, sign-up, and `/metrics` (which has its own
 /// guard).
@@ -119,8 +120,9 @@ async fn refuse_secret_query_keys(
     Ok(())
 }
 
-/// Authenticates a data-plane request. `on_plugin_error` turns a failed stage call into the
-/// fail-closed answer.
+/// Authenticates a data-plane request; `stage` is the `api-key` module in force of the request's
+/// policy snapshot, and a failed call of it is answered by `registry` (fail closed, and a
+/// rollback when the module fails too often).
 ///
 /// `Authorization` is read by the one bearer parser: malformed or duplicated, the request is
 /// refused; a bearer equal to the API key is removed; any other bearer is verified as a user
@@ -129,9 +131,9 @@ async fn refuse_secret_query_keys(
 /// gateway answers that path itself).
 pub async fn authenticate(
     auth: &Authenticator,
+    registry: &PolicyRegistry,
     stage: &ApiKeyStage,
     parts: &mut Parts,
-    on_plugin_error: impl Fn(&PluginError) -> GatewayError,
 ) -> Result<Actor, GatewayError> {
     let token = bearer(&parts.headers)
         .map_err(malformed_authorization)?
@@ -149,7 +151,7 @@ pub async fn authenticate(
             &parts.uri,
             &parts.headers,
         )
-        .map_err(|e| on_plugin_error(&e))?;
+        .map_err(|e| registry.plugin_failed(stage, &e))?;
     let mut actor = Actor::unauthenticated(Plane::Data);
     let credential = match decision {
         KeyDecision::Refuse(reason) => return Err(invalid_key(&reason)),

@@ -32,10 +32,7 @@ pub async fn authenticate(
                     cx.policies.data.api_key.as_ref().ok_or_else(|| {
                         GatewayError::internal("the data plane has no api-key stage")
                     })?;
-                data_plane::authenticate(&state.auth, stage, &mut parts, |e| {
-                    state.policies.plugin_failed(e)
-                })
-                .await?
+                data_plane::authenticate(&state.auth, &state.policies, stage, &mut parts).await?
             }
             Plane::Management => management::authenticate(&state.auth, &mut parts).await?,
         };

@@ -102,7 +102,6 @@ pub struct PolicyEngine {
     engine: Engine,
     settings: PluginRuntimeConfig,
     metrics: std::sync::OnceLock<crate::metrics::Metrics>,
-    rollback_requested: AtomicBool,
     ticker_stop: Arc<AtomicBool>,
     ticker: Mutex<Option<JoinHandle<()>>>,
     /// Loaded modules per metric series (plane, stage, digest): a series is removed when the
@@ -143,7 +142,6 @@ impl PolicyEngine {
             engine,
             settings: settings.clone(),
             metrics: std::sync::OnceLock::new(),
-            rollback_requested: AtomicBool::new(false),
             ticker_stop,
             ticker: Mutex::new(Some(ticker)),
             series: Mutex::new(std::collections::HashMap::new()),
@@ -198,11 +196,6 @@ impl PolicyEngine {
     /// Metric series of loaded modules (plane, stage, digest).
     pub fn series_count(&self) -> usize {
         self.series.lock().map(|s| s.len()).unwrap_or(0)
-    }
-
-    /// Whether a module crossed its failure threshold since the last call (and clears it).
-    pub fn take_rollback_request(&self) -> bool {
-        self.rollback_requested.swap(false, Ordering::AcqRel)
     }
 
     /// The runtime settings.
@@ -463,11 +456,24 @@ pub(crate) struct StageModule<W: StageWorld> {
     health: Mutex<Health>,
     /// Whether the failure share of the current window is over the rollback threshold.
     failing: AtomicBool,
-    /// A candidate: its failures drop it alone, never the operator's modules in force.
-    judged_alone: AtomicBool,
     stats: super::stats::CallStats,
-    /// A project's module: set up within [`TENANT_SETUP_FACTOR`] call deadlines.
-    tenant: bool,
+    /// Whose module it is: a project's is set up within [`TENANT_SETUP_FACTOR`] call deadlines.
+    owner: Owner,
+}
+
+/// Whose module a loaded module is, told by the one who loads it.
+///
+/// The registry acts on a failing module by its owner ([`super::registry`]): the operator's
+/// module in force is rolled back to the previous set, a candidate is dropped alone, a project's
+/// module fails that project's requests only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// A module of the operator's configuration, in force.
+    Operator,
+    /// An operator's candidate, tried next to the module in force.
+    Candidate,
+    /// A module a project installed.
+    Tenant,
 }
 
 /// Calls and failures of a module in the current window.
@@ -499,6 +505,7 @@ impl<W: StageWorld> StageModule<W> {
         digest: String,
         component: &Component,
         config: String,
+        owner: Owner,
     ) -> Result<Self, PluginError> {
         let refuse = |kind: FailureKind, reason: String| PluginError::Load {
             stage: W::STAGE,
@@ -516,8 +523,7 @@ impl<W: StageWorld> StageModule<W> {
         let pre = linker(&runtime.engine, component)
             .and_then(|linker| linker.instantiate_pre(component))
             .map_err(|e| refuse(FailureKind::Refused, format!("imports: {e:#}")))?;
-        let tenant = name.starts_with(super::tenants::TENANT_MODULE_PREFIX);
-        let mut store = runtime.new_store(tenant);
+        let mut store = runtime.new_store(owner == Owner::Tenant);
         let configured = instantiate::<W>(&pre, &exports, &mut store, plane, &config);
         let log_rate = LogRate::default();
         write_log::<W>(&mut store, plane, &name, &digest, None, &log_rate, &runtime);
@@ -548,9 +554,8 @@ impl<W: StageWorld> StageModule<W> {
                 failures: 0,
             }),
             failing: AtomicBool::new(false),
-            judged_alone: AtomicBool::new(false),
             stats: super::stats::CallStats::default(),
-            tenant,
+            owner,
         };
         if module.runtime.settings.instance_reuse == InstanceReuse::Pooled {
             module.put_back(Slot { store, decide });
@@ -597,7 +602,7 @@ impl<W: StageWorld> StageModule<W> {
     }
 
     fn new_slot(&self, request_id: Option<&str>) -> Result<Slot<W>, PluginError> {
-        let mut store = self.runtime.new_store(self.tenant);
+        let mut store = self.runtime.new_store(self.owner == Owner::Tenant);
         let configured = instantiate::<W>(
             &self.pre,
             &self.exports,
@@ -652,13 +657,8 @@ impl<W: StageWorld> StageModule<W> {
         self.failing.load(Ordering::Acquire)
     }
 
-    /// Marks the module as a candidate: failing too often no longer asks for the rollback of
-    /// the operator's modules.
-    pub(crate) fn judge_alone(&self, alone: bool) {
-        self.judged_alone.store(alone, Ordering::Release);
-    }
-
-    /// Counts a call outcome; a failure share over the threshold asks for a rollback.
+    /// Counts a call outcome. The registry reads [`Self::failing`] when a call fails and acts
+    /// by where the module sits (in force, candidate, a project's).
     fn record_outcome(&self, failed: bool) {
         let settings = &self.runtime.settings;
         let Ok(mut health) = self.health.lock() else {
@@ -676,13 +676,6 @@ impl<W: StageWorld> StageModule<W> {
         let over = health.calls >= settings.rollback_min_calls
             && health.failures as f64 / health.calls as f64 > settings.rollback_failure_ratio;
         self.failing.store(over, Ordering::Release);
-        // A project's own module never rolls back the operator's modules: its failures fail
-        // that project's requests only.
-        if failed && over && !self.tenant && !self.judged_alone.load(Ordering::Acquire) {
-            self.runtime
-                .rollback_requested
-                .store(true, Ordering::Release);
-        }
     }
 
     /// This module's call counter and latency histogram, looked up once (a labelled lookup

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
-pub use engine::PolicyEngine;
+pub use engine::{Owner, PolicyEngine};
 pub use stages::{ApiKeyStage, CorsStage, DbRoutingStage, QuotaStage};
 
 use crate::config::{self, Config, StageConfig};
@@ -372,8 +372,12 @@ impl Policies {
                     $sc.candidate.as_deref().and_then(StageConfig::trial),
                 ) {
                     (Some(c), Some(trial)) => {
-                        let loaded = $wrapper::load(runtime, $plane, load($plane, $stage, c)?)?;
-                        loaded.judge_alone(true);
+                        let loaded = $wrapper::load(
+                            runtime,
+                            $plane,
+                            load($plane, $stage, c)?,
+                            Owner::Candidate,
+                        )?;
                         Some(Arc::new(rollout::Candidate::new(loaded, trial)))
                     }
                     _ => None,
@@ -389,21 +393,25 @@ impl Policies {
                 runtime,
                 dp,
                 load(dp, Stage::ApiKey, &d.api_key)?,
+                Owner::Operator,
             )?)),
             cors: Arc::new(CorsStage::load(
                 runtime,
                 dp,
                 load(dp, Stage::Cors, &d.cors)?,
+                Owner::Operator,
             )?),
             quota: Arc::new(QuotaStage::load(
                 runtime,
                 dp,
                 load(dp, Stage::Quota, &d.quota)?,
+                Owner::Operator,
             )?),
             db_routing: Arc::new(DbRoutingStage::load(
                 runtime,
                 dp,
                 load(dp, Stage::DbRouting, &d.db_routing)?,
+                Owner::Operator,
             )?),
             cors_candidate: candidate!(CorsStage, dp, Stage::Cors, d.cors),
             quota_candidate: candidate!(QuotaStage, dp, Stage::Quota, d.quota),
@@ -416,16 +424,19 @@ impl Policies {
                 runtime,
                 mp,
                 load(mp, Stage::Cors, &m.cors)?,
+                Owner::Operator,
             )?),
             quota: Arc::new(QuotaStage::load(
                 runtime,
                 mp,
                 load(mp, Stage::Quota, &m.quota)?,
+                Owner::Operator,
             )?),
             db_routing: Arc::new(DbRoutingStage::load(
                 runtime,
                 mp,
                 load(mp, Stage::DbRouting, &m.db_routing)?,
+                Owner::Operator,
             )?),
             cors_candidate: candidate!(CorsStage, mp, Stage::Cors, m.cors),
             quota_candidate: candidate!(QuotaStage, mp, Stage::Quota, m.quota),
@@ -436,33 +447,28 @@ impl Policies {
         })
     }
 
-    /// Starts new failure windows for every module (when put in force), and marks which are
-    /// judged alone: the candidates, not the modules in force (a module promoted then rolled
-    /// back is a candidate again).
+    /// Starts new failure windows for every module (when put in force).
     pub fn reset_health(&self) {
         for p in [&self.data, &self.management] {
             if let Some(a) = &p.api_key {
                 a.reset_health();
             }
             p.cors.reset_health();
-            p.cors.judge_alone(false);
             p.quota.reset_health();
-            p.quota.judge_alone(false);
             p.db_routing.reset_health();
             if let Some(c) = &p.cors_candidate {
                 c.stage.reset_health();
-                c.stage.judge_alone(true);
             }
             if let Some(c) = &p.quota_candidate {
                 c.stage.reset_health();
-                c.stage.judge_alone(true);
             }
         }
     }
 
     /// These policies with `plane`'s candidate for `stage` as its module in force (the
     /// candidate slot emptied); `None` when there is no candidate being tried. Put in force with
-    /// [`Policies::reset_health`], which judges the promoted module with the others again.
+    /// [`Policies::reset_health`]: from then on the registry treats the promoted module as the
+    /// module in force (rolled back when it fails too often), because that is where it sits.
     pub fn promoted(&self, plane: Plane, stage: Stage) -> Option<Policies> {
         let p = self.plane(plane);
         let mut next = PlanePolicies {

@@ -175,11 +175,12 @@ impl PolicyRegistry {
         true
     }
 
-    /// The fail-closed answer to a failed call of an operator module (counted and logged by the
-    /// runtime). A swapped-in module failing too often is replaced by the previous set here.
-    pub fn plugin_failed(&self, error: &PluginError) -> GatewayError {
+    /// The fail-closed answer to a failed call of `module`, the operator's module in force for
+    /// its stage (the call was counted and logged by the runtime). When it now fails too often,
+    /// the previous set is put back in force here, where the failure happens.
+    pub fn plugin_failed(&self, module: &impl Tried, error: &PluginError) -> GatewayError {
         let before = self.current.load_full();
-        if self.runtime.take_rollback_request() && self.roll_back() {
+        if module.failing_too_often() && self.roll_back() {
             self.record(super::history::operator_changes(
                 &before,
                 &self.current.load(),
@@ -296,7 +297,7 @@ impl PolicyRegistry {
                     let decision = pp
                         .cors
                         .decide(request_id, plane, input)
-                        .map_err(|e| self.plugin_failed(&e))?;
+                        .map_err(|e| self.plugin_failed(pp.cors.as_ref(), &e))?;
                     c.comparison.count_in(|| {
                         self.tenants
                             .shadow_metrics
@@ -321,7 +322,7 @@ impl PolicyRegistry {
         }
         pp.cors
             .decide(request_id, plane, input)
-            .map_err(|e| self.plugin_failed(&e))
+            .map_err(|e| self.plugin_failed(pp.cors.as_ref(), &e))
     }
 
     /// An operator's canary failed a call: when it now fails too often on its share it is no
@@ -509,7 +510,7 @@ impl PolicyRegistry {
                     let decision = pp
                         .quota
                         .decide(request_id, method, path, route_group, actor)
-                        .map_err(|e| self.plugin_failed(&e))?;
+                        .map_err(|e| self.plugin_failed(pp.quota.as_ref(), &e))?;
                     let plane = actor.plane;
                     c.comparison.count_in(|| {
                         self.tenants
@@ -542,7 +543,7 @@ impl PolicyRegistry {
         pp.quota
             .decide(request_id, method, path, route_group, actor)
             .map(|d| (d, RuleSource::Operator))
-            .map_err(|e| self.plugin_failed(&e))
+            .map_err(|e| self.plugin_failed(pp.quota.as_ref(), &e))
     }
 }
 

@@ -7,7 +7,7 @@ use wasmtime::Store;
 use wasmtime::component::{Component, ComponentType, Lower, TypedFunc};
 
 use super::bindings;
-use super::engine::{Decide, PluginState, PolicyEngine, StageModule, StageWorld};
+use super::engine::{Decide, Owner, PluginState, PolicyEngine, StageModule, StageWorld};
 use super::{PluginError, Stage};
 use crate::actor::{Actor, Role};
 use crate::plane::Plane;
@@ -236,6 +236,7 @@ macro_rules! wrapper {
                 runtime: &Arc<PolicyEngine>,
                 plane: Plane,
                 (name, digest, component, config): Loaded,
+                owner: Owner,
             ) -> Result<Self, PluginError> {
                 #[cfg(feature = "native-policies")]
                 let native = super::native::$native::load(&name, plane, &config);
@@ -247,6 +248,7 @@ macro_rules! wrapper {
                         digest,
                         &component,
                         config,
+                        owner,
                     )?,
                     #[cfg(feature = "native-policies")]
                     native,
@@ -284,12 +286,6 @@ macro_rules! wrapper {
                 self.module.failing()
             }
 
-            /// Marks the module as a candidate tried next to the module in force: its failures
-            /// drop it alone, never the operator's modules in force.
-            pub fn judge_alone(&self, alone: bool) {
-                self.module.judge_alone(alone)
-            }
-
             /// The largest linear memory an instance of the module has had, in bytes.
             pub fn peak_memory(&self) -> usize {
                 self.module.peak_memory()
@@ -322,6 +318,7 @@ pub struct ApiKeyStage {
     native: Option<super::native::ApiKey>,
 }
 wrapper!(ApiKeyStage, ApiKey);
+tried!(ApiKeyStage);
 
 impl ApiKeyStage {
     /// The lower-case header names the plugin asked to see.
@@ -569,6 +566,7 @@ pub struct DbRoutingStage {
     native: Option<super::native::DbRouting>,
 }
 wrapper!(DbRoutingStage, DbRouting);
+tried!(DbRoutingStage);
 
 impl DbRoutingStage {
     /// Where one `/v1/db/*` request goes (`request_id` goes with the plugin's log lines).

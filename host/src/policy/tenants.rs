@@ -32,7 +32,7 @@ use super::rollout::{
     failure_kind,
 };
 use super::stages::{CorsDecision, CorsInput, CorsQuery, QuotaDecision};
-use super::{CorsStage, PluginError, PolicyEngine, QuotaStage, Stage};
+use super::{CorsStage, Owner, PluginError, PolicyEngine, QuotaStage, Stage};
 use crate::actor::Actor;
 use crate::config::PluginRuntimeConfig;
 use crate::control::ControlStore;
@@ -104,7 +104,8 @@ pub fn digest_of(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// The name of a project's module: this prefix and the project ref.
+/// The name of a project's module in logs and reports: this prefix and the project ref (the
+/// module's owner is given at load, [`Owner::Tenant`], never read from its name).
 pub const TENANT_MODULE_PREFIX: &str = "tenant:";
 
 /// Why a module was not put in force.
@@ -164,13 +165,15 @@ pub fn prepare_compiled(
     let (module, report) = match stage {
         // The failure window starts after the checks: a canary is judged on live calls only.
         Stage::Cors => {
-            let m = CorsStage::load(runtime, Plane::Data, loaded).map_err(|e| e.to_string())?;
+            let m = CorsStage::load(runtime, Plane::Data, loaded, Owner::Tenant)
+                .map_err(|e| e.to_string())?;
             let r = conformance::check_cors_stage(Plane::Data, &m).map_err(|e| e.to_string())?;
             m.reset_health();
             (TenantModule::Cors(m), r)
         }
         Stage::Quota => {
-            let m = QuotaStage::load(runtime, Plane::Data, loaded).map_err(|e| e.to_string())?;
+            let m = QuotaStage::load(runtime, Plane::Data, loaded, Owner::Tenant)
+                .map_err(|e| e.to_string())?;
             let r = conformance::check_quota_stage(Plane::Data, &m).map_err(|e| e.to_string())?;
             m.reset_health();
             (TenantModule::Quota(m), r)

@@ -136,10 +136,8 @@ pub async fn route_db(
         },
         postgrest_url: p.postgrest_url.clone(),
     });
-    let route = cx
-        .policies
-        .plane(actor.plane)
-        .db_routing
+    let db_routing = &cx.policies.plane(actor.plane).db_routing;
+    let route = db_routing
         .decide(
             request
                 .headers()
@@ -150,7 +148,7 @@ pub async fn route_db(
             request.uri().path(),
             project,
         )
-        .map_err(|e| state.policies.plugin_failed(&e))?;
+        .map_err(|e| state.policies.plugin_failed(db_routing.as_ref(), &e))?;
     match route {
         DbRoute::Nats => forward_nats(state, Service::Db, cx, request).await,
         // Fail closed: never a fallback to a shared target.
