@@ -28,6 +28,7 @@ pub mod reload;
 pub mod route_group;
 pub mod schema;
 pub mod server;
+pub mod stage;
 pub mod state;
 pub mod telemetry;
 pub mod tls;

@@ -124,7 +124,7 @@ fn candidates_json(policies: &Policies) -> Value {
     fn one<S: Tried>(c: &Candidate<S>) -> Value {
         let mut v = module_json(&c.stage.report());
         if let Value::Object(m) = &mut v {
-            m.insert("mode".into(), json!(c.trial.mode()));
+            m.insert("mode".into(), json!(c.trial.mode().as_str()));
             m.insert(
                 "percent".into(),
                 json!(Some(c.trial.percent()).filter(|p| *p > 0)),

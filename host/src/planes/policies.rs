@@ -266,7 +266,7 @@ async fn put_inner(
                         stage: stage_key.clone(),
                         digest: digest.clone(),
                         config: config.clone(),
-                        mode: trial.mode().to_owned(),
+                        mode: trial.mode().as_str().to_owned(),
                         percent: trial.percent(),
                     })
                     .await
@@ -286,13 +286,13 @@ async fn put_inner(
             Some(digest.clone()),
             None,
         );
-        event.mode = trial.map_or("enforce", Trial::mode).to_owned();
+        event.mode = Trial::mode_of(trial).as_str().to_owned();
         event.config = Some(config);
         history::record(store.as_ref(), &event).await;
     }
     announce(&state, &project).await;
     let (report, compile) = (prepared.report, prepared.compile);
-    let mode = trial.map_or("enforce", Trial::mode);
+    let mode = Trial::mode_of(trial).as_str();
     tracing::info!(
         project = %project,
         stage = %stage_key,

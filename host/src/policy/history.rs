@@ -106,7 +106,7 @@ fn digests(p: &Policies) -> Vec<(Plane, Stage, &'static str, String)> {
             out.push((
                 plane,
                 Stage::Cors,
-                c.trial.mode(),
+                c.trial.mode().as_str(),
                 Tried::digest(&*c.stage).to_owned(),
             ));
         }
@@ -114,7 +114,7 @@ fn digests(p: &Policies) -> Vec<(Plane, Stage, &'static str, String)> {
             out.push((
                 plane,
                 Stage::Quota,
-                c.trial.mode(),
+                c.trial.mode().as_str(),
                 Tried::digest(&*c.stage).to_owned(),
             ));
         }

@@ -33,45 +33,12 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
+pub use crate::stage::Stage;
 pub use engine::{Owner, PolicyEngine};
 pub use stages::{ApiKeyStage, CorsStage, DbRoutingStage, QuotaStage};
 
 use crate::config::{self, Config, StageConfig};
 use crate::plane::Plane;
-
-/// The policy stages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Stage {
-    ApiKey,
-    Cors,
-    Quota,
-    DbRouting,
-}
-
-impl Stage {
-    /// The stage of a configuration key (`api_key`, `cors`, `quota`, `db_routing`).
-    pub fn parse(key: &str) -> Option<Stage> {
-        [Stage::ApiKey, Stage::Cors, Stage::Quota, Stage::DbRouting]
-            .into_iter()
-            .find(|s| s.key() == key)
-    }
-
-    /// The stage's configuration key (`api_key`, `cors`, `quota`, `db_routing`).
-    pub fn key(self) -> &'static str {
-        match self {
-            Stage::ApiKey => "api_key",
-            Stage::Cors => "cors",
-            Stage::Quota => "quota",
-            Stage::DbRouting => "db_routing",
-        }
-    }
-}
-
-impl std::fmt::Display for Stage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.key())
-    }
-}
 
 /// How a plugin failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

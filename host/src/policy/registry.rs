@@ -348,11 +348,11 @@ impl PolicyRegistry {
         let pp = pinned.plane(plane);
         let (digest, mode) = match stage {
             Stage::Cors => match &pp.cors_candidate {
-                Some(c) if c.drop_now() => (c.stage.digest().to_owned(), c.trial.mode()),
+                Some(c) if c.drop_now() => (c.stage.digest().to_owned(), c.trial.mode().as_str()),
                 _ => return false,
             },
             Stage::Quota => match &pp.quota_candidate {
-                Some(c) if c.drop_now() => (c.stage.digest().to_owned(), c.trial.mode()),
+                Some(c) if c.drop_now() => (c.stage.digest().to_owned(), c.trial.mode().as_str()),
                 _ => return false,
             },
             Stage::ApiKey | Stage::DbRouting => return false,

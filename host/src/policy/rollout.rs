@@ -19,54 +19,12 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
+pub use crate::stage::Trial;
+
 use super::Stage;
 use super::stages::{CorsDecision, QuotaDecision};
 use crate::metrics::Metrics;
 use crate::plane::Plane;
-
-/// How a candidate module is tried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trial {
-    /// Runs and is compared; never decides.
-    Shadow,
-    /// Decides for this share of actors (1–100).
-    Canary { percent: u8 },
-}
-
-impl Trial {
-    /// The trial of a `mode` and `percent` as an API or a record gives them; `None` for
-    /// `enforce`. The error names the field and the problem.
-    pub fn parse(mode: &str, percent: Option<u8>) -> Result<Option<Trial>, String> {
-        match (mode, percent) {
-            ("enforce", None) => Ok(None),
-            ("shadow", None | Some(0)) => Ok(Some(Trial::Shadow)),
-            ("canary", Some(p @ 1..=100)) => Ok(Some(Trial::Canary { percent: p })),
-            ("enforce" | "shadow", Some(_)) => {
-                Err(format!("percent: only a canary has one, not mode {mode:?}"))
-            }
-            ("canary", _) => Err("percent: a canary needs a percent from 1 to 100".to_owned()),
-            (other, _) => Err(format!(
-                "mode: {other:?} is not one of enforce, shadow, canary"
-            )),
-        }
-    }
-
-    /// `shadow` or `canary`.
-    pub fn mode(self) -> &'static str {
-        match self {
-            Trial::Shadow => "shadow",
-            Trial::Canary { .. } => "canary",
-        }
-    }
-
-    /// The canary's share, 0 for a shadow.
-    pub fn percent(self) -> u8 {
-        match self {
-            Trial::Shadow => 0,
-            Trial::Canary { percent } => percent,
-        }
-    }
-}
 
 /// Whether `subject` (an actor) is on the canary side of `project`'s `stage` at `percent` %:
 /// a SHA-256 of the three into 10,000 buckets, so the choice is the same on every request and
@@ -454,31 +412,6 @@ mod tests {
             .filter(|s| on(s, 10) && on_canary("beta", Stage::Quota, s, 10))
             .count();
         assert!(both < 200, "{both} in both projects' 10 %");
-    }
-
-    #[test]
-    fn trials_parse_and_name_the_field() {
-        assert_eq!(Trial::parse("enforce", None), Ok(None));
-        assert_eq!(Trial::parse("shadow", None), Ok(Some(Trial::Shadow)));
-        assert_eq!(
-            Trial::parse("canary", Some(10)),
-            Ok(Some(Trial::Canary { percent: 10 }))
-        );
-        for (mode, percent) in [
-            ("canary", None),
-            ("canary", Some(0)),
-            ("canary", Some(101)),
-            ("shadow", Some(5)),
-            ("enforce", Some(5)),
-        ] {
-            let e = Trial::parse(mode, percent).expect_err("refused");
-            assert!(e.starts_with("percent:"), "{e}");
-        }
-        assert!(
-            Trial::parse("dry-run", None)
-                .expect_err("refused")
-                .starts_with("mode:")
-        );
     }
 
     #[test]
