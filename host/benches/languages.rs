@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 use aura_gateway::actor::{Actor, Role};
 use aura_gateway::config::{Config, InstanceReuse, StageConfig};
 use aura_gateway::plane::Plane;
-use aura_gateway::policy::stages::{CorsInput, DbEngine, KeyRequest, ProjectDb, Topology};
+use aura_gateway::policy::stages::{
+    ApiKey, Cors, CorsInput, DbEngine, DbInput, DbRouting, KeyRequest, ProjectDb, Quota,
+    QuotaInput, Topology,
+};
 use aura_gateway::policy::{Policies, PolicyEngine, Stage};
 
 const STAGES: [(&str, Stage); 4] = [
@@ -107,23 +110,23 @@ fn call(stage: Stage, p: &Policies) {
                     "aura_pk_7Hq2v9XbN4mK8pR3sT6wY1zA5cE0fG2hJ".into(),
                 )],
             };
-            data.api_key
-                .as_ref()
+            data.module::<ApiKey>()
                 .expect("stage")
                 .extract(None, request)
                 .expect("call");
         }
         Stage::Cors => {
-            data.cors
+            data.module::<Cors>()
+                .expect("stage")
                 .decide(
                     None,
-                    Plane::Data,
                     CorsInput {
                         method: "GET",
                         path: "/v1/db/todos",
                         origin: "https://app.example.com",
                         request_method: None,
                         request_headers: None,
+                        client: None,
                     },
                 )
                 .expect("call");
@@ -134,22 +137,35 @@ fn call(stage: Stage, p: &Policies) {
             actor.project = Some("abcd1234".into());
             actor.user_id = Some("0b7e9f3a-2c1d-4e5f-8a9b-c0d1e2f3a4b5".into());
             actor.plan = Some("pro".into());
-            data.quota
-                .decide(None, "GET", "/v1/db/todos", "db", &actor)
+            data.module::<Quota>()
+                .expect("stage")
+                .decide(
+                    None,
+                    QuotaInput {
+                        method: "GET",
+                        path: "/v1/db/todos",
+                        route_group: "db",
+                        actor: &actor,
+                    },
+                )
                 .expect("call");
         }
         Stage::DbRouting => {
-            data.db_routing
+            let project = ProjectDb {
+                engine: DbEngine::Postgres,
+                topology: Topology::Dedicated,
+                postgrest_url: Some("http://pgrst-abcd1234.internal:3000".into()),
+            };
+            data.module::<DbRouting>()
+                .expect("stage")
                 .decide(
                     None,
-                    Plane::Data,
-                    "GET",
-                    "/v1/db/todos",
-                    Some(ProjectDb {
-                        engine: DbEngine::Postgres,
-                        topology: Topology::Dedicated,
-                        postgrest_url: Some("http://pgrst-abcd1234.internal:3000".into()),
-                    }),
+                    DbInput {
+                        method: "GET",
+                        path: "/v1/db/todos",
+                        project: Some(&project),
+                        actor: None,
+                    },
                 )
                 .expect("call");
         }
@@ -157,13 +173,9 @@ fn call(stage: Stage, p: &Policies) {
 }
 
 fn peak_memory(stage: Stage, p: &Policies) -> usize {
-    let data = p.plane(Plane::Data);
-    match stage {
-        Stage::ApiKey => data.api_key.as_ref().map_or(0, |s| s.peak_memory()),
-        Stage::Cors => data.cors.peak_memory(),
-        Stage::Quota => data.quota.peak_memory(),
-        Stage::DbRouting => data.db_routing.peak_memory(),
-    }
+    p.plane(Plane::Data)
+        .any_slot(stage)
+        .map_or(0, |slot| slot.module().peak_memory())
 }
 
 /// (median, p99) of `calls` timed calls after `warm` untimed ones.

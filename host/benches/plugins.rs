@@ -10,7 +10,9 @@ use std::hint::black_box;
 use aura_gateway::actor::{Actor, Role};
 use aura_gateway::config::{Config, InstanceReuse};
 use aura_gateway::plane::Plane;
-use aura_gateway::policy::stages::{CorsInput, DbEngine, ProjectDb, Topology};
+use aura_gateway::policy::stages::{
+    ApiKey, Cors, CorsInput, DbEngine, DbInput, DbRouting, ProjectDb, Quota, QuotaInput, Topology,
+};
 use aura_gateway::policy::{Policies, PolicyEngine};
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
@@ -76,7 +78,10 @@ fn bench_wasm(c: &mut Criterion) {
     ] {
         let p = policies(reuse);
         let mut group = c.benchmark_group(format!("wasm-{label}"));
-        let api_key = p.data.api_key.as_ref().expect("api-key stage");
+        let api_key = p.data.module::<ApiKey>().expect("api-key stage");
+        let cors = p.data.module::<Cors>().expect("cors stage");
+        let quota = p.data.module::<Quota>().expect("quota stage");
+        let db = p.data.module::<DbRouting>().expect("db-routing stage");
         group.bench_function("api_key", |b| {
             b.iter(|| {
                 black_box(
@@ -89,29 +94,34 @@ fn bench_wasm(c: &mut Criterion) {
         group.bench_function("cors", |b| {
             b.iter(|| {
                 black_box(
-                    p.data
-                        .cors
-                        .decide(
-                            None,
-                            Plane::Data,
-                            CorsInput {
-                                method: "GET",
-                                path: uri.path(),
-                                origin: "https://app.example.com",
-                                request_method: None,
-                                request_headers: None,
-                            },
-                        )
-                        .expect("call"),
+                    cors.decide(
+                        None,
+                        CorsInput {
+                            method: "GET",
+                            path: uri.path(),
+                            origin: "https://app.example.com",
+                            request_method: None,
+                            request_headers: None,
+                            client: None,
+                        },
+                    )
+                    .expect("call"),
                 )
             })
         });
         group.bench_function("quota", |b| {
             b.iter(|| {
                 black_box(
-                    p.data
-                        .quota
-                        .decide(None, "GET", uri.path(), "db", &actor)
+                    quota
+                        .decide(
+                            None,
+                            QuotaInput {
+                                method: "GET",
+                                path: uri.path(),
+                                route_group: "db",
+                                actor: &actor,
+                            },
+                        )
                         .expect("call"),
                 )
             })
@@ -124,10 +134,16 @@ fn bench_wasm(c: &mut Criterion) {
                     postgrest_url: Some("http://pgrst-abcd1234.internal:3000".into()),
                 };
                 black_box(
-                    p.data
-                        .db_routing
-                        .decide(None, Plane::Data, "GET", uri.path(), Some(project))
-                        .expect("call"),
+                    db.decide(
+                        None,
+                        DbInput {
+                            method: "GET",
+                            path: uri.path(),
+                            project: Some(&project),
+                            actor: None,
+                        },
+                    )
+                    .expect("call"),
                 )
             })
         });
@@ -196,8 +212,8 @@ fn bench_native(c: &mut Criterion) {
 fn bench_rollout(c: &mut Criterion) {
     use aura_gateway::policy::Stage;
     use aura_gateway::policy::isolation::TenantPool;
-    use aura_gateway::policy::rollout::{Compared, Comparison, describe_cors, on_canary};
-    use aura_gateway::policy::stages::{CorsDecision, CorsQuery};
+    use aura_gateway::policy::rollout::{Compared, Comparison, on_canary};
+    use aura_gateway::policy::stages::{CorsDecision, CorsQuery, PolicyStage};
     let mut group = c.benchmark_group("rollout");
     group.bench_function("canary_side", |b| {
         b.iter(|| {
@@ -216,11 +232,13 @@ fn bench_rollout(c: &mut Criterion) {
         origin: "https://app.example.com",
         request_method: None,
         request_headers: None,
+        client: None,
     };
     let enforced: CorsDecision = policies
         .data
-        .cors
-        .decide(None, Plane::Data, input)
+        .module::<Cors>()
+        .expect("cors stage")
+        .decide(None, input)
         .expect("decision");
     let pool = TenantPool::new(2, 2, std::time::Duration::from_millis(100));
     let gate = pool.project_gate();
@@ -229,7 +247,7 @@ fn bench_rollout(c: &mut Criterion) {
         b.iter(|| {
             let compared =
                 Compared::new(Some("4bf92f3577b34da6a3ce929d0e0e4736"), "GET", input.path);
-            let enforced = describe_cors(black_box(&enforced));
+            let enforced = Cors::describe(black_box(&enforced));
             let query = CorsQuery::from(input);
             if pool
                 .try_spawn(Some(&gate), move || {

@@ -351,7 +351,7 @@ async fn prepare_and_apply(
         .prepare(project, stage, module, config)
         .await
         .expect("module accepted");
-    let digest = prepared.installed.digest.clone();
+    let digest = prepared.installed.digest().to_owned();
     state
         .policies
         .tenants

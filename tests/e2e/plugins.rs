@@ -9,8 +9,8 @@ use aura_gateway::config::{Config, InstanceReuse};
 use aura_gateway::plane::Plane;
 use aura_gateway::policy::builtin::TESTING_PLUGIN_PATH;
 use aura_gateway::policy::stages::{
-    CorsDecision, CorsInput, DbEngine, DbRoute, KeyDecision, KeyRequest, KeyRole, KeySource,
-    ProjectDb, QuotaDecision, Topology,
+    ApiKey, Cors, CorsDecision, CorsInput, DbEngine, DbInput, DbRoute, DbRouting, KeyDecision,
+    KeyRequest, KeyRole, KeySource, ProjectDb, Quota, QuotaDecision, QuotaInput, Topology,
 };
 use aura_gateway::policy::{FailureKind, PluginError, Policies, PolicyEngine};
 
@@ -48,8 +48,7 @@ fn api_key_stage_follows_the_contract() {
     let p = defaults();
     let stage = p
         .data
-        .api_key
-        .as_ref()
+        .module::<ApiKey>()
         .expect("data plane has the api-key stage");
     assert_eq!(stage.headers(), ["apikey", "x-api-key"]);
     let extract = |r: KeyRequest| stage.extract(None, r).expect("call");
@@ -103,7 +102,7 @@ fn api_key_stage_follows_the_contract() {
 #[test]
 fn api_key_stage_reads_a_request_head_borrowed_and_passes_bytes_that_are_not_utf8_lossily() {
     let p = defaults();
-    let stage = p.data.api_key.as_ref().expect("api-key stage");
+    let stage = p.data.module::<ApiKey>().expect("api-key stage");
     let head = |pairs: &[(&'static str, &[u8])]| {
         let mut headers = http::HeaderMap::new();
         for (name, value) in pairs {
@@ -169,24 +168,25 @@ fn cors_stage_answers_per_plane() {
         origin,
         request_method: Some("GET"),
         request_headers: None,
+        client: None,
     };
     match p
         .data
-        .cors
-        .decide(None, Plane::Data, input("https://a.example"))
+        .module::<Cors>()
+        .expect("cors stage")
+        .decide(None, input("https://a.example"))
         .expect("call")
     {
         CorsDecision::Allow(a) => assert_eq!(a.allow_origin, "*"),
         other => panic!("unexpected {other:?}"),
     }
-    let m = &p.management.cors;
+    let m = p.management.module::<Cors>().expect("cors stage");
     assert_eq!(
-        m.decide(None, Plane::Management, input("https://a.example"))
-            .expect("call"),
+        m.decide(None, input("https://a.example")).expect("call"),
         CorsDecision::Deny
     );
     match m
-        .decide(None, Plane::Management, input("https://studio.example"))
+        .decide(None, input("https://studio.example"))
         .expect("call")
     {
         CorsDecision::Allow(a) => assert_eq!(a.allow_origin, "https://studio.example"),
@@ -205,6 +205,25 @@ fn a_wildcard_management_cors_config_is_refused_at_load() {
     assert_eq!(err.kind(), Some(FailureKind::Refused));
 }
 
+/// The data plane's quota decision for one request.
+fn quota(
+    p: &Policies,
+    method: &str,
+    path: &str,
+    route_group: &str,
+    actor: &Actor,
+) -> Result<QuotaDecision, PluginError> {
+    p.data.module::<Quota>().expect("quota stage").decide(
+        None,
+        QuotaInput {
+            method,
+            path,
+            route_group,
+            actor,
+        },
+    )
+}
+
 fn actor(role: Role, key: Option<&str>, user: Option<&str>) -> Actor {
     let mut a = Actor::unauthenticated(Plane::Data);
     a.role = role;
@@ -217,17 +236,14 @@ fn actor(role: Role, key: Option<&str>, user: Option<&str>) -> Actor {
 #[test]
 fn quota_stage_defaults_and_configuration() {
     let p = defaults();
-    match p
-        .data
-        .quota
-        .decide(
-            None,
-            "GET",
-            "/v1/db/t",
-            "db",
-            &actor(Role::Anon, Some("k1"), None),
-        )
-        .expect("call")
+    match quota(
+        &p,
+        "GET",
+        "/v1/db/t",
+        "db",
+        &actor(Role::Anon, Some("k1"), None),
+    )
+    .expect("call")
     {
         QuotaDecision::Limit(r) => {
             assert_eq!(
@@ -237,27 +253,21 @@ fn quota_stage_defaults_and_configuration() {
         }
         other => panic!("unexpected {other:?}"),
     }
-    match p
-        .data
-        .quota
-        .decide(
-            None,
-            "GET",
-            "/v1/db/t",
-            "db",
-            &actor(Role::Authenticated, Some("k1"), Some("u1")),
-        )
-        .expect("call")
+    match quota(
+        &p,
+        "GET",
+        "/v1/db/t",
+        "db",
+        &actor(Role::Authenticated, Some("k1"), Some("u1")),
+    )
+    .expect("call")
     {
         QuotaDecision::Limit(r) => assert_eq!(r.bucket, "user:proj:u1"),
         other => panic!("unexpected {other:?}"),
     }
     let keyless = Actor::unauthenticated(Plane::Data);
     assert_eq!(
-        p.data
-            .quota
-            .decide(None, "GET", "/health", "gateway", &keyless)
-            .expect("call"),
+        quota(&p, "GET", "/health", "gateway", &keyless).expect("call"),
         QuotaDecision::Exempt
     );
     let mut config = config();
@@ -268,12 +278,7 @@ fn quota_stage_defaults_and_configuration() {
     let p = load(&config).expect("loads");
     let mut pro = actor(Role::ServiceRole, Some("k2"), None);
     pro.plan = Some("pro".into());
-    match p
-        .data
-        .quota
-        .decide(None, "POST", "/v1/functions/f", "functions", &pro)
-        .expect("call")
-    {
+    match quota(&p, "POST", "/v1/functions/f", "functions", &pro).expect("call") {
         QuotaDecision::Limit(r) => {
             assert_eq!((r.rate_per_second, r.burst, r.cost), (500, 5000, 10))
         }
@@ -297,8 +302,17 @@ fn db_routing_stage_applies_the_six_rules_in_order() {
     };
     let decide = |method: &str, path: &str, project: Option<ProjectDb>| {
         p.data
-            .db_routing
-            .decide(None, Plane::Data, method, path, project)
+            .module::<DbRouting>()
+            .expect("db-routing stage")
+            .decide(
+                None,
+                DbInput {
+                    method,
+                    path,
+                    project: project.as_ref(),
+                    actor: None,
+                },
+            )
             .expect("call")
     };
     let url = Some("http://pgrst-a:3000");
@@ -348,15 +362,15 @@ fn hostile(reuse: InstanceReuse) -> Policies {
 }
 
 fn cors_call(p: &Policies, origin: &str) -> Result<CorsDecision, PluginError> {
-    p.data.cors.decide(
+    p.data.module::<Cors>().expect("cors stage").decide(
         None,
-        Plane::Data,
         CorsInput {
             method: "GET",
             path: "/health",
             origin,
             request_method: None,
             request_headers: None,
+            client: None,
         },
     )
 }
@@ -428,8 +442,7 @@ fn calls_from_many_threads_share_one_module_safely() {
                     let r = key_request("/v1/db/x", &[], &[("apikey", key.as_str())]);
                     match p
                         .data
-                        .api_key
-                        .as_ref()
+                        .module::<ApiKey>()
                         .expect("stage")
                         .extract(None, r)
                         .expect("call")
@@ -463,17 +476,14 @@ fn plugins_of_both_wit_versions_load_and_answer() {
         Some("0.2.0"),
         "the default plugins"
     );
-    match p
-        .data
-        .quota
-        .decide(
-            None,
-            "GET",
-            "/v1/db/t",
-            "db",
-            &actor(Role::Anon, Some("k1"), None),
-        )
-        .expect("a 0.1.0 plugin answers")
+    match quota(
+        &p,
+        "GET",
+        "/v1/db/t",
+        "db",
+        &actor(Role::Anon, Some("k1"), None),
+    )
+    .expect("a 0.1.0 plugin answers")
     {
         QuotaDecision::Limit(rule) => assert!(!rule.bucket.is_empty()),
         QuotaDecision::Exempt => {}

@@ -1,5 +1,7 @@
 //! Data-plane authentication: API key (mandatory except on public paths) and optional user JWT.
 
+use std::net::IpAddr;
+
 use http::request::Parts;
 use http::{Method, Uri, header};
 
@@ -10,9 +12,11 @@ use crate::actor::{Actor, Role};
 use crate::control::{ApiKeyRecord, KeyRole};
 use crate::error::GatewayError;
 use crate::plane::Plane;
-use crate::policy::ApiKeyStage;
-use crate::policy::registry::PolicyRegistry;
-use crate::policy::stages::{KeyDecision, KeyRole as StageKeyRole, KeySource};
+use crate::policy::Policies;
+use crate::policy::registry::{PolicyRegistry, StageCall};
+use crate::policy::stages::{
+    ApiKey, KeyDecision, KeyHeaders, KeyInput, KeyRole as StageKeyRole, KeySource,
+};
 
 /// Paths that need no API key: liveness, the JWKS, sign-up, and `/metrics` (which has its own
 /// guard).
@@ -120,9 +124,9 @@ async fn refuse_secret_query_keys(
     Ok(())
 }
 
-/// Authenticates a data-plane request; `stage` is the `api-key` module in force of the request's
-/// policy snapshot, and a failed call of it is answered by `registry` (fail closed, and a
-/// rollback when the module fails too often).
+/// Authenticates a data-plane request from `client`: the `api-key` stage of the request's policy
+/// snapshot (`pinned`) decides through `registry`, like every stage (a failed call fails closed,
+/// and a module that fails too often is rolled back).
 ///
 /// `Authorization` is read by the one bearer parser: malformed or duplicated, the request is
 /// refused; a bearer equal to the API key is removed; any other bearer is verified as a user
@@ -132,9 +136,14 @@ async fn refuse_secret_query_keys(
 pub async fn authenticate(
     auth: &Authenticator,
     registry: &PolicyRegistry,
-    stage: &ApiKeyStage,
+    pinned: &Policies,
+    client: Option<IpAddr>,
     parts: &mut Parts,
 ) -> Result<Actor, GatewayError> {
+    let stage = pinned
+        .data
+        .module::<ApiKey>()
+        .ok_or_else(|| GatewayError::internal("the data plane has no api-key stage"))?;
     let token = bearer(&parts.headers)
         .map_err(malformed_authorization)?
         .map(str::to_owned);
@@ -144,14 +153,21 @@ pub async fn authenticate(
         .headers
         .get(&crate::phases::request_id::X_REQUEST_ID)
         .and_then(|v| v.to_str().ok());
-    let decision = stage
-        .extract_head(
-            request_id,
-            parts.method.as_str(),
-            &parts.uri,
-            &parts.headers,
-        )
-        .map_err(|e| registry.plugin_failed(stage, &e))?;
+    let query_keys = crate::proxy::envelope::apikey_query_values(parts.uri.query());
+    let call = StageCall {
+        pinned,
+        request_id,
+        plane: Plane::Data,
+        project: None,
+    };
+    let input = KeyInput {
+        method: parts.method.as_str(),
+        path: parts.uri.path(),
+        query_keys: &query_keys,
+        headers: KeyHeaders::Head(&parts.headers),
+        client,
+    };
+    let (decision, _) = registry.decide::<ApiKey>(&call, input).await?;
     let mut actor = Actor::unauthenticated(Plane::Data);
     let credential = match decision {
         KeyDecision::Refuse(reason) => return Err(invalid_key(&reason)),

@@ -25,17 +25,19 @@ pub async fn authenticate(
             "no such route on the data plane (it is a management-plane route)",
         ));
     }
-    let mut actor: Actor =
-        match cx.plane {
-            Plane::Data => {
-                let stage =
-                    cx.policies.data.api_key.as_ref().ok_or_else(|| {
-                        GatewayError::internal("the data plane has no api-key stage")
-                    })?;
-                data_plane::authenticate(&state.auth, &state.policies, stage, &mut parts).await?
-            }
-            Plane::Management => management::authenticate(&state.auth, &mut parts).await?,
-        };
+    let mut actor: Actor = match cx.plane {
+        Plane::Data => {
+            data_plane::authenticate(
+                &state.auth,
+                &state.policies,
+                &cx.policies,
+                cx.client_ip,
+                &mut parts,
+            )
+            .await?
+        }
+        Plane::Management => management::authenticate(&state.auth, &mut parts).await?,
+    };
     actor.client_ip = cx.client_ip;
     cx.actor = Some(Arc::new(actor));
     Ok(Request::from_parts(parts, body))

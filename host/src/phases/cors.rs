@@ -16,7 +16,8 @@ use super::request_id::RequestId;
 use super::{per_ip, request_id, security_headers};
 use crate::error::GatewayError;
 use crate::plane::Plane;
-use crate::policy::stages::{CorsAllow, CorsDecision, CorsInput};
+use crate::policy::registry::StageCall;
+use crate::policy::stages::{self, CorsAllow, CorsDecision, CorsInput};
 use crate::state::AppState;
 
 /// Removes every CORS header a backend may have set: the gateway alone answers CORS.
@@ -136,7 +137,7 @@ impl Cors {
         self.preflight
     }
 
-    fn input(&self) -> CorsInput<'_> {
+    fn input(&self, client: Option<std::net::IpAddr>) -> CorsInput<'_> {
         // Each value was checked to be text when the facts were taken.
         fn text(v: &HeaderValue) -> &str {
             v.to_str().unwrap_or_default()
@@ -147,6 +148,7 @@ impl Cors {
             origin: text(&self.origin),
             request_method: self.request_method.as_ref().map(text),
             request_headers: self.request_headers.as_ref().map(text),
+            client,
         }
     }
 }
@@ -165,17 +167,17 @@ pub async fn preflight(
     // A preflight is answered here, before the request-id phase: its id is made now, so that
     // the plugin's log lines and the answer carry the same one.
     let id = cx.id.get_or_insert_with(RequestId::mint).clone();
+    let call = StageCall {
+        pinned: &cx.policies,
+        request_id: Some(id.as_str()),
+        plane: cx.plane,
+        project: cors.host_project.as_deref(),
+    };
     let decision = state
         .policies
-        .cors(
-            &cx.policies,
-            Some(id.as_str()),
-            cx.plane,
-            cors.host_project.as_deref(),
-            cx.client_ip,
-            cors.input(),
-        )
-        .await;
+        .decide::<stages::Cors>(&call, cors.input(cx.client_ip))
+        .await
+        .map(|(decision, _)| decision);
     let response = match decision {
         Err(e) => e.into_response(),
         Ok(CorsDecision::Allow(allow)) => {
@@ -207,17 +209,17 @@ pub async fn respond(
     } else {
         cx.project().or(cors.host_project.as_deref())
     };
+    let call = StageCall {
+        pinned: &cx.policies,
+        request_id: cx.id.as_ref().map(RequestId::as_str),
+        plane: cx.plane,
+        project,
+    };
     let decision = state
         .policies
-        .cors(
-            &cx.policies,
-            cx.id.as_ref().map(RequestId::as_str),
-            cx.plane,
-            project,
-            cx.client_ip,
-            cors.input(),
-        )
-        .await;
+        .decide::<stages::Cors>(&call, cors.input(cx.client_ip))
+        .await
+        .map(|(decision, _)| decision);
     match decision {
         Err(e) => edge(e.into_response()),
         Ok(decision) => {

@@ -8,9 +8,10 @@ use http::Method;
 use super::context::RequestContext;
 use super::per_ip::{Limiter, count, too_many};
 use crate::error::GatewayError;
-use crate::policy::stages::QuotaDecision;
+use crate::policy::registry::{Source, StageCall};
+use crate::policy::stages::{Quota, QuotaDecision, QuotaInput};
 use crate::ratelimit::Decision;
-use crate::ratelimit::rules::{self, Answered};
+use crate::ratelimit::rules::{self, Answered, RuleSource};
 use crate::state::AppState;
 
 /// Takes the request's tokens: `Ok(None)` when exempt, the decision (for the response's
@@ -28,18 +29,27 @@ pub async fn check(
         )
         .into_response());
     };
+    let call = StageCall {
+        pinned: &cx.policies,
+        request_id: cx.id.as_ref().map(|id| id.as_str()),
+        plane: actor.plane,
+        project: actor.project.as_deref(),
+    };
+    let input = QuotaInput {
+        method: method.as_str(),
+        path,
+        route_group: cx.group.as_str(),
+        actor,
+    };
     let (decision, source) = state
         .policies
-        .quota(
-            &cx.policies,
-            cx.id.as_ref().map(|id| id.as_str()),
-            actor,
-            method.as_str(),
-            path,
-            cx.group.as_str(),
-        )
+        .decide::<Quota>(&call, input)
         .await
         .map_err(IntoResponse::into_response)?;
+    let source = match source {
+        Source::Operator => RuleSource::Operator,
+        Source::Tenant => RuleSource::Tenant,
+    };
     let answered = match &decision {
         QuotaDecision::Exempt => return Ok(None),
         QuotaDecision::Limit(rule) => Answered {

@@ -120,34 +120,29 @@ fn module_json(m: &ModuleReport) -> Value {
 /// The operator's candidates of both planes: module, mode, percent, whether still tried, and a
 /// shadow's comparison.
 fn candidates_json(policies: &Policies) -> Value {
-    use crate::policy::rollout::{Candidate, Tried};
-    fn one<S: Tried>(c: &Candidate<S>) -> Value {
-        let mut v = module_json(&c.stage.report());
+    use crate::policy::stages::AnyCandidate;
+    fn one(c: &dyn AnyCandidate) -> Value {
+        let mut v = module_json(&c.module().report());
         if let Value::Object(m) = &mut v {
-            m.insert("mode".into(), json!(c.trial.mode().as_str()));
+            m.insert("mode".into(), json!(c.trial().mode().as_str()));
             m.insert(
                 "percent".into(),
-                json!(Some(c.trial.percent()).filter(|p| *p > 0)),
+                json!(Some(c.trial().percent()).filter(|p| *p > 0)),
             );
             m.insert("tried".into(), json!(!c.is_dropped()));
-            if c.trial == crate::policy::rollout::Trial::Shadow {
+            if c.trial() == crate::stage::Trial::Shadow {
                 m.insert(
                     "shadow".into(),
-                    super::policies::shadow_json(&c.comparison.report()),
+                    super::policies::shadow_json(&c.comparison().report()),
                 );
             }
         }
         v
     }
     let plane = |p: &PlanePolicies| {
-        let mut out = serde_json::Map::new();
-        if let Some(c) = &p.cors_candidate {
-            out.insert("cors".into(), one(c));
-        }
-        if let Some(c) = &p.quota_candidate {
-            out.insert("quota".into(), one(c));
-        }
-        out
+        p.slots()
+            .filter_map(|slot| Some((slot.stage().key().to_owned(), one(slot.candidate()?))))
+            .collect::<serde_json::Map<_, _>>()
     };
     json!({ "data": plane(&policies.data), "management": plane(&policies.management) })
 }
@@ -169,7 +164,7 @@ async fn candidate_action(
     };
     let (Some(plane), Some(stage)) = (
         crate::plane::Plane::parse(&plane),
-        crate::policy::tenants::tenant_stage(&stage),
+        crate::stage::Stage::parse(&stage).filter(|s| s.info().trials),
     ) else {
         return GatewayError::not_found("plane: data or management; stage: cors or quota")
             .into_response();

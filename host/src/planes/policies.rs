@@ -28,7 +28,8 @@ use crate::plane::Plane;
 use crate::policy::history;
 use crate::policy::rollout::{ShadowReport, Trial};
 use crate::policy::stats::ModuleReport;
-use crate::policy::tenants::{PrepareError, Slot, tenant_stage};
+use crate::policy::tenants::{PrepareError, Slot, on_trial};
+use crate::stage::Stage;
 use crate::state::AppState;
 
 /// The body of a `PUT`.
@@ -165,7 +166,7 @@ async fn put_inner(
     actor: &str,
     action: &str,
 ) -> Result<Response, GatewayError> {
-    let stage = tenant_stage(&stage_key).ok_or_else(|| {
+    let stage = Stage::parse_tenant(&stage_key).ok_or_else(|| {
         refused(format!(
             "projects cannot install a module for {stage_key:?}; stages: cors, quota"
         ))
@@ -224,7 +225,7 @@ async fn put_inner(
         .prepare(&project, stage, &bytes, &config)
         .await
         .map_err(prepare_failed)?;
-    let digest = prepared.installed.digest.clone();
+    let digest = prepared.installed.digest().to_owned();
     let store = &state.auth.store;
     {
         // The store write and the local change together, in request order; a refresh running
@@ -272,7 +273,7 @@ async fn put_inner(
                     .await
                     .map_err(|e| store_failed(&e))?;
                 let series = tenants.shadow_metrics.series(Plane::Data, stage, &project);
-                let candidate = prepared.installed.on_trial(trial, Some(series));
+                let candidate = on_trial(prepared.installed, trial, Some(series));
                 tenants.apply_slot(&project, stage, Slot::Candidate, Some(candidate));
             }
         }
@@ -376,16 +377,15 @@ pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Response {
                 "no module installed for this stage",
             ));
         }
-        let stage = tenant_stage(&stage_key);
+        let stage = Stage::parse_tenant(&stage_key);
         let health = stage
             .and_then(|stage| state.policies.tenants.installed(&project, stage))
-            .filter(|i| enforced.as_ref().is_some_and(|p| p.digest == i.digest))
+            .filter(|i| enforced.as_ref().is_some_and(|p| p.digest == i.digest()))
             .map(|i| health_json(&i.report()));
         let candidate = candidate.map(|c| {
             let loaded = stage
                 .and_then(|stage| state.policies.tenants.candidate(&project, stage))
-                .map(|(i, _)| i)
-                .filter(|i| i.digest == c.digest);
+                .filter(|i| i.digest() == c.digest);
             serde_json::json!({
                 "digest": c.digest,
                 "config": config_json(&c.config),
@@ -394,7 +394,7 @@ pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Response {
                 "health": loaded.as_ref().map(|i| health_json(&i.report())),
                 "shadow": loaded
                     .as_ref()
-                    .and_then(|i| i.comparison.as_ref())
+                    .and_then(|i| i.comparison())
                     .map(|c| shadow_json(&c.report())),
             })
         });
@@ -449,7 +449,7 @@ pub async fn delete(
             ));
         }
         let user = console_user(&route);
-        if let Some(stage) = tenant_stage(&stage_key) {
+        if let Some(stage) = Stage::parse_tenant(&stage_key) {
             state.policies.tenants.apply(&project, stage, None);
             state
                 .policies
@@ -524,7 +524,7 @@ async fn promote_inner(
     stage_key: &str,
     actor: &str,
 ) -> Result<Response, GatewayError> {
-    let stage = tenant_stage(stage_key).ok_or_else(no_candidate)?;
+    let stage = Stage::parse_tenant(stage_key).ok_or_else(no_candidate)?;
     ensure_project(state, project).await?;
     let store = &state.auth.store;
     let candidate = store
@@ -626,7 +626,7 @@ pub async fn abort(
             .delete_policy_candidate(&project, &stage_key)
             .await
             .map_err(|e| store_failed(&e))?;
-        if let Some(stage) = tenant_stage(&stage_key) {
+        if let Some(stage) = Stage::parse_tenant(&stage_key) {
             state
                 .policies
                 .tenants

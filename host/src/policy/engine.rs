@@ -302,7 +302,7 @@ impl Drop for PolicyEngine {
 /// One stage as the runtime sees it: the interface a plugin exports and the types of its two
 /// functions. The types are the host's generated ones (`0.2.0`); they are checked against the
 /// plugin's own at instantiation, so a `0.1.0` plugin (the same records) is called through them.
-pub(crate) trait StageWorld: Send + Sync + 'static {
+pub trait StageWorld: Send + Sync + 'static {
     /// The stage.
     const STAGE: Stage;
     /// The exported interface, without package and version (`cors`).
@@ -371,7 +371,7 @@ impl Exports {
 
 /// A stage's `decide`, typed with `'static` inputs. `TypedFunc` is covariant in its
 /// parameters, so the same function takes inputs that live only as long as the call.
-pub(crate) type Decide<W> =
+pub type Decide<W> =
     TypedFunc<(<W as StageWorld>::Request<'static>,), (<W as StageWorld>::Decision,)>;
 
 /// A new instance's decision function and what its `configure` returned, or the refusal
@@ -441,7 +441,7 @@ fn linker(engine: &Engine, component: &Component) -> wasmtime::Result<Linker<Plu
 
 /// A loaded module for one stage of one plane: compiled, exports checked, configuration
 /// accepted. Calls borrow an instance for their duration.
-pub(crate) struct StageModule<W: StageWorld> {
+pub struct StageModule<W: StageWorld> {
     runtime: Arc<PolicyEngine>,
     plane: Plane,
     name: String,
@@ -561,6 +561,11 @@ impl<W: StageWorld> StageModule<W> {
             module.put_back(Slot { store, decide });
         }
         Ok(module)
+    }
+
+    /// The plane the module was loaded for.
+    pub fn plane(&self) -> Plane {
+        self.plane
     }
 
     /// The module's name: `builtin` or its file path.

@@ -11,6 +11,7 @@ use chrono::Utc;
 use super::{Policies, Stage};
 use crate::control::{ControlStore, PolicyEventRecord};
 use crate::plane::Plane;
+use crate::stage::Mode;
 
 /// The actor of changes made by the operator (configuration file, reload, automatic rollback).
 pub const OPERATOR: &str = "operator";
@@ -87,37 +88,26 @@ pub async fn record(store: &dyn ControlStore, event: &PolicyEventRecord) {
 /// The digest of each stage module of both planes and of each candidate: (plane, stage, mode,
 /// digest), the mode `enforce` for the modules in force.
 fn digests(p: &Policies) -> Vec<(Plane, Stage, &'static str, String)> {
-    use super::rollout::Tried;
     let mut out = Vec::new();
     for plane in [Plane::Data, Plane::Management] {
-        let pp = p.plane(plane);
-        for stage in [Stage::ApiKey, Stage::Cors, Stage::Quota, Stage::DbRouting] {
-            let digest = match stage {
-                Stage::ApiKey => pp.api_key.as_ref().map(|s| s.digest().to_owned()),
-                Stage::Cors => Some(pp.cors.digest().to_owned()),
-                Stage::Quota => Some(pp.quota.digest().to_owned()),
-                Stage::DbRouting => Some(pp.db_routing.digest().to_owned()),
-            };
-            if let Some(digest) = digest {
-                out.push((plane, stage, "enforce", digest));
+        let mut candidates = Vec::new();
+        for slot in p.plane(plane).slots() {
+            out.push((
+                plane,
+                slot.stage(),
+                Mode::Enforce.as_str(),
+                slot.module().digest().to_owned(),
+            ));
+            if let Some(c) = slot.candidate() {
+                candidates.push((
+                    plane,
+                    slot.stage(),
+                    c.trial().mode().as_str(),
+                    c.module().digest().to_owned(),
+                ));
             }
         }
-        if let Some(c) = &pp.cors_candidate {
-            out.push((
-                plane,
-                Stage::Cors,
-                c.trial.mode().as_str(),
-                Tried::digest(&*c.stage).to_owned(),
-            ));
-        }
-        if let Some(c) = &pp.quota_candidate {
-            out.push((
-                plane,
-                Stage::Quota,
-                c.trial.mode().as_str(),
-                Tried::digest(&*c.stage).to_owned(),
-            ));
-        }
+        out.extend(candidates);
     }
     out
 }

@@ -35,10 +35,21 @@ use wasmtime::component::Component;
 
 pub use crate::stage::Stage;
 pub use engine::{Owner, PolicyEngine};
-pub use stages::{ApiKeyStage, CorsStage, DbRoutingStage, QuotaStage};
+pub use stages::{AnyModule, AnySlot, Module, PolicyStage, StageSlot};
+
+/// The loaded `api-key` module of the data plane.
+pub type ApiKeyStage = Module<stages::ApiKey>;
+/// A loaded `cors` module.
+pub type CorsStage = Module<stages::Cors>;
+/// A loaded `quota` module.
+pub type QuotaStage = Module<stages::Quota>;
+/// A loaded `db-routing` module.
+pub type DbRoutingStage = Module<stages::DbRouting>;
 
 use crate::config::{self, Config, StageConfig};
 use crate::plane::Plane;
+use crate::stage::STAGES;
+use stages::{ModuleSource, StageFn, for_stage};
 
 /// How a plugin failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,62 +166,88 @@ struct ComponentCache {
     compiled: HashMap<String, Component>,
 }
 
-/// Reads (or takes the built-in or stored bytes of) a stage module, compiles it once.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one call site, every argument distinct"
-)]
-fn component_for(
-    runtime: &PolicyEngine,
-    cache: &mut ComponentCache,
-    key: &str,
-    stage: Stage,
-    plane: Plane,
-    stage_config: &StageConfig,
-    base: Option<&Path>,
-    stored: &HashMap<String, Vec<u8>>,
-) -> Result<(String, String, Component), PluginError> {
-    let (name, bytes): (String, std::borrow::Cow<'_, [u8]>) = match stage_config.module_path() {
-        None if stage_config.module_digest().is_some() => {
-            let digest = stage_config.module_digest().unwrap_or_default();
-            let bytes = stored.get(digest).ok_or_else(|| PluginError::Io {
-                key: key.to_owned(),
-                path: stage_config.module.clone(),
-                reason: "not in the control store's module store".to_owned(),
-            })?;
-            (
-                stage_config.module.clone(),
-                std::borrow::Cow::Borrowed(bytes.as_slice()),
-            )
+/// The configuration of `stage` on `plane` (`None`: the plane has no such stage).
+pub fn stage_config(config: &Config, plane: Plane, stage: Stage) -> Option<&StageConfig> {
+    let d = &config.data_plane.plugins;
+    let m = &config.management_plane.plugins;
+    Some(match (plane, stage) {
+        (Plane::Data, Stage::ApiKey) => &d.api_key,
+        (Plane::Data, Stage::Cors) => &d.cors,
+        (Plane::Data, Stage::Quota) => &d.quota,
+        (Plane::Data, Stage::DbRouting) => &d.db_routing,
+        (Plane::Management, Stage::ApiKey) => return None,
+        (Plane::Management, Stage::Cors) => &m.cors,
+        (Plane::Management, Stage::Quota) => &m.quota,
+        (Plane::Management, Stage::DbRouting) => &m.db_routing,
+    })
+}
+
+/// The embedded default plugin of `stage`.
+pub fn builtin_module(stage: Stage) -> &'static [u8] {
+    struct Builtin;
+    impl StageFn for Builtin {
+        type Out = &'static [u8];
+        fn call<S: PolicyStage>(self) -> &'static [u8] {
+            S::BUILTIN
         }
-        None => (
-            config::BUILTIN.to_owned(),
-            std::borrow::Cow::Borrowed(match stage {
-                Stage::ApiKey => builtin::API_KEY,
-                Stage::Cors => builtin::CORS,
-                Stage::Quota => builtin::QUOTA,
-                Stage::DbRouting => builtin::DB_ROUTING,
-            }),
-        ),
-        Some(path) => {
-            let resolved = config::resolve(base, path);
-            let bytes = std::fs::read(&resolved).map_err(|e| PluginError::Io {
-                key: key.to_owned(),
-                path: resolved.display().to_string(),
-                reason: e.to_string(),
-            })?;
-            (
-                resolved.display().to_string(),
-                std::borrow::Cow::Owned(bytes),
-            )
-        }
-    };
-    let digest = hex::encode(Sha256::digest(&bytes));
-    let component = match cache.compiled.get(&digest) {
-        Some(c) => c.clone(),
-        None => {
-            let c =
-                runtime
+    }
+    for_stage(stage, Builtin)
+}
+
+/// Where the modules named in a configuration come from, and the components compiled so far.
+struct Sources<'a> {
+    runtime: &'a PolicyEngine,
+    base: Option<&'a Path>,
+    stored: &'a HashMap<String, Vec<u8>>,
+    cache: ComponentCache,
+}
+
+impl Sources<'_> {
+    /// Reads (or takes the built-in or stored bytes of) the module `stage_config` names for
+    /// `stage` of `plane` (configuration key `key`), and compiles it once.
+    fn source(
+        &mut self,
+        key: &str,
+        stage: Stage,
+        plane: Plane,
+        stage_config: &StageConfig,
+    ) -> Result<ModuleSource, PluginError> {
+        let (name, bytes): (String, std::borrow::Cow<'_, [u8]>) =
+            match (stage_config.module_path(), stage_config.module_digest()) {
+                (None, Some(digest)) => {
+                    let bytes = self.stored.get(digest).ok_or_else(|| PluginError::Io {
+                        key: key.to_owned(),
+                        path: stage_config.module.clone(),
+                        reason: "not in the control store's module store".to_owned(),
+                    })?;
+                    (
+                        stage_config.module.clone(),
+                        std::borrow::Cow::Borrowed(bytes.as_slice()),
+                    )
+                }
+                (None, None) => (
+                    config::BUILTIN.to_owned(),
+                    std::borrow::Cow::Borrowed(builtin_module(stage)),
+                ),
+                (Some(path), _) => {
+                    let resolved = config::resolve(self.base, path);
+                    let bytes = std::fs::read(&resolved).map_err(|e| PluginError::Io {
+                        key: key.to_owned(),
+                        path: resolved.display().to_string(),
+                        reason: e.to_string(),
+                    })?;
+                    (
+                        resolved.display().to_string(),
+                        std::borrow::Cow::Owned(bytes),
+                    )
+                }
+            };
+        let digest = hex::encode(Sha256::digest(&bytes));
+        let component = match self.cache.compiled.get(&digest) {
+            Some(c) => c.clone(),
+            None => {
+                let c = self
+                    .runtime
                     .compile_module(&digest, &bytes)
                     .map_err(|reason| PluginError::Load {
                         stage,
@@ -219,43 +256,57 @@ fn component_for(
                         kind: FailureKind::Refused,
                         reason,
                     })?;
-            cache.compiled.insert(digest.clone(), c.clone());
-            c
-        }
-    };
-    Ok((name, digest, component))
+                self.cache.compiled.insert(digest.clone(), c.clone());
+                c
+            }
+        };
+        Ok(ModuleSource {
+            name,
+            digest,
+            component,
+            config: stage_config.config.to_string(),
+        })
+    }
 }
 
-/// The loaded stage modules of one plane.
-#[derive(Debug)]
+/// The loaded stage modules of one plane: a slot per stage that runs on it (the module in force
+/// and an operator's candidate), in [`Stage::index`] order.
+#[derive(Debug, Clone)]
 pub struct PlanePolicies {
     /// The plane.
     pub plane: Plane,
-    /// API key extraction (data plane only).
-    pub api_key: Option<Arc<ApiKeyStage>>,
-    /// CORS.
-    pub cors: Arc<CorsStage>,
-    /// Per-actor quota rules.
-    pub quota: Arc<QuotaStage>,
-    /// `/v1/db/*` routing.
-    pub db_routing: Arc<DbRoutingStage>,
-    /// The operator's CORS module on trial (`cors.candidate`).
-    pub cors_candidate: Option<Arc<rollout::Candidate<CorsStage>>>,
-    /// The operator's quota module on trial (`quota.candidate`).
-    pub quota_candidate: Option<Arc<rollout::Candidate<QuotaStage>>>,
+    slots: [Option<Arc<dyn AnySlot>>; STAGES.len()],
 }
 
 impl PlanePolicies {
+    /// The plane's slot for stage `S` (`None`: the stage does not run on this plane).
+    pub fn slot<S: PolicyStage>(&self) -> Option<&StageSlot<S>> {
+        self.slots[S::STAGE.index()]
+            .as_deref()?
+            .as_any()
+            .downcast_ref::<StageSlot<S>>()
+    }
+
+    /// The plane's module in force for stage `S`.
+    pub fn module<S: PolicyStage>(&self) -> Option<&Arc<Module<S>>> {
+        self.slot::<S>().map(|slot| &slot.module)
+    }
+
+    /// The plane's slot for `stage`, whatever its type.
+    pub fn any_slot(&self, stage: Stage) -> Option<&dyn AnySlot> {
+        self.slots[stage.index()].as_deref()
+    }
+
+    /// Every slot of the plane, in stage order.
+    pub fn slots(&self) -> impl Iterator<Item = &dyn AnySlot> {
+        self.slots.iter().filter_map(|s| s.as_deref())
+    }
+
     /// Each stage's module and what it did: (stage, report).
     pub fn reports(&self) -> Vec<(Stage, stats::ModuleReport)> {
-        let mut out = Vec::new();
-        if let Some(api_key) = &self.api_key {
-            out.push((Stage::ApiKey, api_key.report()));
-        }
-        out.push((Stage::Cors, self.cors.report()));
-        out.push((Stage::Quota, self.quota.report()));
-        out.push((Stage::DbRouting, self.db_routing.report()));
-        out
+        self.slots()
+            .map(|s| (s.stage(), s.module().report()))
+            .collect()
     }
 }
 
@@ -324,110 +375,68 @@ impl Policies {
         base: Option<&Path>,
         stored: &HashMap<String, Vec<u8>>,
     ) -> Result<Self, PluginError> {
-        let mut cache = ComponentCache::default();
-        let mut load = |plane: Plane, stage: Stage, sc: &StageConfig| {
-            let key = format!("{plane}_plane.plugins.{stage}");
-            let (name, digest, component) =
-                component_for(runtime, &mut cache, &key, stage, plane, sc, base, stored)?;
-            Ok::<_, PluginError>((name, digest, component, sc.config.to_string()))
+        /// Loads one stage's slot.
+        struct LoadSlot<'a> {
+            runtime: &'a Arc<PolicyEngine>,
+            plane: Plane,
+            module: ModuleSource,
+            candidate: Option<(ModuleSource, crate::stage::Trial)>,
+        }
+        impl StageFn for LoadSlot<'_> {
+            type Out = Result<Arc<dyn AnySlot>, PluginError>;
+            fn call<S: PolicyStage>(self) -> Self::Out {
+                stages::load_slot::<S>(self.runtime, self.plane, self.module, self.candidate)
+            }
+        }
+        let mut sources = Sources {
+            runtime,
+            base,
+            stored,
+            cache: ComponentCache::default(),
         };
-        // A candidate's module, marked so that its failures drop it alone.
-        macro_rules! candidate {
-            ($wrapper:ident, $plane:expr, $stage:expr, $sc:expr) => {
-                match (
-                    $sc.candidate.as_deref(),
-                    $sc.candidate.as_deref().and_then(StageConfig::trial),
+        let mut load_plane = |plane: Plane| -> Result<PlanePolicies, PluginError> {
+            let mut slots: [Option<Arc<dyn AnySlot>>; STAGES.len()] = Default::default();
+            for info in STAGES.iter().filter(|i| i.planes.contains(&plane)) {
+                let Some(sc) = stage_config(config, plane, info.stage) else {
+                    continue;
+                };
+                let key = format!("{plane}_plane.plugins.{}", info.key);
+                let module = sources.source(&key, info.stage, plane, sc)?;
+                let candidate = match (
+                    sc.candidate.as_deref(),
+                    sc.candidate.as_deref().and_then(StageConfig::trial),
                 ) {
                     (Some(c), Some(trial)) => {
-                        let loaded = $wrapper::load(
-                            runtime,
-                            $plane,
-                            load($plane, $stage, c)?,
-                            Owner::Candidate,
-                        )?;
-                        Some(Arc::new(rollout::Candidate::new(loaded, trial)))
+                        Some((sources.source(&key, info.stage, plane, c)?, trial))
                     }
                     _ => None,
-                }
-            };
-        }
-        let d = &config.data_plane.plugins;
-        let m = &config.management_plane.plugins;
-        let dp = Plane::Data;
-        let data = PlanePolicies {
-            plane: dp,
-            api_key: Some(Arc::new(ApiKeyStage::load(
-                runtime,
-                dp,
-                load(dp, Stage::ApiKey, &d.api_key)?,
-                Owner::Operator,
-            )?)),
-            cors: Arc::new(CorsStage::load(
-                runtime,
-                dp,
-                load(dp, Stage::Cors, &d.cors)?,
-                Owner::Operator,
-            )?),
-            quota: Arc::new(QuotaStage::load(
-                runtime,
-                dp,
-                load(dp, Stage::Quota, &d.quota)?,
-                Owner::Operator,
-            )?),
-            db_routing: Arc::new(DbRoutingStage::load(
-                runtime,
-                dp,
-                load(dp, Stage::DbRouting, &d.db_routing)?,
-                Owner::Operator,
-            )?),
-            cors_candidate: candidate!(CorsStage, dp, Stage::Cors, d.cors),
-            quota_candidate: candidate!(QuotaStage, dp, Stage::Quota, d.quota),
-        };
-        let mp = Plane::Management;
-        let management = PlanePolicies {
-            plane: mp,
-            api_key: None,
-            cors: Arc::new(CorsStage::load(
-                runtime,
-                mp,
-                load(mp, Stage::Cors, &m.cors)?,
-                Owner::Operator,
-            )?),
-            quota: Arc::new(QuotaStage::load(
-                runtime,
-                mp,
-                load(mp, Stage::Quota, &m.quota)?,
-                Owner::Operator,
-            )?),
-            db_routing: Arc::new(DbRoutingStage::load(
-                runtime,
-                mp,
-                load(mp, Stage::DbRouting, &m.db_routing)?,
-                Owner::Operator,
-            )?),
-            cors_candidate: candidate!(CorsStage, mp, Stage::Cors, m.cors),
-            quota_candidate: candidate!(QuotaStage, mp, Stage::Quota, m.quota),
+                };
+                slots[info.stage.index()] = Some(for_stage(
+                    info.stage,
+                    LoadSlot {
+                        runtime,
+                        plane,
+                        module,
+                        candidate,
+                    },
+                )?);
+            }
+            Ok(PlanePolicies { plane, slots })
         };
         Ok(Self {
-            data: Arc::new(data),
-            management: Arc::new(management),
+            data: Arc::new(load_plane(Plane::Data)?),
+            management: Arc::new(load_plane(Plane::Management)?),
         })
     }
 
     /// Starts new failure windows for every module (when put in force).
     pub fn reset_health(&self) {
         for p in [&self.data, &self.management] {
-            if let Some(a) = &p.api_key {
-                a.reset_health();
-            }
-            p.cors.reset_health();
-            p.quota.reset_health();
-            p.db_routing.reset_health();
-            if let Some(c) = &p.cors_candidate {
-                c.stage.reset_health();
-            }
-            if let Some(c) = &p.quota_candidate {
-                c.stage.reset_health();
+            for slot in p.slots() {
+                slot.module().reset_health();
+                if let Some(c) = slot.candidate() {
+                    c.module().reset_health();
+                }
             }
         }
     }
@@ -437,27 +446,9 @@ impl Policies {
     /// [`Policies::reset_health`]: from then on the registry treats the promoted module as the
     /// module in force (rolled back when it fails too often), because that is where it sits.
     pub fn promoted(&self, plane: Plane, stage: Stage) -> Option<Policies> {
-        let p = self.plane(plane);
-        let mut next = PlanePolicies {
-            plane,
-            api_key: p.api_key.clone(),
-            cors: p.cors.clone(),
-            quota: p.quota.clone(),
-            db_routing: p.db_routing.clone(),
-            cors_candidate: p.cors_candidate.clone(),
-            quota_candidate: p.quota_candidate.clone(),
-        };
-        match stage {
-            Stage::Cors => {
-                let c = next.cors_candidate.take().filter(|c| !c.is_dropped())?;
-                next.cors = c.stage.clone();
-            }
-            Stage::Quota => {
-                let c = next.quota_candidate.take().filter(|c| !c.is_dropped())?;
-                next.quota = c.stage.clone();
-            }
-            Stage::ApiKey | Stage::DbRouting => return None,
-        }
+        let mut next = PlanePolicies::clone(self.plane(plane));
+        let promoted = next.any_slot(stage)?.promoted()?;
+        next.slots[stage.index()] = Some(promoted);
         let next = Arc::new(next);
         Some(match plane {
             Plane::Data => Policies {
@@ -478,15 +469,10 @@ impl Policies {
             Plane::Management => &self.management,
         }
     }
+
     /// The `aura:gateway` version `stage`'s module on `plane` was written against (`None`: the
     /// plane has no such stage).
     pub fn wit_version(&self, plane: Plane, stage: Stage) -> Option<&'static str> {
-        let p = self.plane(plane);
-        Some(match stage {
-            Stage::ApiKey => p.api_key.as_ref()?.wit_version(),
-            Stage::Cors => p.cors.wit_version(),
-            Stage::Quota => p.quota.wit_version(),
-            Stage::DbRouting => p.db_routing.wit_version(),
-        })
+        Some(self.plane(plane).any_slot(stage)?.module().wit_version())
     }
 }

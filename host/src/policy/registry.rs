@@ -6,25 +6,19 @@
 //! that fails: a swapped-in operator module failing too often is replaced by the previous set
 //! (automatic rollback); a project's module never rolls back the operator's.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::history::Queued;
-use super::rollout::{
-    Candidate, Compared, OPERATOR_SCOPE, Trial, Tried, describe_cors, describe_quota, failure_kind,
-    on_canary,
-};
-use super::stages::{CorsDecision, CorsInput, CorsQuery, QuotaDecision};
-use super::tenants::{Installed, TenantCallError, TenantPolicies};
+use super::rollout::{Compared, OPERATOR_SCOPE, Trial, failure_kind, on_canary};
+use super::stages::{AnyCandidate, AnyModule, PolicyStage};
+use super::tenants::{AnyInstalled, TenantCallError, TenantPolicies};
 use super::{PluginError, Policies, PolicyEngine, Stage};
-use crate::actor::Actor;
 use crate::control::PolicyEventRecord;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::plane::Plane;
-use crate::ratelimit::rules::RuleSource;
 
 /// The policy modules in force.
 #[derive(Debug)]
@@ -74,13 +68,19 @@ impl PolicyRegistry {
 
     /// A project's canary failed a call: when it now fails too often on its share, it is taken
     /// out of force here at once and queued to be removed from the store and recorded.
-    fn canary_failed(&self, project: &str, stage: Stage, canary: &Installed, error: &PluginError) {
+    fn canary_failed(
+        &self,
+        project: &str,
+        stage: Stage,
+        canary: &dyn AnyInstalled,
+        error: &PluginError,
+    ) {
         if !canary.failing_too_often()
-            || !self.tenants.drop_candidate(project, stage, &canary.digest)
+            || !self.tenants.drop_candidate(project, stage, canary.digest())
         {
             return;
         }
-        let event = self.canary_dropped(Some(project), Plane::Data, stage, &canary.digest, error);
+        let event = self.canary_dropped(Some(project), Plane::Data, stage, canary.digest(), error);
         if let Some(sender) = self.history.get() {
             let _ = sender.send(Queued::CanaryDropped(event));
         }
@@ -178,7 +178,7 @@ impl PolicyRegistry {
     /// The fail-closed answer to a failed call of `module`, the operator's module in force for
     /// its stage (the call was counted and logged by the runtime). When it now fails too often,
     /// the previous set is put back in force here, where the failure happens.
-    pub fn plugin_failed(&self, module: &impl Tried, error: &PluginError) -> GatewayError {
+    pub fn plugin_failed(&self, module: &dyn AnyModule, error: &PluginError) -> GatewayError {
         let before = self.current.load_full();
         if module.failing_too_often() && self.roll_back() {
             self.record(super::history::operator_changes(
@@ -210,134 +210,138 @@ impl PolicyRegistry {
         }
     }
 
-    /// The CORS decision for a request of `project` (when known): the project's own module on
-    /// the data plane when it installed one (run on the tenant pool), the plane's otherwise.
+    /// The decision of stage `S` for one request: the one algorithm every stage's decision
+    /// goes through.
     ///
-    /// When the project tries a candidate: a canary decides instead for the clients (by
-    /// address: a browser's preflight and its request are on the same side) on its share; a
-    /// shadow runs after the decision, off the request's path, and is compared with it.
-    pub async fn cors(
+    /// In order: a project's candidate (data plane, a stage projects may install): a canary
+    /// decides instead for the callers on its share ([`PolicyStage::subject`]), a shadow runs
+    /// after the enforced decision, off the request's path, and is compared with it; then the
+    /// module in force ([`Self::enforced`]). A failed call fails the request closed, and the
+    /// failing module is dealt with where it sits: a candidate is dropped when it fails too
+    /// often, a project's module fails that project's requests only, the operator's module in
+    /// force is rolled back.
+    pub async fn decide<S: PolicyStage>(
         &self,
-        pinned: &Policies,
-        request_id: Option<&str>,
-        plane: Plane,
-        project: Option<&str>,
-        client: Option<IpAddr>,
-        input: CorsInput<'_>,
-    ) -> Result<CorsDecision, GatewayError> {
-        if let (Plane::Data, Some(project)) = (plane, project)
-            && let Some((candidate, gate)) = self.tenants.candidate(project, Stage::Cors)
+        call: &StageCall<'_>,
+        input: S::Input<'_>,
+    ) -> Result<(S::Decision, Source), GatewayError> {
+        if let Some(project) = call.tenant_project::<S>()
+            && let Some((candidate, gate)) = self.tenants.candidate_for::<S>(project)
         {
             match candidate.trial {
                 Some(Trial::Canary { percent })
-                    if on_canary(project, Stage::Cors, &client_subject(client), percent) =>
+                    if on_canary(project, S::STAGE, &S::subject(&input), percent) =>
                 {
                     let result = self
                         .tenants
-                        .run_cors(candidate.clone(), &gate, request_id, plane, input)
+                        .run(candidate.clone(), &gate, call.request_id, input)
                         .await;
                     if let Err(TenantCallError::Plugin(e)) = &result {
-                        self.canary_failed(project, Stage::Cors, &candidate, e);
+                        self.canary_failed(project, S::STAGE, &*candidate, e);
                     }
-                    return result.map_err(|e| self.tenant_call_failed(&e));
+                    return result
+                        .map(|d| (d, Source::Tenant))
+                        .map_err(|e| self.tenant_call_failed(&e));
                 }
                 Some(Trial::Shadow) => {
-                    let decision = self
-                        .enforced_cors(pinned, request_id, plane, Some(project), client, input)
-                        .await;
-                    if let Ok(enforced) = &decision {
+                    let decision = self.enforced::<S>(call, input).await;
+                    if let Ok((enforced, _)) = &decision {
                         self.tenants
-                            .shadow_cors(candidate, &gate, request_id, plane, input, enforced);
+                            .shadow(candidate, &gate, call.request_id, input, enforced);
                     }
                     return decision;
                 }
                 _ => {}
             }
         }
-        self.enforced_cors(pinned, request_id, plane, project, client, input)
-            .await
+        self.enforced::<S>(call, input).await
     }
 
-    /// The CORS decision of the module in force for the request.
-    async fn enforced_cors(
+    /// The decision of the module in force for the request: the project's own (run on the
+    /// tenant pool), else the plane's — or the operator's candidate, when one is tried: a canary
+    /// decides instead for the callers on its share, a shadow runs after the decision and is
+    /// compared with it.
+    async fn enforced<S: PolicyStage>(
         &self,
-        pinned: &Policies,
-        request_id: Option<&str>,
-        plane: Plane,
-        project: Option<&str>,
-        client: Option<IpAddr>,
-        input: CorsInput<'_>,
-    ) -> Result<CorsDecision, GatewayError> {
-        if let (Plane::Data, Some(project)) = (plane, project)
-            && let Some(result) = self
-                .tenants
-                .decide_cors(request_id, project, plane, input)
-                .await
+        call: &StageCall<'_>,
+        input: S::Input<'_>,
+    ) -> Result<(S::Decision, Source), GatewayError> {
+        if let Some(project) = call.tenant_project::<S>()
+            && let Some((installed, gate)) = self.tenants.installed_for::<S>(project)
         {
-            return result.map_err(|e| self.tenant_call_failed(&e));
+            return self
+                .tenants
+                .run(installed, &gate, call.request_id, input)
+                .await
+                .map(|d| (d, Source::Tenant))
+                .map_err(|e| self.tenant_call_failed(&e));
         }
-        let pp = pinned.plane(plane);
-        // The operator's candidate, for the requests the plane's module decides.
-        if let Some(c) = pp.cors_candidate.as_ref().filter(|c| !c.is_dropped()) {
+        let plane = call.plane;
+        let slot = call.pinned.plane(plane).slot::<S>().ok_or_else(|| {
+            GatewayError::internal(format!("the {plane} plane has no {} stage", S::STAGE))
+        })?;
+        let decided = |d| (d, Source::Operator);
+        if let Some(c) = slot.tried() {
             match c.trial {
                 Trial::Canary { percent }
-                    if on_canary(
-                        OPERATOR_SCOPE,
-                        Stage::Cors,
-                        &client_subject(client),
-                        percent,
-                    ) =>
+                    if on_canary(OPERATOR_SCOPE, S::STAGE, &S::subject(&input), percent) =>
                 {
-                    return c.stage.decide(request_id, plane, input).map_err(|e| {
-                        self.operator_canary_failed(plane, Stage::Cors, c, &e);
-                        GatewayError::policy_failed(Stage::Cors.key())
-                    });
+                    return c
+                        .module
+                        .decide(call.request_id, input)
+                        .map(decided)
+                        .map_err(|e| {
+                            self.operator_canary_failed(plane, S::STAGE, &**c, &e);
+                            GatewayError::policy_failed(S::STAGE.key())
+                        });
                 }
                 Trial::Shadow => {
-                    let decision = pp
-                        .cors
-                        .decide(request_id, plane, input)
-                        .map_err(|e| self.plugin_failed(pp.cors.as_ref(), &e))?;
+                    let decision = slot
+                        .module
+                        .decide(call.request_id, input)
+                        .map_err(|e| self.plugin_failed(&*slot.module, &e))?;
                     c.comparison.count_in(|| {
                         self.tenants
                             .shadow_metrics
-                            .series(plane, Stage::Cors, OPERATOR_SCOPE)
+                            .series(plane, S::STAGE, OPERATOR_SCOPE)
                     });
-                    let compared = Compared::new(request_id, input.method, input.path);
-                    let enforced = describe_cors(&decision);
-                    let query = CorsQuery::from(input);
+                    let (method, path) = S::request_line(&input);
+                    let compared = Compared::new(call.request_id, method, path);
+                    let enforced = S::describe(&decision);
+                    let query = S::query(input);
                     let runner = c.clone();
                     self.tenants.spawn_shadow(&c.comparison, None, move || {
                         let shadow = runner
-                            .stage
-                            .decide(Some(&compared.request_id), plane, query.input())
-                            .map(|d| describe_cors(&d))
+                            .module
+                            .decide(Some(&compared.request_id), S::input(&query))
+                            .map(|d| S::describe(&d))
                             .map_err(|e| failure_kind(&e));
                         runner.comparison.record(compared, enforced, shadow);
                     });
-                    return Ok(decision);
+                    return Ok(decided(decision));
                 }
                 Trial::Canary { .. } => {}
             }
         }
-        pp.cors
-            .decide(request_id, plane, input)
-            .map_err(|e| self.plugin_failed(pp.cors.as_ref(), &e))
+        slot.module
+            .decide(call.request_id, input)
+            .map(decided)
+            .map_err(|e| self.plugin_failed(&*slot.module, &e))
     }
 
     /// An operator's canary failed a call: when it now fails too often on its share it is no
     /// longer tried (until the next reload), recorded with the reason.
-    fn operator_canary_failed<S: Tried>(
+    fn operator_canary_failed(
         &self,
         plane: Plane,
         stage: Stage,
-        canary: &Candidate<S>,
+        canary: &dyn AnyCandidate,
         error: &PluginError,
     ) {
-        if !canary.stage.failing_too_often() || !canary.drop_now() {
+        if !canary.module().failing_too_often() || !canary.drop_now() {
             return;
         }
-        let event = self.canary_dropped(None, plane, stage, canary.stage.digest(), error);
+        let event = self.canary_dropped(None, plane, stage, canary.module().digest(), error);
         self.record(vec![event]);
     }
 
@@ -345,18 +349,18 @@ impl PolicyRegistry {
     /// next reload), recorded as an `abort`. False when none is being tried.
     pub fn abort_operator_candidate(&self, plane: Plane, stage: Stage) -> bool {
         let pinned = self.current.load_full();
-        let pp = pinned.plane(plane);
-        let (digest, mode) = match stage {
-            Stage::Cors => match &pp.cors_candidate {
-                Some(c) if c.drop_now() => (c.stage.digest().to_owned(), c.trial.mode().as_str()),
-                _ => return false,
-            },
-            Stage::Quota => match &pp.quota_candidate {
-                Some(c) if c.drop_now() => (c.stage.digest().to_owned(), c.trial.mode().as_str()),
-                _ => return false,
-            },
-            Stage::ApiKey | Stage::DbRouting => return false,
+        let Some(candidate) = pinned
+            .plane(plane)
+            .any_slot(stage)
+            .and_then(|slot| slot.candidate())
+            .filter(|c| c.drop_now())
+        else {
+            return false;
         };
+        let (digest, mode) = (
+            candidate.module().digest().to_owned(),
+            candidate.trial().mode().as_str(),
+        );
         let mut event = super::history::event(
             super::history::OPERATOR,
             None,
@@ -404,160 +408,38 @@ impl PolicyRegistry {
         tracing::warn!(plane = %plane, stage = %stage, "the operator's candidate module is now in force on this instance");
         true
     }
-
-    /// The quota rule of a request, and whose module answered it.
-    ///
-    /// When the project tries a candidate: a canary decides instead for the actors (user, else
-    /// API key) on its share; a shadow runs after the decision, off the request's path, and is
-    /// compared with it.
-    pub async fn quota(
-        &self,
-        pinned: &Policies,
-        request_id: Option<&str>,
-        actor: &Actor,
-        method: &str,
-        path: &str,
-        route_group: &'static str,
-    ) -> Result<(QuotaDecision, RuleSource), GatewayError> {
-        if let (Plane::Data, Some(project)) = (actor.plane, actor.project.as_deref())
-            && let Some((candidate, gate)) = self.tenants.candidate(project, Stage::Quota)
-        {
-            match candidate.trial {
-                Some(Trial::Canary { percent })
-                    if on_canary(project, Stage::Quota, &actor_subject(actor), percent) =>
-                {
-                    let result = self
-                        .tenants
-                        .run_quota(
-                            candidate.clone(),
-                            &gate,
-                            request_id,
-                            method,
-                            path,
-                            route_group,
-                            actor,
-                        )
-                        .await;
-                    if let Err(TenantCallError::Plugin(e)) = &result {
-                        self.canary_failed(project, Stage::Quota, &candidate, e);
-                    }
-                    return result
-                        .map(|d| (d, RuleSource::Tenant))
-                        .map_err(|e| self.tenant_call_failed(&e));
-                }
-                Some(Trial::Shadow) => {
-                    let decision = self
-                        .enforced_quota(pinned, request_id, actor, method, path, route_group)
-                        .await;
-                    if let Ok((enforced, _)) = &decision {
-                        self.tenants.shadow_quota(
-                            candidate,
-                            &gate,
-                            request_id,
-                            method,
-                            path,
-                            route_group,
-                            actor,
-                            enforced,
-                        );
-                    }
-                    return decision;
-                }
-                _ => {}
-            }
-        }
-        self.enforced_quota(pinned, request_id, actor, method, path, route_group)
-            .await
-    }
-
-    /// The quota rule of the module in force for the request.
-    async fn enforced_quota(
-        &self,
-        pinned: &Policies,
-        request_id: Option<&str>,
-        actor: &Actor,
-        method: &str,
-        path: &str,
-        route_group: &'static str,
-    ) -> Result<(QuotaDecision, RuleSource), GatewayError> {
-        if let (Plane::Data, Some(project)) = (actor.plane, actor.project.as_deref())
-            && let Some(result) = self
-                .tenants
-                .decide_quota(request_id, project, method, path, route_group, actor)
-                .await
-        {
-            return result
-                .map(|d| (d, RuleSource::Tenant))
-                .map_err(|e| self.tenant_call_failed(&e));
-        }
-        let pp = pinned.plane(actor.plane);
-        // The operator's candidate, for the requests the plane's module decides.
-        if let Some(c) = pp.quota_candidate.as_ref().filter(|c| !c.is_dropped()) {
-            match c.trial {
-                Trial::Canary { percent }
-                    if on_canary(OPERATOR_SCOPE, Stage::Quota, &actor_subject(actor), percent) =>
-                {
-                    return c
-                        .stage
-                        .decide(request_id, method, path, route_group, actor)
-                        .map(|d| (d, RuleSource::Operator))
-                        .map_err(|e| {
-                            self.operator_canary_failed(actor.plane, Stage::Quota, c, &e);
-                            GatewayError::policy_failed(Stage::Quota.key())
-                        });
-                }
-                Trial::Shadow => {
-                    let decision = pp
-                        .quota
-                        .decide(request_id, method, path, route_group, actor)
-                        .map_err(|e| self.plugin_failed(pp.quota.as_ref(), &e))?;
-                    let plane = actor.plane;
-                    c.comparison.count_in(|| {
-                        self.tenants
-                            .shadow_metrics
-                            .series(plane, Stage::Quota, OPERATOR_SCOPE)
-                    });
-                    let compared = Compared::new(request_id, method, path);
-                    let enforced = describe_quota(&decision);
-                    let (method, path, who) = (method.to_owned(), path.to_owned(), actor.clone());
-                    let runner = c.clone();
-                    self.tenants.spawn_shadow(&c.comparison, None, move || {
-                        let shadow = runner
-                            .stage
-                            .decide(
-                                Some(&compared.request_id),
-                                &method,
-                                &path,
-                                route_group,
-                                &who,
-                            )
-                            .map(|d| describe_quota(&d))
-                            .map_err(|e| failure_kind(&e));
-                        runner.comparison.record(compared, enforced, shadow);
-                    });
-                    return Ok((decision, RuleSource::Operator));
-                }
-                Trial::Canary { .. } => {}
-            }
-        }
-        pp.quota
-            .decide(request_id, method, path, route_group, actor)
-            .map(|d| (d, RuleSource::Operator))
-            .map_err(|e| self.plugin_failed(pp.quota.as_ref(), &e))
-    }
 }
 
-/// The canary subject of a CORS decision: the client's address (the actor is not known yet on a
-/// preflight).
-fn client_subject(client: Option<IpAddr>) -> String {
-    client.map_or_else(|| "-".to_owned(), |ip| ip.to_string())
+/// Whose module gave a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The plane's (the operator's) module, or its candidate.
+    Operator,
+    /// The project's own module, or its candidate.
+    Tenant,
 }
 
-/// The canary subject of a quota decision: the user, else the API key, else the address.
-fn actor_subject(actor: &Actor) -> String {
-    actor
-        .user_id
-        .clone()
-        .or_else(|| actor.key_id.clone())
-        .unwrap_or_else(|| client_subject(actor.client_ip))
+/// Who asks [`PolicyRegistry::decide`] for a decision.
+#[derive(Debug, Clone, Copy)]
+pub struct StageCall<'a> {
+    /// The modules the request pinned.
+    pub pinned: &'a Policies,
+    /// The request's id (for the plugin's log lines).
+    pub request_id: Option<&'a str>,
+    /// The plane of the request.
+    pub plane: Plane,
+    /// The request's project, when known.
+    pub project: Option<&'a str>,
+}
+
+impl StageCall<'_> {
+    /// The project whose own modules of stage `S` may decide: a data-plane request of a known
+    /// project, for a stage projects may install.
+    fn tenant_project<S: PolicyStage>(&self) -> Option<&str> {
+        if S::STAGE.info().tenant && self.plane == Plane::Data {
+            self.project
+        } else {
+            None
+        }
+    }
 }

@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 pub use crate::stage::Trial;
 
 use super::Stage;
-use super::stages::{CorsDecision, QuotaDecision};
+use super::stages::{Module, PolicyStage};
 use crate::metrics::Metrics;
 use crate::plane::Plane;
 
@@ -200,16 +200,6 @@ impl Comparison {
     }
 }
 
-/// What the host needs of a module on trial.
-pub trait Tried {
-    /// SHA-256 of the module, hex.
-    fn digest(&self) -> &str;
-    /// Whether it fails too often in the current window (`plugins.rollback_*`).
-    fn failing_too_often(&self) -> bool;
-    /// Calls, failures and call times since it was loaded.
-    fn report(&self) -> super::stats::ModuleReport;
-}
-
 /// The scope of the operator's canaries in [`on_canary`] (project refs are never `-`).
 pub const OPERATOR_SCOPE: &str = "-";
 
@@ -217,19 +207,20 @@ pub const OPERATOR_SCOPE: &str = "-";
 /// modules in force: tried until the next reload, unless the operator aborts it or it is dropped
 /// for failing on its share.
 #[derive(Debug)]
-pub struct Candidate<S> {
-    pub stage: Arc<S>,
+pub struct Candidate<S: PolicyStage> {
+    /// The candidate's module.
+    pub module: Arc<Module<S>>,
     pub trial: Trial,
     /// A shadow's comparison with the enforced decisions.
     pub comparison: Comparison,
     dropped: std::sync::atomic::AtomicBool,
 }
 
-impl<S> Candidate<S> {
-    /// `stage` tried as `trial`.
-    pub fn new(stage: S, trial: Trial) -> Self {
+impl<S: PolicyStage> Candidate<S> {
+    /// `module` tried as `trial`.
+    pub fn new(module: Module<S>, trial: Trial) -> Self {
         Self {
-            stage: Arc::new(stage),
+            module: Arc::new(module),
             trial,
             comparison: Comparison::new(None),
             dropped: std::sync::atomic::AtomicBool::new(false),
@@ -253,32 +244,6 @@ pub fn failure_kind(error: &super::PluginError) -> String {
         .kind()
         .map_or("error", super::FailureKind::as_str)
         .to_owned()
-}
-
-/// A CORS decision as text, to compare and to show.
-pub fn describe_cors(decision: &CorsDecision) -> String {
-    match decision {
-        CorsDecision::Deny => "deny".to_owned(),
-        CorsDecision::Allow(a) => format!(
-            "allow origin={} methods={} headers={} expose={} max_age={}",
-            a.allow_origin,
-            a.allow_methods.join(","),
-            a.allow_headers.join(","),
-            a.expose_headers.join(","),
-            a.max_age.map_or_else(|| "-".to_owned(), |s| s.to_string()),
-        ),
-    }
-}
-
-/// A quota decision as text, to compare and to show.
-pub fn describe_quota(decision: &QuotaDecision) -> String {
-    match decision {
-        QuotaDecision::Exempt => "exempt".to_owned(),
-        QuotaDecision::Limit(r) => format!(
-            "limit bucket={} rate={} burst={} cost={}",
-            r.bucket, r.rate_per_second, r.burst, r.cost
-        ),
-    }
 }
 
 /// The metric handles of one shadow (plane, stage, project), released with the last

@@ -15,6 +15,7 @@
 //!   refresh runs is never reverted by it (changes are sequenced, and a refresh only decides for
 //!   the modules nobody changed since it started).
 
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,71 +26,89 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::component::Component;
 
 use super::compile::{CompileError, CompileReport, Compiler};
-use super::conformance::{self, StageReport};
+use super::conformance::StageReport;
 use super::isolation::{Busy, TenantPool};
-use super::rollout::{
-    Compared, Comparison, ShadowMetrics, ShadowSeries, Trial, describe_cors, describe_quota,
-    failure_kind,
-};
-use super::stages::{CorsDecision, CorsInput, CorsQuery, QuotaDecision};
-use super::{CorsStage, Owner, PluginError, PolicyEngine, QuotaStage, Stage};
-use crate::actor::Actor;
+use super::rollout::{Compared, Comparison, ShadowMetrics, ShadowSeries, Trial, failure_kind};
+use super::stages::{Module, ModuleSource, PolicyStage, StageFn, for_stage};
+use super::{Owner, PluginError, PolicyEngine, Stage};
 use crate::config::PluginRuntimeConfig;
 use crate::control::ControlStore;
 use crate::metrics::Metrics;
 use crate::plane::Plane;
+use crate::stage::STAGES;
 
-/// A stage a tenant may install a module for, from its key.
-pub fn tenant_stage(key: &str) -> Option<Stage> {
-    match key {
-        "cors" => Some(Stage::Cors),
-        "quota" => Some(Stage::Quota),
-        _ => None,
-    }
-}
-
-/// A loaded tenant module.
+/// A project's module for stage `S`, in force or on trial, with what it was loaded from.
 #[derive(Debug)]
-pub enum TenantModule {
-    Cors(CorsStage),
-    Quota(QuotaStage),
-}
-
-/// A tenant module in force or on trial, with what it was loaded from.
-#[derive(Debug)]
-pub struct Installed {
+pub struct Installed<S: PolicyStage> {
     pub digest: String,
     pub config: String,
-    pub module: TenantModule,
+    pub module: Module<S>,
     /// `None`: the module in force; a shadow or a canary otherwise.
     pub trial: Option<Trial>,
     /// A shadow's comparison with the enforced decisions.
     pub comparison: Option<Comparison>,
 }
 
-impl Installed {
-    /// This module as a candidate tried as `trial`, its disagreements counted in `series`.
-    pub fn on_trial(mut self, trial: Trial, series: Option<ShadowSeries>) -> Self {
-        self.comparison = (trial == Trial::Shadow).then(|| Comparison::new(series));
-        self.trial = Some(trial);
+/// What the host reads of a project's module, whatever its stage.
+pub trait AnyInstalled: Send + Sync + std::fmt::Debug {
+    /// The typed [`Installed`].
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+    /// The stage.
+    fn stage(&self) -> Stage;
+    /// SHA-256 of the module, hex.
+    fn digest(&self) -> &str;
+    /// Its configuration (JSON).
+    fn config(&self) -> &str;
+    /// `None`: the module in force; a shadow or a canary otherwise.
+    fn trial(&self) -> Option<Trial>;
+    /// A shadow's comparison with the enforced decisions.
+    fn comparison(&self) -> Option<&Comparison>;
+    /// Tries this module as a candidate (`trial`), its disagreements counted in `series`.
+    fn put_on_trial(&mut self, trial: Trial, series: Option<ShadowSeries>);
+    /// Calls, failures and call times since the module was loaded.
+    fn report(&self) -> super::stats::ModuleReport;
+    /// Whether the module fails too often in the current window.
+    fn failing_too_often(&self) -> bool;
+}
+
+impl<S: PolicyStage> AnyInstalled for Installed<S> {
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
         self
     }
-
-    /// Calls, failures and call times since the module was loaded.
-    pub fn report(&self) -> super::stats::ModuleReport {
-        match &self.module {
-            TenantModule::Cors(m) => m.report(),
-            TenantModule::Quota(m) => m.report(),
-        }
+    fn stage(&self) -> Stage {
+        S::STAGE
     }
-
-    /// Whether the module fails too often in the current window.
-    pub fn failing_too_often(&self) -> bool {
-        match &self.module {
-            TenantModule::Cors(m) => m.failing_too_often(),
-            TenantModule::Quota(m) => m.failing_too_often(),
-        }
+    fn digest(&self) -> &str {
+        &self.digest
     }
+    fn config(&self) -> &str {
+        &self.config
+    }
+    fn trial(&self) -> Option<Trial> {
+        self.trial
+    }
+    fn comparison(&self) -> Option<&Comparison> {
+        self.comparison.as_ref()
+    }
+    fn put_on_trial(&mut self, trial: Trial, series: Option<ShadowSeries>) {
+        self.comparison = (trial == Trial::Shadow).then(|| Comparison::new(series));
+        self.trial = Some(trial);
+    }
+    fn report(&self) -> super::stats::ModuleReport {
+        super::AnyModule::report(&self.module)
+    }
+    fn failing_too_often(&self) -> bool {
+        super::AnyModule::failing_too_often(&self.module)
+    }
+}
+
+/// A checked module of any stage, ready to put in force.
+pub type Checked = Box<dyn AnyInstalled>;
+
+/// [`Checked`] tried as `trial`, its disagreements counted in `series`.
+pub fn on_trial(mut checked: Checked, trial: Trial, series: Option<ShadowSeries>) -> Checked {
+    checked.put_on_trial(trial, series);
+    checked
 }
 
 /// Which module of a project's stage: the one in force, or the candidate on trial.
@@ -141,7 +160,7 @@ impl From<CompileError> for PrepareError {
 /// A module checked and ready to put in force, with what checking it cost.
 #[derive(Debug)]
 pub struct Prepared {
-    pub installed: Installed,
+    pub installed: Checked,
     pub report: StageReport,
     pub compile: CompileReport,
 }
@@ -155,45 +174,43 @@ pub fn prepare_compiled(
     digest: String,
     component: Component,
     config: &str,
-) -> Result<(Installed, StageReport), String> {
-    let loaded = (
-        format!("{TENANT_MODULE_PREFIX}{project}"),
-        digest.clone(),
+) -> Result<(Checked, StageReport), String> {
+    struct Prepare<'a> {
+        runtime: &'a Arc<PolicyEngine>,
+        source: ModuleSource,
+    }
+    impl StageFn for Prepare<'_> {
+        type Out = Result<(Checked, StageReport), String>;
+        fn call<S: PolicyStage>(self) -> Self::Out {
+            if !S::STAGE.info().tenant {
+                return Err(format!(
+                    "projects cannot install a module for the {} stage",
+                    S::STAGE
+                ));
+            }
+            let (digest, config) = (self.source.digest.clone(), self.source.config.clone());
+            let module = Module::<S>::load(self.runtime, Plane::Data, self.source, Owner::Tenant)
+                .map_err(|e| e.to_string())?;
+            let report = S::conformance(&module).map_err(|e| e.to_string())?;
+            // The failure window starts after the checks: a canary is judged on live calls only.
+            super::AnyModule::reset_health(&module);
+            let installed: Checked = Box::new(Installed {
+                digest,
+                config,
+                module,
+                trial: None,
+                comparison: None,
+            });
+            Ok((installed, report))
+        }
+    }
+    let source = ModuleSource {
+        name: format!("{TENANT_MODULE_PREFIX}{project}"),
+        digest,
         component,
-        config.to_owned(),
-    );
-    let (module, report) = match stage {
-        // The failure window starts after the checks: a canary is judged on live calls only.
-        Stage::Cors => {
-            let m = CorsStage::load(runtime, Plane::Data, loaded, Owner::Tenant)
-                .map_err(|e| e.to_string())?;
-            let r = conformance::check_cors_stage(Plane::Data, &m).map_err(|e| e.to_string())?;
-            m.reset_health();
-            (TenantModule::Cors(m), r)
-        }
-        Stage::Quota => {
-            let m = QuotaStage::load(runtime, Plane::Data, loaded, Owner::Tenant)
-                .map_err(|e| e.to_string())?;
-            let r = conformance::check_quota_stage(Plane::Data, &m).map_err(|e| e.to_string())?;
-            m.reset_health();
-            (TenantModule::Quota(m), r)
-        }
-        other => {
-            return Err(format!(
-                "projects cannot install a module for the {other} stage"
-            ));
-        }
+        config: config.to_owned(),
     };
-    Ok((
-        Installed {
-            digest,
-            config: config.to_owned(),
-            module,
-            trial: None,
-            comparison: None,
-        },
-        report,
-    ))
+    for_stage(stage, Prepare { runtime, source })
 }
 
 /// A tenant call that did not give a decision.
@@ -248,45 +265,48 @@ impl Drop for UploadPermit {
     }
 }
 
-/// One project's modules and its concurrency gate.
+/// A project's module as stored: erased, the stage's type given back by [`typed`].
+type Shared = Arc<dyn AnyInstalled>;
+
+/// `installed` as stage `S`'s module (`None` if it is another stage's).
+fn typed<S: PolicyStage>(installed: &Shared) -> Option<Arc<Installed<S>>> {
+    installed.clone().into_any().downcast::<Installed<S>>().ok()
+}
+
+/// One project's modules and its concurrency gate: a module in force and a candidate per stage,
+/// in [`Stage::index`] order.
 #[derive(Debug)]
 struct ProjectModules {
-    cors: Option<Arc<Installed>>,
-    quota: Option<Arc<Installed>>,
-    cors_candidate: Option<Arc<Installed>>,
-    quota_candidate: Option<Arc<Installed>>,
+    slots: [[Option<Shared>; 2]; STAGES.len()],
     gate: Arc<Semaphore>,
 }
 
-impl ProjectModules {
-    fn get(&self, stage: Stage, slot: Slot) -> Option<&Arc<Installed>> {
-        match (stage, slot) {
-            (Stage::Cors, Slot::Enforced) => self.cors.as_ref(),
-            (Stage::Quota, Slot::Enforced) => self.quota.as_ref(),
-            (Stage::Cors, Slot::Candidate) => self.cors_candidate.as_ref(),
-            (Stage::Quota, Slot::Candidate) => self.quota_candidate.as_ref(),
-            _ => None,
+impl Slot {
+    fn index(self) -> usize {
+        match self {
+            Slot::Enforced => 0,
+            Slot::Candidate => 1,
         }
-    }
-
-    fn set(&mut self, stage: Stage, slot: Slot, installed: Arc<Installed>) {
-        let place = match (stage, slot) {
-            (Stage::Cors, Slot::Enforced) => &mut self.cors,
-            (Stage::Quota, Slot::Enforced) => &mut self.quota,
-            (Stage::Cors, Slot::Candidate) => &mut self.cors_candidate,
-            (Stage::Quota, Slot::Candidate) => &mut self.quota_candidate,
-            _ => return,
-        };
-        *place = Some(installed);
     }
 }
 
-const SLOTS: [(Stage, Slot); 4] = [
-    (Stage::Cors, Slot::Enforced),
-    (Stage::Quota, Slot::Enforced),
-    (Stage::Cors, Slot::Candidate),
-    (Stage::Quota, Slot::Candidate),
-];
+impl ProjectModules {
+    fn get(&self, stage: Stage, slot: Slot) -> Option<&Shared> {
+        self.slots[stage.index()][slot.index()].as_ref()
+    }
+
+    fn set(&mut self, stage: Stage, slot: Slot, installed: Shared) {
+        self.slots[stage.index()][slot.index()] = Some(installed);
+    }
+
+    fn all(&self) -> impl Iterator<Item = (Stage, Slot, &Shared)> {
+        Stage::ALL.into_iter().flat_map(move |stage| {
+            [Slot::Enforced, Slot::Candidate]
+                .into_iter()
+                .filter_map(move |slot| Some((stage, slot, self.get(stage, slot)?)))
+        })
+    }
+}
 
 type Key = (String, Stage, Slot);
 
@@ -363,12 +383,7 @@ impl TenantPolicies {
         }
     }
 
-    fn lookup(
-        &self,
-        project: &str,
-        stage: Stage,
-        slot: Slot,
-    ) -> Option<(Arc<Installed>, Arc<Semaphore>)> {
+    fn lookup(&self, project: &str, stage: Stage, slot: Slot) -> Option<(Shared, Arc<Semaphore>)> {
         let map = self.map.load();
         if map.is_empty() {
             return None;
@@ -377,19 +392,41 @@ impl TenantPolicies {
         Some((modules.get(stage, slot)?.clone(), modules.gate.clone()))
     }
 
+    fn lookup_typed<S: PolicyStage>(
+        &self,
+        project: &str,
+        slot: Slot,
+    ) -> Option<(Arc<Installed<S>>, Arc<Semaphore>)> {
+        let (installed, gate) = self.lookup(project, S::STAGE, slot)?;
+        Some((typed::<S>(&installed)?, gate))
+    }
+
     /// The project's module for `stage`, if it installed one.
-    pub fn installed(&self, project: &str, stage: Stage) -> Option<Arc<Installed>> {
+    pub fn installed(&self, project: &str, stage: Stage) -> Option<Shared> {
         self.lookup(project, stage, Slot::Enforced)
             .map(|(installed, _)| installed)
     }
 
-    /// The project's candidate for `stage` (shadow or canary), with the project's gate.
-    pub fn candidate(
+    /// The project's candidate for `stage` (shadow or canary).
+    pub fn candidate(&self, project: &str, stage: Stage) -> Option<Shared> {
+        self.lookup(project, stage, Slot::Candidate)
+            .map(|(installed, _)| installed)
+    }
+
+    /// The project's module in force for stage `S`, with the project's gate.
+    pub fn installed_for<S: PolicyStage>(
         &self,
         project: &str,
-        stage: Stage,
-    ) -> Option<(Arc<Installed>, Arc<Semaphore>)> {
-        self.lookup(project, stage, Slot::Candidate)
+    ) -> Option<(Arc<Installed<S>>, Arc<Semaphore>)> {
+        self.lookup_typed::<S>(project, Slot::Enforced)
+    }
+
+    /// The project's candidate for stage `S` (shadow or canary), with the project's gate.
+    pub fn candidate_for<S: PolicyStage>(
+        &self,
+        project: &str,
+    ) -> Option<(Arc<Installed<S>>, Arc<Semaphore>)> {
+        self.lookup_typed::<S>(project, Slot::Candidate)
     }
 
     /// Digests of every module loaded, in force or on trial.
@@ -398,15 +435,10 @@ impl TenantPolicies {
             .load()
             .values()
             .flat_map(|m| {
-                [
-                    m.cors.as_ref(),
-                    m.quota.as_ref(),
-                    m.cors_candidate.as_ref(),
-                    m.quota_candidate.as_ref(),
-                ]
+                m.all()
+                    .map(|(_, _, i)| i.digest().to_owned())
+                    .collect::<Vec<_>>()
             })
-            .flatten()
-            .map(|i| i.digest.clone())
             .collect()
     }
 
@@ -418,170 +450,54 @@ impl TenantPolicies {
         TenantCallError::Busy(busy)
     }
 
-    /// The project's CORS decision, when it installed a CORS module (run on the tenant pool).
-    pub async fn decide_cors(
+    /// Runs `installed` for one request on the tenant pool under `gate`: the input is copied
+    /// (owned) for the call on another thread.
+    pub async fn run<S: PolicyStage>(
         &self,
-        request_id: Option<&str>,
-        project: &str,
-        plane: Plane,
-        input: CorsInput<'_>,
-    ) -> Option<Result<CorsDecision, TenantCallError>> {
-        let (installed, gate) = self.lookup(project, Stage::Cors, Slot::Enforced)?;
-        Some(
-            self.run_cors(installed, &gate, request_id, plane, input)
-                .await,
-        )
-    }
-
-    /// Runs `installed` (a cors module) for one request on the tenant pool under `gate`.
-    pub async fn run_cors(
-        &self,
-        installed: Arc<Installed>,
+        installed: Arc<Installed<S>>,
         gate: &Arc<Semaphore>,
         request_id: Option<&str>,
-        plane: Plane,
-        input: CorsInput<'_>,
-    ) -> Result<CorsDecision, TenantCallError> {
-        // Owned only for a project that has a module: the call runs on another thread.
-        let query = CorsQuery::from(input);
+        input: S::Input<'_>,
+    ) -> Result<S::Decision, TenantCallError> {
+        let query = S::query(input);
         let request_id = request_id.map(str::to_owned);
         let result = self
             .pool
-            .run(gate, move || match &installed.module {
-                TenantModule::Cors(stage) => {
-                    stage.decide(request_id.as_deref(), plane, query.input())
-                }
-                TenantModule::Quota(_) => unreachable!("a cors slot holds a cors module"),
+            .run(gate, move || {
+                installed
+                    .module
+                    .decide(request_id.as_deref(), S::input(&query))
             })
             .await;
         match result {
             Ok(decision) => decision.map_err(TenantCallError::Plugin),
-            Err(busy) => Err(self.shed(Stage::Cors, busy)),
+            Err(busy) => Err(self.shed(S::STAGE, busy)),
         }
     }
 
-    /// Runs a shadow cors module for one request off the request's path and compares its
+    /// Runs a project's shadow module for one request off the request's path and compares its
     /// decision with `enforced`; skipped (and counted) when no place is free at once.
-    pub fn shadow_cors(
+    pub fn shadow<S: PolicyStage>(
         &self,
-        shadow: Arc<Installed>,
+        shadow: Arc<Installed<S>>,
         gate: &Arc<Semaphore>,
         request_id: Option<&str>,
-        plane: Plane,
-        input: CorsInput<'_>,
-        enforced: &CorsDecision,
+        input: S::Input<'_>,
+        enforced: &S::Decision,
     ) {
         let Some(comparison) = &shadow.comparison else {
             return;
         };
-        let compared = Compared::new(request_id, input.method, input.path);
-        let enforced = describe_cors(enforced);
-        let query = CorsQuery::from(input);
-        let request_id = compared.request_id.clone();
-        let runner = shadow.clone();
-        self.spawn_shadow(comparison, Some(gate), move || {
-            let TenantModule::Cors(stage) = &runner.module else {
-                return;
-            };
-            let decision = stage
-                .decide(Some(&request_id), plane, query.input())
-                .map(|d| describe_cors(&d))
-                .map_err(|e| failure_kind(&e));
-            if let Some(comparison) = &runner.comparison {
-                comparison.record(compared, enforced, decision);
-            }
-        });
-    }
-
-    /// The project's quota rule, when it installed a quota module (run on the tenant pool).
-    pub async fn decide_quota(
-        &self,
-        request_id: Option<&str>,
-        project: &str,
-        method: &str,
-        path: &str,
-        route_group: &'static str,
-        actor: &Actor,
-    ) -> Option<Result<QuotaDecision, TenantCallError>> {
-        let (installed, gate) = self.lookup(project, Stage::Quota, Slot::Enforced)?;
-        Some(
-            self.run_quota(
-                installed,
-                &gate,
-                request_id,
-                method,
-                path,
-                route_group,
-                actor,
-            )
-            .await,
-        )
-    }
-
-    /// Runs `installed` (a quota module) for one request on the tenant pool under `gate`.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the stage's inputs, each distinct"
-    )]
-    pub async fn run_quota(
-        &self,
-        installed: Arc<Installed>,
-        gate: &Arc<Semaphore>,
-        request_id: Option<&str>,
-        method: &str,
-        path: &str,
-        route_group: &'static str,
-        actor: &Actor,
-    ) -> Result<QuotaDecision, TenantCallError> {
-        let (method, path, actor) = (method.to_owned(), path.to_owned(), actor.clone());
-        let request_id = request_id.map(str::to_owned);
-        let result = self
-            .pool
-            .run(gate, move || match &installed.module {
-                TenantModule::Quota(stage) => {
-                    stage.decide(request_id.as_deref(), &method, &path, route_group, &actor)
-                }
-                TenantModule::Cors(_) => unreachable!("a quota slot holds a quota module"),
-            })
-            .await;
-        match result {
-            Ok(decision) => decision.map_err(TenantCallError::Plugin),
-            Err(busy) => Err(self.shed(Stage::Quota, busy)),
-        }
-    }
-
-    /// Runs a shadow quota module for one request off the request's path and compares its
-    /// decision with `enforced`; skipped (and counted) when no place is free at once.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the stage's inputs, each distinct"
-    )]
-    pub fn shadow_quota(
-        &self,
-        shadow: Arc<Installed>,
-        gate: &Arc<Semaphore>,
-        request_id: Option<&str>,
-        method: &str,
-        path: &str,
-        route_group: &'static str,
-        actor: &Actor,
-        enforced: &QuotaDecision,
-    ) {
-        let Some(comparison) = &shadow.comparison else {
-            return;
-        };
+        let (method, path) = S::request_line(&input);
         let compared = Compared::new(request_id, method, path);
-        let enforced = describe_quota(enforced);
-        let (method, path, actor) = (method.to_owned(), path.to_owned(), actor.clone());
-        let request_id = compared.request_id.clone();
+        let enforced = S::describe(enforced);
+        let query = S::query(input);
         let runner = shadow.clone();
         self.spawn_shadow(comparison, Some(gate), move || {
-            let TenantModule::Quota(stage) = &runner.module else {
-                return;
-            };
-            let decision = stage
-                .decide(Some(&request_id), &method, &path, route_group, &actor)
-                .map(|d| describe_quota(&d))
+            let decision = runner
+                .module
+                .decide(Some(&compared.request_id), S::input(&query))
+                .map(|d| S::describe(&d))
                 .map_err(|e| failure_kind(&e));
             if let Some(comparison) = &runner.comparison {
                 comparison.record(compared, enforced, decision);
@@ -686,8 +602,8 @@ impl TenantPolicies {
     pub fn reports(&self) -> Vec<(String, Stage, super::stats::ModuleReport)> {
         let mut out = Vec::new();
         for (project, modules) in self.map.load().iter() {
-            for stage in [Stage::Cors, Stage::Quota] {
-                if let Some(installed) = modules.get(stage, Slot::Enforced) {
+            for (stage, slot, installed) in modules.all() {
+                if slot == Slot::Enforced {
                     out.push((project.clone(), stage, installed.report()));
                 }
             }
@@ -696,18 +612,12 @@ impl TenantPolicies {
         out
     }
 
-    pub fn apply(&self, project: &str, stage: Stage, installed: Option<Installed>) {
+    pub fn apply(&self, project: &str, stage: Stage, installed: Option<Checked>) {
         self.apply_slot(project, stage, Slot::Enforced, installed);
     }
 
     /// Puts a module in `slot` for a project (`None` empties it), as a change of this instance.
-    pub fn apply_slot(
-        &self,
-        project: &str,
-        stage: Stage,
-        slot: Slot,
-        installed: Option<Installed>,
-    ) {
+    pub fn apply_slot(&self, project: &str, stage: Stage, slot: Slot, installed: Option<Checked>) {
         self.apply_if(project, stage, slot, installed, |_| true);
     }
 
@@ -715,7 +625,7 @@ impl TenantPolicies {
     /// failures); false when another change came first.
     pub fn drop_candidate(&self, project: &str, stage: Stage, digest: &str) -> bool {
         self.apply_if(project, stage, Slot::Candidate, None, |current| {
-            current.is_some_and(|c| c.digest == digest)
+            current.is_some_and(|c| c.digest() == digest)
         })
     }
 
@@ -724,10 +634,10 @@ impl TenantPolicies {
         project: &str,
         stage: Stage,
         slot: Slot,
-        installed: Option<Installed>,
-        only_if: impl FnOnce(Option<&Arc<Installed>>) -> bool,
+        installed: Option<Checked>,
+        only_if: impl FnOnce(Option<&Shared>) -> bool,
     ) -> bool {
-        let installed = installed.map(Arc::new);
+        let installed: Option<Shared> = installed.map(Shared::from);
         let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.map.load_full();
         let mut flat = flatten(&current);
@@ -750,17 +660,14 @@ impl TenantPolicies {
     fn group(
         &self,
         current: &HashMap<String, Arc<ProjectModules>>,
-        flat: HashMap<Key, Arc<Installed>>,
+        flat: HashMap<Key, Shared>,
     ) -> HashMap<String, Arc<ProjectModules>> {
         let mut grouped: HashMap<String, ProjectModules> = HashMap::new();
         for ((project, stage, slot), installed) in flat {
             let entry = grouped
                 .entry(project.clone())
                 .or_insert_with(|| ProjectModules {
-                    cors: None,
-                    quota: None,
-                    cors_candidate: None,
-                    quota_candidate: None,
+                    slots: Default::default(),
                     gate: current
                         .get(&project)
                         .map(|m| m.gate.clone())
@@ -823,16 +730,16 @@ impl TenantPolicies {
             }));
         let current = self.map.load_full();
         let current_flat = flatten(&current);
-        let mut loaded: HashMap<Key, Arc<Installed>> = HashMap::new();
+        let mut loaded: HashMap<Key, Shared> = HashMap::new();
         for (project_ref, stage, slot, digest, config, trial) in wanted {
-            let Some(stage) = tenant_stage(&stage) else {
+            let Some(stage) = Stage::parse_tenant(&stage) else {
                 continue;
             };
             let key = (project_ref.clone(), stage, slot);
             if let Some(existing) = current_flat.get(&key)
-                && existing.digest == digest
-                && existing.config == config
-                && existing.trial == trial
+                && existing.digest() == digest
+                && existing.config() == config
+                && existing.trial() == trial
             {
                 loaded.insert(key, existing.clone());
                 continue;
@@ -852,12 +759,13 @@ impl TenantPolicies {
                 Ok(prepared) => {
                     let installed = match trial {
                         None => prepared.installed,
-                        Some(trial) => prepared.installed.on_trial(
+                        Some(trial) => on_trial(
+                            prepared.installed,
                             trial,
                             Some(self.shadow_metrics.series(Plane::Data, stage, &project_ref)),
                         ),
                     };
-                    loaded.insert(key, Arc::new(installed));
+                    loaded.insert(key, Shared::from(installed));
                 }
                 Err(PrepareError::Unavailable(reason)) => {
                     tracing::warn!(project = %project_ref, stage = %stage, %reason, "tenant module not checked now; kept as it was");
@@ -895,13 +803,11 @@ impl TenantPolicies {
     }
 }
 
-fn flatten(map: &HashMap<String, Arc<ProjectModules>>) -> HashMap<Key, Arc<Installed>> {
+fn flatten(map: &HashMap<String, Arc<ProjectModules>>) -> HashMap<Key, Shared> {
     let mut flat = HashMap::new();
     for (project, modules) in map {
-        for (stage, slot) in SLOTS {
-            if let Some(installed) = modules.get(stage, slot) {
-                flat.insert((project.clone(), stage, slot), installed.clone());
-            }
+        for (stage, slot, installed) in modules.all() {
+            flat.insert((project.clone(), stage, slot), installed.clone());
         }
     }
     flat

@@ -30,12 +30,8 @@
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::stages::{
-    CorsDecision, CorsInput, DbEngine, DbRoute, KeyDecision, KeyRequest, KeyRole, KeySource,
-    ProjectDb, QuotaDecision, Topology,
-};
+use super::stages::{PolicyStage, StageFn, for_stage};
 use super::{Policies, Stage};
-use crate::actor::{Actor, Role};
 use crate::plane::Plane;
 
 /// A vectors file.
@@ -134,14 +130,15 @@ fn case_plane(case: &Case) -> Result<Plane, String> {
     }
 }
 
-fn parse<T: DeserializeOwned>(table: &toml::Table, what: &str) -> Result<T, String> {
+/// A case's `input` or `expect` table as `T`; `what` names it in errors.
+pub(crate) fn parse<T: DeserializeOwned>(table: &toml::Table, what: &str) -> Result<T, String> {
     toml::Value::Table(table.clone())
         .try_into()
         .map_err(|e| format!("{what}: {}", e.message()))
 }
 
 /// Compares one expected field when the case gives it.
-fn field<T: PartialEq + std::fmt::Debug>(
+pub(crate) fn field<T: PartialEq + std::fmt::Debug>(
     name: &str,
     expected: &Option<T>,
     actual: &T,
@@ -152,7 +149,8 @@ fn field<T: PartialEq + std::fmt::Debug>(
     }
 }
 
-fn decision_is(expected: &str, actual: &str) -> Result<(), String> {
+/// Compares the decision's case with the expected one.
+pub(crate) fn decision_is(expected: &str, actual: &str) -> Result<(), String> {
     if expected == actual {
         Ok(())
     } else {
@@ -161,285 +159,41 @@ fn decision_is(expected: &str, actual: &str) -> Result<(), String> {
 }
 
 fn run_case(stage: Stage, policies: &Policies, case: &Case) -> Result<(), String> {
-    let plane = case_plane(case)?;
-    let p = policies.plane(plane);
-    match stage {
-        Stage::ApiKey => {
-            let module = p
-                .api_key
-                .as_ref()
-                .ok_or_else(|| format!("the {plane} plane has no api_key stage"))?;
-            let input: ApiKeyInput = parse(&case.input, "input")?;
-            let expect: ApiKeyExpect = parse(&case.expect, "expect")?;
-            let wanted = module.headers();
-            let request = KeyRequest {
-                method: input.method,
-                path: input.path,
-                query_keys: input.query_keys,
-                headers: input
-                    .headers
-                    .into_iter()
-                    .map(|(n, v)| (n.to_ascii_lowercase(), v))
-                    .filter(|(n, _)| wanted.iter().any(|w| w == n))
-                    .collect(),
-            };
-            let decision = module
-                .extract(None, request)
-                .map_err(|e| format!("the plugin failed: {e}"))?;
-            match decision {
-                KeyDecision::Absent => decision_is(&expect.decision, "absent"),
-                KeyDecision::Refuse(message) => {
-                    decision_is(&expect.decision, "refuse")?;
-                    match &expect.message_contains {
-                        Some(part) if !message.contains(part.as_str()) => Err(format!(
-                            "message: expected it to contain {part:?}, got {message:?}"
-                        )),
-                        _ => Ok(()),
-                    }
-                }
-                KeyDecision::Present(c) => {
-                    decision_is(&expect.decision, "present")?;
-                    field("key", &expect.key, &c.key)?;
-                    let source = match c.source {
-                        KeySource::Header => "header",
-                        KeySource::Query => "query",
-                    };
-                    field("source", &expect.source.as_deref(), &source)?;
-                    let roles: Vec<&str> = c
-                        .allowed_roles
-                        .iter()
-                        .map(|r| match r {
-                            KeyRole::Anon => "anon",
-                            KeyRole::ServiceRole => "service_role",
-                        })
-                        .collect();
-                    let expected: Option<Vec<&str>> = expect
-                        .allowed_roles
-                        .as_ref()
-                        .map(|r| r.iter().map(String::as_str).collect());
-                    field("allowed_roles", &expected, &roles)
-                }
-            }
-        }
-        Stage::Cors => {
-            let input: CorsInputCase = parse(&case.input, "input")?;
-            let expect: CorsExpect = parse(&case.expect, "expect")?;
-            let decision = p
-                .cors
-                .decide(
-                    None,
-                    plane,
-                    CorsInput {
-                        method: &input.method,
-                        path: &input.path,
-                        origin: &input.origin,
-                        request_method: input.request_method.as_deref(),
-                        request_headers: input.request_headers.as_deref(),
-                    },
-                )
-                .map_err(|e| format!("the plugin failed: {e}"))?;
-            match decision {
-                CorsDecision::Deny => decision_is(&expect.decision, "deny"),
-                CorsDecision::Allow(a) => {
-                    decision_is(&expect.decision, "allow")?;
-                    field("allow_origin", &expect.allow_origin, &a.allow_origin)?;
-                    field("allow_methods", &expect.allow_methods, &a.allow_methods)?;
-                    field("allow_headers", &expect.allow_headers, &a.allow_headers)?;
-                    field("expose_headers", &expect.expose_headers, &a.expose_headers)?;
-                    field("max_age", &expect.max_age.map(Some), &a.max_age)
-                }
-            }
-        }
-        Stage::Quota => {
-            let input: QuotaInputCase = parse(&case.input, "input")?;
-            let expect: QuotaExpect = parse(&case.expect, "expect")?;
-            let mut actor = Actor::unauthenticated(plane);
-            actor.role = match input.actor.role.as_str() {
-                "anon" => Role::Anon,
-                "authenticated" => Role::Authenticated,
-                "service_role" => Role::ServiceRole,
-                "console" => Role::Console,
-                other => return Err(format!("input.actor.role: unknown role {other:?}")),
-            };
-            actor.project = input.actor.project;
-            actor.key_id = input.actor.key_id;
-            actor.user_id = input.actor.user_id;
-            actor.org_role = input.actor.org_role;
-            actor.plan = input.actor.plan;
-            let decision = p
-                .quota
-                .decide(None, &input.method, &input.path, &input.route_group, &actor)
-                .map_err(|e| format!("the plugin failed: {e}"))?;
-            match decision {
-                QuotaDecision::Exempt => decision_is(&expect.decision, "exempt"),
-                QuotaDecision::Limit(rule) => {
-                    decision_is(&expect.decision, "limit")?;
-                    field("bucket", &expect.bucket, &rule.bucket)?;
-                    field(
-                        "rate_per_second",
-                        &expect.rate_per_second,
-                        &rule.rate_per_second,
-                    )?;
-                    field("burst", &expect.burst, &rule.burst)?;
-                    field("cost", &expect.cost, &rule.cost)
-                }
-            }
-        }
-        Stage::DbRouting => {
-            let input: DbInputCase = parse(&case.input, "input")?;
-            let expect: DbExpect = parse(&case.expect, "expect")?;
-            let project = match input.project {
-                None => None,
-                Some(p) => Some(ProjectDb {
-                    engine: match p.engine.as_str() {
-                        "postgres" => DbEngine::Postgres,
-                        "mongodb" => DbEngine::Mongodb,
-                        other => {
-                            return Err(format!("input.project.engine: unknown engine {other:?}"));
-                        }
-                    },
-                    topology: match p.topology.as_str() {
-                        "shared" => Topology::Shared,
-                        "dedicated" => Topology::Dedicated,
-                        other => {
-                            return Err(format!(
-                                "input.project.topology: unknown topology {other:?}"
-                            ));
-                        }
-                    },
-                    postgrest_url: p.postgrest_url,
-                }),
-            };
-            let route = p
-                .db_routing
-                .decide(None, plane, &input.method, &input.path, project)
-                .map_err(|e| format!("the plugin failed: {e}"))?;
-            match route {
-                DbRoute::Nats => decision_is(&expect.decision, "nats"),
-                DbRoute::Unresolved => decision_is(&expect.decision, "unresolved"),
-                DbRoute::Postgrest(url) => {
-                    decision_is(&expect.decision, "postgrest")?;
-                    field("url", &expect.url, &url)
-                }
-            }
+    struct RunCase<'a> {
+        policies: &'a Policies,
+        plane: Plane,
+        case: &'a Case,
+    }
+    impl StageFn for RunCase<'_> {
+        type Out = Result<(), String>;
+        fn call<S: PolicyStage>(self) -> Self::Out {
+            let module = self
+                .policies
+                .plane(self.plane)
+                .module::<S>()
+                .ok_or_else(|| format!("the {} plane has no {} stage", self.plane, S::STAGE))?;
+            S::run_case(module, &self.case.input, &self.case.expect)
         }
     }
+    let plane = case_plane(case)?;
+    for_stage(
+        stage,
+        RunCase {
+            policies,
+            plane,
+            case,
+        },
+    )
 }
 
-fn get() -> String {
+/// The default `method` of a case.
+pub(crate) fn get() -> String {
     "GET".to_owned()
 }
 
-fn db_path() -> String {
+/// The default `path` of a case.
+pub(crate) fn sample_path() -> String {
     "/v1/db/x".to_owned()
-}
-
-fn db_group() -> String {
-    "db".to_owned()
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ApiKeyInput {
-    #[serde(default = "get")]
-    method: String,
-    #[serde(default = "db_path")]
-    path: String,
-    #[serde(default)]
-    query_keys: Vec<String>,
-    #[serde(default)]
-    headers: Vec<(String, String)>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ApiKeyExpect {
-    decision: String,
-    key: Option<String>,
-    source: Option<String>,
-    allowed_roles: Option<Vec<String>>,
-    message_contains: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CorsInputCase {
-    #[serde(default = "get")]
-    method: String,
-    #[serde(default = "db_path")]
-    path: String,
-    origin: String,
-    request_method: Option<String>,
-    request_headers: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CorsExpect {
-    decision: String,
-    allow_origin: Option<String>,
-    allow_methods: Option<Vec<String>>,
-    allow_headers: Option<Vec<String>>,
-    expose_headers: Option<Vec<String>>,
-    max_age: Option<u32>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ActorCase {
-    role: String,
-    project: Option<String>,
-    key_id: Option<String>,
-    user_id: Option<String>,
-    org_role: Option<String>,
-    plan: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct QuotaInputCase {
-    #[serde(default = "get")]
-    method: String,
-    #[serde(default = "db_path")]
-    path: String,
-    #[serde(default = "db_group")]
-    route_group: String,
-    actor: ActorCase,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct QuotaExpect {
-    decision: String,
-    bucket: Option<String>,
-    rate_per_second: Option<u32>,
-    burst: Option<u32>,
-    cost: Option<u32>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ProjectCase {
-    engine: String,
-    topology: String,
-    postgrest_url: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DbInputCase {
-    #[serde(default = "get")]
-    method: String,
-    #[serde(default = "db_path")]
-    path: String,
-    project: Option<ProjectCase>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DbExpect {
-    decision: String,
-    url: Option<String>,
 }
 
 #[cfg(test)]
@@ -453,9 +207,10 @@ mod tests {
             "cases.toml",
         )
         .expect("parses");
-        let err = parse::<CorsExpect>(&vectors.cases[0].expect, "expect")
-            .err()
-            .expect("refused");
+        let err =
+            parse::<super::super::stages::cors::CorsExpect>(&vectors.cases[0].expect, "expect")
+                .err()
+                .expect("refused");
         assert!(err.contains("allow_orign"), "{err}");
         assert!(
             Vectors::parse("", "cases.toml")

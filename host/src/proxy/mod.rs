@@ -20,7 +20,8 @@ use self::envelope::{EnvelopeRequest, query_without_apikey};
 use self::service::Service;
 use crate::error::GatewayError;
 use crate::phases::context::RouteContext;
-use crate::policy::stages::{DbEngine, DbRoute, ProjectDb, Topology};
+use crate::policy::registry::StageCall;
+use crate::policy::stages::{DbEngine, DbInput, DbRoute, DbRouting, ProjectDb, Topology};
 use crate::state::AppState;
 
 /// An answer's body holding something until the body is done or dropped: a place in a budget,
@@ -136,19 +137,22 @@ pub async fn route_db(
         },
         postgrest_url: p.postgrest_url.clone(),
     });
-    let db_routing = &cx.policies.plane(actor.plane).db_routing;
-    let route = db_routing
-        .decide(
-            request
-                .headers()
-                .get(&crate::phases::request_id::X_REQUEST_ID)
-                .and_then(|v| v.to_str().ok()),
-            actor.plane,
-            request.method().as_str(),
-            request.uri().path(),
-            project,
-        )
-        .map_err(|e| state.policies.plugin_failed(db_routing.as_ref(), &e))?;
+    let call = StageCall {
+        pinned: &cx.policies,
+        request_id: request
+            .headers()
+            .get(&crate::phases::request_id::X_REQUEST_ID)
+            .and_then(|v| v.to_str().ok()),
+        plane: actor.plane,
+        project: actor.project.as_deref(),
+    };
+    let input = DbInput {
+        method: request.method().as_str(),
+        path: request.uri().path(),
+        project: project.as_ref(),
+        actor: Some(&actor),
+    };
+    let (route, _) = state.policies.decide::<DbRouting>(&call, input).await?;
     match route {
         DbRoute::Nats => forward_nats(state, Service::Db, cx, request).await,
         // Fail closed: never a fallback to a shared target.

@@ -1,0 +1,445 @@
+//! The `api-key` stage: which credential a data-plane request carries. Its `configure` names the
+//! headers it reads; the host passes it only those, and removes them from every request.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+
+use serde::Deserialize;
+use wasmtime::component::{ComponentType, Lower};
+
+use super::{Module, PolicyStage, stage_world};
+#[cfg(feature = "native-policies")]
+use crate::plane::Plane;
+use crate::policy::PluginError;
+use crate::policy::bindings;
+use crate::policy::conformance::{ConformanceError, Run, StageReport};
+use crate::policy::engine::StageModule;
+use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
+use crate::stage::Stage;
+
+pub use bindings::api_key::exports::aura::gateway::api_key::{
+    Credential, KeyDecision, KeyRequest, KeyRole, KeySource,
+};
+
+/// The `api-key` stage.
+#[derive(Debug)]
+pub struct ApiKey;
+
+/// `key-request`, borrowed: method, path and header values point into the request head.
+#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub struct KeyRequestRef<'a> {
+    #[component(name = "method")]
+    method: &'a str,
+    #[component(name = "path")]
+    path: &'a str,
+    #[component(name = "query-keys")]
+    query_keys: &'a [String],
+    #[component(name = "headers")]
+    headers: &'a [(&'a str, &'a str)],
+}
+
+stage_world!(
+    ApiKey,
+    api_key,
+    Stage::ApiKey,
+    "extract",
+    Vec<String>,
+    'a,
+    KeyRequestRef<'a>,
+    KeyDecision,
+    check = check_key_headers
+);
+
+/// At most this many header names for the `api-key` stage to read: every request is searched
+/// for each, and each is removed from every request.
+pub const MAX_KEY_HEADERS: usize = 16;
+/// The longest header name the `api-key` stage may ask to read, in bytes.
+pub const MAX_KEY_HEADER_NAME_BYTES: usize = 64;
+
+/// Bounds the header names an `api-key` module asks to read (its `configure` answer).
+fn check_key_headers(names: &[String]) -> Result<(), String> {
+    if names.len() > MAX_KEY_HEADERS {
+        return Err(format!(
+            "{} header names to read, more than {MAX_KEY_HEADERS}",
+            names.len()
+        ));
+    }
+    let bad = |name: &String| {
+        name.is_empty()
+            || name.len() > MAX_KEY_HEADER_NAME_BYTES
+            || http::HeaderName::from_bytes(name.as_bytes())
+                .map_or(true, |n| n.as_str() != name.as_str())
+    };
+    match names.iter().find(|n| bad(n)) {
+        Some(name) => Err(format!(
+            "{:?} as a header name to read: not a lower-case header name of 1 to \
+             {MAX_KEY_HEADER_NAME_BYTES} bytes",
+            name.chars()
+                .take(MAX_KEY_HEADER_NAME_BYTES)
+                .collect::<String>()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The headers the api-key stage is shown.
+#[derive(Debug, Clone, Copy)]
+pub enum KeyHeaders<'a> {
+    /// A request head: the module sees only the headers its `configure` asked for, and a value
+    /// that is not UTF-8 with its invalid bytes replaced.
+    Head(&'a http::HeaderMap),
+    /// Pairs given as they are (conformance vectors, tests).
+    Listed(&'a [(String, String)]),
+}
+
+/// What the host knows of a request for the api-key stage.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyInput<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    /// The values of the `apikey` query parameters.
+    pub query_keys: &'a [String],
+    pub headers: KeyHeaders<'a>,
+    /// The client's address: a canary's subject (no actor is known yet).
+    pub client: Option<IpAddr>,
+}
+
+/// [`KeyInput`] with owned values, for a call run on another thread.
+#[derive(Debug, Clone)]
+pub struct KeyQuery {
+    method: String,
+    path: String,
+    query_keys: Vec<String>,
+    headers: OwnedHeaders,
+    client: Option<IpAddr>,
+}
+
+#[derive(Debug, Clone)]
+enum OwnedHeaders {
+    Head(http::HeaderMap),
+    Listed(Vec<(String, String)>),
+}
+
+impl Module<ApiKey> {
+    /// The lower-case header names the plugin asked to see.
+    pub fn headers(&self) -> &[String] {
+        self.setup()
+    }
+
+    /// Extracts the credential of a request head (`request_id` goes with the plugin's log
+    /// lines): only the headers the plugin asked for, and the `apikey` query values.
+    pub fn extract_head(
+        &self,
+        request_id: Option<&str>,
+        method: &str,
+        uri: &http::Uri,
+        headers: &http::HeaderMap,
+    ) -> Result<KeyDecision, PluginError> {
+        let query_keys = crate::proxy::envelope::apikey_query_values(uri.query());
+        self.decide(
+            request_id,
+            KeyInput {
+                method,
+                path: uri.path(),
+                query_keys: &query_keys,
+                headers: KeyHeaders::Head(headers),
+                client: None,
+            },
+        )
+    }
+
+    /// Extracts the credential of one request given as the WIT record.
+    pub fn extract(
+        &self,
+        request_id: Option<&str>,
+        request: KeyRequest,
+    ) -> Result<KeyDecision, PluginError> {
+        self.decide(
+            request_id,
+            KeyInput {
+                method: &request.method,
+                path: &request.path,
+                query_keys: &request.query_keys,
+                headers: KeyHeaders::Listed(&request.headers),
+                client: None,
+            },
+        )
+    }
+}
+
+/// Runs `f` on the header pairs of `headers` the module reads (`wanted`, from its `configure`):
+/// borrowed from the request head, or, when a value is not UTF-8, every pair passed lossily.
+fn with_pairs<R>(
+    headers: KeyHeaders<'_>,
+    wanted: &[String],
+    f: impl FnOnce(&[(&str, &str)]) -> R,
+) -> R {
+    let map = match headers {
+        KeyHeaders::Listed(pairs) => {
+            let pairs: Vec<(&str, &str)> = pairs
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            return f(&pairs);
+        }
+        KeyHeaders::Head(map) => map,
+    };
+    let read = |name: &http::HeaderName| wanted.iter().any(|w| w == name.as_str());
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    for (name, value) in map.iter().filter(|(name, _)| read(name)) {
+        match std::str::from_utf8(value.as_bytes()) {
+            Ok(value) => pairs.push((name.as_str(), value)),
+            Err(_) => {
+                let lossy: Vec<(&str, Cow<'_, str>)> = map
+                    .iter()
+                    .filter(|(name, _)| read(name))
+                    .map(|(n, v)| (n.as_str(), String::from_utf8_lossy(v.as_bytes())))
+                    .collect();
+                let pairs: Vec<(&str, &str)> =
+                    lossy.iter().map(|(n, v)| (*n, v.as_ref())).collect();
+                return f(&pairs);
+            }
+        }
+    }
+    f(&pairs)
+}
+
+impl PolicyStage for ApiKey {
+    type Input<'a> = KeyInput<'a>;
+    type Query = KeyQuery;
+    const BUILTIN: &'static [u8] = crate::policy::builtin::API_KEY;
+    #[cfg(feature = "native-policies")]
+    type Native = crate::policy::native::ApiKey;
+
+    fn query(input: KeyInput<'_>) -> KeyQuery {
+        KeyQuery {
+            method: input.method.to_owned(),
+            path: input.path.to_owned(),
+            query_keys: input.query_keys.to_vec(),
+            headers: match input.headers {
+                KeyHeaders::Head(map) => OwnedHeaders::Head(map.clone()),
+                KeyHeaders::Listed(pairs) => OwnedHeaders::Listed(pairs.to_vec()),
+            },
+            client: input.client,
+        }
+    }
+
+    fn input(query: &KeyQuery) -> KeyInput<'_> {
+        KeyInput {
+            method: &query.method,
+            path: &query.path,
+            query_keys: &query.query_keys,
+            headers: match &query.headers {
+                OwnedHeaders::Head(map) => KeyHeaders::Head(map),
+                OwnedHeaders::Listed(pairs) => KeyHeaders::Listed(pairs),
+            },
+            client: query.client,
+        }
+    }
+
+    fn subject(input: &KeyInput<'_>) -> String {
+        super::cors::client_subject(input.client)
+    }
+
+    fn request_line<'a>(input: &Self::Input<'a>) -> (&'a str, &'a str) {
+        (input.method, input.path)
+    }
+
+    fn describe(decision: &KeyDecision) -> String {
+        match decision {
+            KeyDecision::Absent => "absent".to_owned(),
+            KeyDecision::Refuse(reason) => format!("refuse {reason}"),
+            // Never the key itself: a sample is shown to operators.
+            KeyDecision::Present(c) => format!(
+                "present source={:?} roles={:?} key_bytes={}",
+                c.source,
+                c.allowed_roles,
+                c.key.len()
+            ),
+        }
+    }
+
+    fn run(
+        module: &StageModule<Self>,
+        request_id: Option<&str>,
+        input: KeyInput<'_>,
+    ) -> Result<KeyDecision, PluginError> {
+        with_pairs(input.headers, module.setup(), |pairs| {
+            module.call(
+                request_id,
+                KeyRequestRef {
+                    method: input.method,
+                    path: input.path,
+                    query_keys: input.query_keys,
+                    headers: pairs,
+                },
+            )
+        })
+    }
+
+    fn conformance(module: &Module<Self>) -> Result<StageReport, ConformanceError> {
+        let mut run = Run::new(module.plane(), Stage::ApiKey);
+        let long = "k".repeat(4096);
+        let request = |path: &str, query: &[&str], headers: &[(&str, &str)]| KeyRequest {
+            method: "GET".into(),
+            path: path.into(),
+            query_keys: query.iter().map(|s| (*s).to_owned()).collect(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        let vectors: Vec<(&str, KeyRequest)> = vec![
+            ("no credential", request("/v1/db/todos", &[], &[])),
+            (
+                "apikey header",
+                request("/v1/db/todos", &[], &[("apikey", "aura_pk_vector")]),
+            ),
+            (
+                "x-api-key header",
+                request("/v1/db/todos", &[], &[("x-api-key", "aura_sk_vector")]),
+            ),
+            (
+                "query on websocket",
+                request("/v1/realtime/websocket", &["aura_pk_vector"], &[]),
+            ),
+            (
+                "query on a REST route",
+                request("/v1/db/todos", &["aura_pk_vector"], &[]),
+            ),
+            (
+                "two different keys",
+                request("/x", &[], &[("apikey", "a"), ("x-api-key", "b")]),
+            ),
+            ("long key", request("/x", &[], &[("apikey", long.as_str())])),
+            (
+                "non-ASCII value",
+                request("/x", &[], &[("apikey", "clé\u{FFFD}")]),
+            ),
+        ];
+        for _round in 0..8 {
+            for (name, request) in &vectors {
+                let decision = run.call(name, || module.extract(None, request.clone()))?;
+                if let KeyDecision::Present(c) = &decision {
+                    if c.key.is_empty() || c.allowed_roles.is_empty() {
+                        return Err(
+                            run.fail(name, "a present credential needs a key and allowed roles")
+                        );
+                    }
+                    if c.source == KeySource::Query
+                        && c.allowed_roles.contains(&KeyRole::ServiceRole)
+                    {
+                        return Err(
+                            run.fail(name, "a key in the URL may never be a service_role key")
+                        );
+                    }
+                }
+            }
+        }
+        Ok(run.report(module))
+    }
+
+    fn run_case(
+        module: &Module<Self>,
+        input: &toml::Table,
+        expect: &toml::Table,
+    ) -> Result<(), String> {
+        let input: KeyCase = parse(input, "input")?;
+        let expect: KeyExpect = parse(expect, "expect")?;
+        // As in the gateway, the module sees only the headers it asked for.
+        let wanted = module.headers();
+        let request = KeyRequest {
+            method: input.method,
+            path: input.path,
+            query_keys: input.query_keys,
+            headers: input
+                .headers
+                .into_iter()
+                .map(|(n, v)| (n.to_ascii_lowercase(), v))
+                .filter(|(n, _)| wanted.iter().any(|w| w == n))
+                .collect(),
+        };
+        let decision = module
+            .extract(None, request)
+            .map_err(|e| format!("the plugin failed: {e}"))?;
+        match decision {
+            KeyDecision::Absent => decision_is(&expect.decision, "absent"),
+            KeyDecision::Refuse(message) => {
+                decision_is(&expect.decision, "refuse")?;
+                match &expect.message_contains {
+                    Some(part) if !message.contains(part.as_str()) => Err(format!(
+                        "message: expected it to contain {part:?}, got {message:?}"
+                    )),
+                    _ => Ok(()),
+                }
+            }
+            KeyDecision::Present(c) => {
+                decision_is(&expect.decision, "present")?;
+                field("key", &expect.key, &c.key)?;
+                let source = match c.source {
+                    KeySource::Header => "header",
+                    KeySource::Query => "query",
+                };
+                field("source", &expect.source.as_deref(), &source)?;
+                let roles: Vec<&str> = c
+                    .allowed_roles
+                    .iter()
+                    .map(|r| match r {
+                        KeyRole::Anon => "anon",
+                        KeyRole::ServiceRole => "service_role",
+                    })
+                    .collect();
+                let expected: Option<Vec<&str>> = expect
+                    .allowed_roles
+                    .as_ref()
+                    .map(|r| r.iter().map(String::as_str).collect());
+                field("allowed_roles", &expected, &roles)
+            }
+        }
+    }
+
+    fn config_schema() -> serde_json::Value {
+        serde_json::to_value(schemars::schema_for!(aura_plugin_api_key::policy::Config))
+            .unwrap_or_default()
+    }
+
+    #[cfg(feature = "native-policies")]
+    fn load_native(module: &str, plane: Plane, config: &str) -> Option<Self::Native> {
+        crate::policy::native::ApiKey::load(module, plane, config)
+    }
+
+    #[cfg(feature = "native-policies")]
+    fn native(
+        native: &Self::Native,
+        module: &StageModule<Self>,
+        input: KeyInput<'_>,
+    ) -> KeyDecision {
+        with_pairs(input.headers, module.setup(), |pairs| {
+            native.extract(input.path, input.query_keys, pairs)
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyCase {
+    #[serde(default = "get")]
+    method: String,
+    #[serde(default = "sample_path")]
+    path: String,
+    #[serde(default)]
+    query_keys: Vec<String>,
+    #[serde(default)]
+    headers: Vec<(String, String)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyExpect {
+    decision: String,
+    key: Option<String>,
+    source: Option<String>,
+    allowed_roles: Option<Vec<String>>,
+    message_contains: Option<String>,
+}

@@ -1,0 +1,283 @@
+//! The `cors` stage: the CORS answer to a request with an `Origin`, on both planes. Projects may
+//! install their own module (data plane), and a candidate may be tried.
+
+use std::net::IpAddr;
+
+use serde::Deserialize;
+use wasmtime::component::{ComponentType, Lower};
+
+use super::{Module, PolicyStage, stage_world};
+use crate::plane::Plane;
+use crate::policy::PluginError;
+use crate::policy::bindings;
+use crate::policy::conformance::{ConformanceError, Run, StageReport};
+use crate::policy::engine::StageModule;
+use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
+use crate::stage::Stage;
+
+pub use bindings::cors::exports::aura::gateway::cors::{CorsAllow, CorsDecision};
+
+/// The `cors` stage.
+#[derive(Debug)]
+pub struct Cors;
+
+/// `cors-request`, borrowed.
+#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub struct CorsRequestRef<'a> {
+    #[component(name = "plane")]
+    plane: bindings::cors::aura::gateway::types::Plane,
+    #[component(name = "method")]
+    method: &'a str,
+    #[component(name = "path")]
+    path: &'a str,
+    #[component(name = "origin")]
+    origin: &'a str,
+    #[component(name = "request-method")]
+    request_method: Option<&'a str>,
+    #[component(name = "request-headers")]
+    request_headers: Option<&'a str>,
+}
+
+stage_world!(
+    Cors,
+    cors,
+    Stage::Cors,
+    "decide",
+    (),
+    'a,
+    CorsRequestRef<'a>,
+    CorsDecision
+);
+
+/// What the host knows of a request for the CORS stage.
+#[derive(Debug, Clone, Copy)]
+pub struct CorsInput<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub origin: &'a str,
+    pub request_method: Option<&'a str>,
+    pub request_headers: Option<&'a str>,
+    /// The client's address: a canary's subject (the actor is not known yet on a preflight, and
+    /// a browser's preflight and its request come from the same address).
+    pub client: Option<IpAddr>,
+}
+
+/// [`CorsInput`] with owned strings, for a call run on another thread.
+#[derive(Debug, Clone)]
+pub struct CorsQuery {
+    pub method: String,
+    pub path: String,
+    pub origin: String,
+    pub request_method: Option<String>,
+    pub request_headers: Option<String>,
+    pub client: Option<IpAddr>,
+}
+
+impl From<CorsInput<'_>> for CorsQuery {
+    fn from(input: CorsInput<'_>) -> Self {
+        Self {
+            method: input.method.to_owned(),
+            path: input.path.to_owned(),
+            origin: input.origin.to_owned(),
+            request_method: input.request_method.map(str::to_owned),
+            request_headers: input.request_headers.map(str::to_owned),
+            client: input.client,
+        }
+    }
+}
+
+impl CorsQuery {
+    /// The borrowed form.
+    pub fn input(&self) -> CorsInput<'_> {
+        CorsInput {
+            method: &self.method,
+            path: &self.path,
+            origin: &self.origin,
+            request_method: self.request_method.as_deref(),
+            request_headers: self.request_headers.as_deref(),
+            client: self.client,
+        }
+    }
+}
+
+/// The canary subject of a client address (`-` when unknown).
+pub(crate) fn client_subject(client: Option<IpAddr>) -> String {
+    client.map_or_else(|| "-".to_owned(), |ip| ip.to_string())
+}
+
+impl PolicyStage for Cors {
+    type Input<'a> = CorsInput<'a>;
+    type Query = CorsQuery;
+    const BUILTIN: &'static [u8] = crate::policy::builtin::CORS;
+    #[cfg(feature = "native-policies")]
+    type Native = crate::policy::native::Cors;
+
+    fn query(input: CorsInput<'_>) -> CorsQuery {
+        CorsQuery::from(input)
+    }
+
+    fn input(query: &CorsQuery) -> CorsInput<'_> {
+        query.input()
+    }
+
+    fn subject(input: &CorsInput<'_>) -> String {
+        client_subject(input.client)
+    }
+
+    fn request_line<'a>(input: &Self::Input<'a>) -> (&'a str, &'a str) {
+        (input.method, input.path)
+    }
+
+    fn describe(decision: &CorsDecision) -> String {
+        match decision {
+            CorsDecision::Deny => "deny".to_owned(),
+            CorsDecision::Allow(a) => format!(
+                "allow origin={} methods={} headers={} expose={} max_age={}",
+                a.allow_origin,
+                a.allow_methods.join(","),
+                a.allow_headers.join(","),
+                a.expose_headers.join(","),
+                a.max_age.map_or_else(|| "-".to_owned(), |s| s.to_string()),
+            ),
+        }
+    }
+
+    fn run(
+        module: &StageModule<Self>,
+        request_id: Option<&str>,
+        input: CorsInput<'_>,
+    ) -> Result<CorsDecision, PluginError> {
+        let request = CorsRequestRef {
+            plane: <Self as crate::policy::engine::StageWorld>::plane(module.plane()),
+            method: input.method,
+            path: input.path,
+            origin: input.origin,
+            request_method: input.request_method,
+            request_headers: input.request_headers,
+        };
+        module.call(request_id, request)
+    }
+
+    fn conformance(module: &Module<Self>) -> Result<StageReport, ConformanceError> {
+        let plane = module.plane();
+        let mut run = Run::new(plane, Stage::Cors);
+        let origins = [
+            "https://app.example.com",
+            "http://localhost:3000",
+            "null",
+            "https://a-very-long-subdomain.of.an.example.org:8443",
+        ];
+        for _round in 0..4 {
+            for origin in origins {
+                for preflight in [true, false] {
+                    let name = format!("{origin} preflight={preflight}");
+                    let decision = run.call(&name, || {
+                        module.decide(
+                            None,
+                            CorsInput {
+                                method: if preflight { "OPTIONS" } else { "GET" },
+                                path: "/v1/db/todos",
+                                origin,
+                                request_method: preflight.then_some("POST"),
+                                request_headers: preflight.then_some("content-type, apikey"),
+                                client: None,
+                            },
+                        )
+                    })?;
+                    if let CorsDecision::Allow(a) = decision {
+                        if a.allow_origin != "*" && a.allow_origin != origin {
+                            return Err(run.fail(
+                                &name,
+                                "allow-origin must be \"*\" or the request's origin",
+                            ));
+                        }
+                        if plane == Plane::Management && a.allow_origin == "*" {
+                            return Err(
+                                run.fail(&name, "the management plane may never allow \"*\"")
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Ok(run.report(module))
+    }
+
+    fn run_case(
+        module: &Module<Self>,
+        input: &toml::Table,
+        expect: &toml::Table,
+    ) -> Result<(), String> {
+        let input: CorsCase = parse(input, "input")?;
+        let expect: CorsExpect = parse(expect, "expect")?;
+        let decision = module
+            .decide(
+                None,
+                CorsInput {
+                    method: &input.method,
+                    path: &input.path,
+                    origin: &input.origin,
+                    request_method: input.request_method.as_deref(),
+                    request_headers: input.request_headers.as_deref(),
+                    client: None,
+                },
+            )
+            .map_err(|e| format!("the plugin failed: {e}"))?;
+        match decision {
+            CorsDecision::Deny => decision_is(&expect.decision, "deny"),
+            CorsDecision::Allow(a) => {
+                decision_is(&expect.decision, "allow")?;
+                field("allow_origin", &expect.allow_origin, &a.allow_origin)?;
+                field("allow_methods", &expect.allow_methods, &a.allow_methods)?;
+                field("allow_headers", &expect.allow_headers, &a.allow_headers)?;
+                field("expose_headers", &expect.expose_headers, &a.expose_headers)?;
+                field("max_age", &expect.max_age.map(Some), &a.max_age)
+            }
+        }
+    }
+
+    fn config_schema() -> serde_json::Value {
+        serde_json::to_value(schemars::schema_for!(aura_plugin_cors::policy::Config))
+            .unwrap_or_default()
+    }
+
+    #[cfg(feature = "native-policies")]
+    fn load_native(module: &str, plane: Plane, config: &str) -> Option<Self::Native> {
+        crate::policy::native::Cors::load(module, plane, config)
+    }
+
+    #[cfg(feature = "native-policies")]
+    fn native(
+        native: &Self::Native,
+        _module: &StageModule<Self>,
+        input: CorsInput<'_>,
+    ) -> CorsDecision {
+        native.decide(input.origin, input.request_method.is_some())
+    }
+}
+
+/// An author's case input.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CorsCase {
+    #[serde(default = "get")]
+    method: String,
+    #[serde(default = "sample_path")]
+    path: String,
+    origin: String,
+    request_method: Option<String>,
+    request_headers: Option<String>,
+}
+
+/// An author's case expectation.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CorsExpect {
+    decision: String,
+    allow_origin: Option<String>,
+    allow_methods: Option<Vec<String>>,
+    allow_headers: Option<Vec<String>>,
+    expose_headers: Option<Vec<String>>,
+    max_age: Option<u32>,
+}
