@@ -419,6 +419,7 @@ pub async fn apply(state: &AppState, change: &Change, source: &'static str) {
 /// Subscribes to the fleet's change events (when signed), and to PostgreSQL's change log when
 /// the store is PostgreSQL; both act on this instance. Runs until the state is dropped.
 pub fn spawn(state: &AppState) {
+    spawn_tenant_refresh(state);
     spawn_operator_reloads(state);
     if state.fleet.signs() {
         spawn_nats(state);
@@ -445,6 +446,63 @@ pub fn spawn(state: &AppState) {
     {
         tokio::spawn(listen_postgres(state.downgrade(), pool));
     }
+}
+
+/// Tells the other instances, on NATS, that a project's modules changed ([`publish`]).
+#[derive(Debug)]
+pub struct FleetAnnouncer(WeakState);
+
+impl FleetAnnouncer {
+    /// Announces for `state`, without keeping it alive.
+    pub fn new(state: WeakState) -> Self {
+        Self(state)
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::policy::installs::Announce for FleetAnnouncer {
+    async fn tenant_modules_changed(&self, project: &str) {
+        if let Some(state) = self.0.upgrade() {
+            publish(
+                &state,
+                Change::TenantModules {
+                    project_ref: project.to_owned(),
+                },
+            )
+            .await;
+        }
+    }
+}
+
+/// Keeps the projects' modules in line with the control store: every
+/// `plugins.tenant_refresh_secs`, and sooner when a change event asks for it (at most once per
+/// `control.change_min_interval_ms`).
+fn spawn_tenant_refresh(state: &AppState) {
+    let weak = state.downgrade();
+    let fleet = state.fleet.clone();
+    let every = Duration::from_secs(state.config.plugins.tenant_refresh_secs.max(1));
+    tokio::spawn(async move {
+        loop {
+            let started = tokio::time::Instant::now();
+            let Some(state) = weak.upgrade() else { break };
+            if state.policies.refresh_tenants().await {
+                state.readiness.store_answered();
+                state.readiness.tenant_modules_loaded();
+            }
+            drop(state);
+            // The period, or sooner when a change event asks for it — but never sooner
+            // than the least interval after the last refresh started, whatever arrives.
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                asked = fleet.tenant_refresh.wait(&weak) => {
+                    if !asked {
+                        break;
+                    }
+                    tokio::time::sleep_until(started + fleet.tenant_refresh.every()).await;
+                }
+            }
+        }
+    });
 }
 
 /// Runs the operator reloads that events ask for, at most once per interval.

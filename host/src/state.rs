@@ -33,7 +33,7 @@ pub struct StateInner {
     /// The NATS transport.
     pub nats: NatsTransport,
     /// The policy modules in force: both planes' and the projects' own.
-    pub policies: PolicyRegistry,
+    pub policies: Arc<PolicyRegistry>,
     /// The config file, for reloads of the plugin sections.
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
     /// Prometheus metrics.
@@ -150,7 +150,13 @@ impl AppState {
         let state = Self(Arc::new(StateInner {
             config,
             nats,
-            policies: PolicyRegistry::new(runtime, policies, tenants, metrics.clone()),
+            policies: Arc::new(PolicyRegistry::new(
+                runtime,
+                policies,
+                tenants,
+                store,
+                metrics.clone(),
+            )),
             config_path: std::sync::OnceLock::new(),
             metrics,
             ip_limits,
@@ -163,61 +169,24 @@ impl AppState {
             instance_id: fleet.instance_id.clone(),
             fleet,
         }));
-        state.spawn_tenant_refresh();
-        state.spawn_policy_history();
+        state
+            .policies
+            .set_announcer(Arc::new(crate::changes::FleetAnnouncer::new(
+                state.downgrade(),
+            )));
+        let configured: Vec<String> = state
+            .config
+            .stages()
+            .into_iter()
+            .filter_map(|(_, stage)| stage.module_digest().map(str::to_owned))
+            .collect();
+        state.policies.spawn_tasks(
+            configured,
+            Duration::from_secs(state.config.plugins.module_gc_interval_secs.max(1)),
+            Duration::from_secs(state.config.plugins.module_gc_grace_secs),
+        );
         crate::changes::spawn(&state);
-        state.spawn_module_gc();
         Ok(state)
-    }
-
-    /// Keeps the projects' modules in line with the control store, every
-    /// `plugins.tenant_refresh_secs`.
-    /// Records the operator's policy changes (reloads, automatic rollbacks) in the control
-    /// store, one at a time, in order.
-    /// Takes a project's canary dropped for its failures out of the store (when the store still
-    /// holds that canary), records it and tells the other instances.
-    fn spawn_policy_history(&self) {
-        use crate::policy::history::Queued;
-        let (sender, mut events) = tokio::sync::mpsc::unbounded_channel();
-        self.policies.set_history(sender);
-        let weak = Arc::downgrade(&self.0);
-        tokio::spawn(async move {
-            while let Some(queued) = events.recv().await {
-                let Some(inner) = weak.upgrade() else { break };
-                let state = AppState(inner);
-                let store = state.auth.store.clone();
-                match queued {
-                    Queued::Operator(event) => {
-                        crate::policy::history::record(store.as_ref(), &event).await;
-                    }
-                    Queued::CanaryDropped(event) => {
-                        let project = event.project_ref.clone().unwrap_or_default();
-                        let _write = state.policies.tenants.write_lock().await;
-                        match store.policy_candidate(&project, &event.stage).await {
-                            Ok(Some(c)) if Some(&c.digest) == event.digest_before.as_ref() => {
-                                if let Err(e) =
-                                    store.delete_policy_candidate(&project, &event.stage).await
-                                {
-                                    tracing::error!(error = %e, project, "the dropped canary is still in the store");
-                                }
-                            }
-                            Ok(_) => {}
-                            Err(e) => {
-                                tracing::error!(error = %e, project, "the dropped canary is still in the store");
-                            }
-                        }
-                        crate::policy::history::record(store.as_ref(), &event).await;
-                        crate::changes::publish(
-                            &state,
-                            crate::changes::Change::TenantModules {
-                                project_ref: project,
-                            },
-                        )
-                        .await;
-                    }
-                }
-            }
-        });
     }
 
     /// A handle that does not keep the state alive.
@@ -230,79 +199,6 @@ impl AppState {
     /// this way start at most once per `control.change_min_interval_ms`.
     pub fn request_tenant_refresh(&self) {
         self.fleet.tenant_refresh.ask();
-    }
-
-    fn spawn_tenant_refresh(&self) {
-        let weak = self.downgrade();
-        let fleet = self.fleet.clone();
-        let every = Duration::from_secs(self.config.plugins.tenant_refresh_secs.max(1));
-        tokio::spawn(async move {
-            loop {
-                let started = tokio::time::Instant::now();
-                let Some(state) = weak.upgrade() else { break };
-                if state.policies.tenants.refresh(&state.auth.store).await {
-                    state.readiness.store_answered();
-                    state.readiness.tenant_modules_loaded();
-                }
-                drop(state);
-                // The period, or sooner when a change event asks for it — but never sooner
-                // than the least interval after the last refresh started, whatever arrives.
-                tokio::select! {
-                    () = tokio::time::sleep(every) => {}
-                    asked = fleet.tenant_refresh.wait(&weak) => {
-                        if !asked {
-                            break;
-                        }
-                        tokio::time::sleep_until(started + fleet.tenant_refresh.every()).await;
-                    }
-                }
-            }
-        });
-    }
-
-    /// Every `plugins.module_gc_interval_secs`: marks the stored modules this instance uses
-    /// (its configuration's and the projects' in force) as used, then collects the stored
-    /// modules that no project references and no instance used for
-    /// `plugins.module_gc_grace_secs`.
-    fn spawn_module_gc(&self) {
-        let weak = Arc::downgrade(&self.0);
-        let every = Duration::from_secs(self.config.plugins.module_gc_interval_secs.max(1));
-        let grace = Duration::from_secs(self.config.plugins.module_gc_grace_secs);
-        tokio::spawn(async move {
-            loop {
-                let Some(inner) = weak.upgrade() else { break };
-                let state = AppState(inner);
-                state.collect_modules(grace).await;
-                drop(state);
-                tokio::time::sleep(every).await;
-            }
-        });
-    }
-
-    /// One pass of the stored-module collection (see [`AppState::spawn_module_gc`]).
-    pub async fn collect_modules(&self, grace: Duration) {
-        let mut in_use: Vec<String> = self.policies.tenants.digests().into_iter().collect();
-        in_use.extend(
-            self.config
-                .stages()
-                .into_iter()
-                .filter_map(|(_, stage)| stage.module_digest().map(str::to_owned)),
-        );
-        let store = &self.auth.store;
-        if let Err(e) = store.touch_modules(&in_use).await {
-            tracing::warn!(error = %e, "stored modules: cannot mark the ones in use; nothing collected");
-            return;
-        }
-        match store.collect_modules(grace).await {
-            Ok(collected) if !collected.is_empty() => {
-                self.metrics
-                    .modules_collected
-                    .inc_by(collected.len() as u64);
-                tracing::info!(count = collected.len(), digests = ?collected, "unused stored modules collected");
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "stored modules: collection failed"),
-        }
     }
 
     /// The per-IP limiter of `plane`.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use self::jwt::JwtVerifier;
 use self::keys::KeyResolver;
 use crate::config::AuthConfig;
-use crate::control::{ApiKeyRecord, ControlStore, ProjectRecord, StoreError};
+use crate::control::{ApiKeyRecord, ControlStore, ProjectRecord};
 use crate::error::GatewayError;
 
 /// `aud` of user tokens.
@@ -33,18 +33,7 @@ pub struct Authenticator {
     console_jwt: Option<JwtVerifier>,
 }
 
-/// The answer to a control store failure: the request fails closed.
-pub fn store_failed(error: &StoreError) -> GatewayError {
-    tracing::error!(error = %error, "control store lookup failed");
-    match error {
-        StoreError::Unavailable(_) => GatewayError::unavailable(
-            "control_store_unavailable",
-            "credentials cannot be checked right now",
-        )
-        .retry_after(Duration::from_secs(1)),
-        _ => GatewayError::internal("credentials cannot be checked"),
-    }
-}
+pub use crate::control::store_failed;
 
 impl Authenticator {
     /// Builds the authenticator over `store`.

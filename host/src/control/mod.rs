@@ -24,6 +24,21 @@ use crate::config::{self, ControlConfig, StoreKind};
 /// removed.
 pub const HISTORY_KEPT: usize = 1_000;
 
+/// The answer to a control store failure: the request fails closed (`503` while the store is
+/// unreachable, with a retry hint; `500` otherwise).
+pub fn store_failed(error: &StoreError) -> crate::error::GatewayError {
+    use crate::error::GatewayError;
+    tracing::error!(error = %error, "control store lookup failed");
+    match error {
+        StoreError::Unavailable(_) => GatewayError::unavailable(
+            "control_store_unavailable",
+            "credentials cannot be checked right now",
+        )
+        .retry_after(std::time::Duration::from_secs(1)),
+        _ => GatewayError::internal("credentials cannot be checked"),
+    }
+}
+
 /// A control store failure.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {

@@ -20,16 +20,14 @@ use base64::Engine as _;
 use http::StatusCode;
 use serde::Deserialize;
 
-use crate::auth::store_failed;
-use crate::control::{PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord};
+use crate::control::{PolicyEventRecord, store_failed};
 use crate::error::GatewayError;
 use crate::phases::context::RouteContext;
-use crate::plane::Plane;
-use crate::policy::history;
-use crate::policy::rollout::{ShadowReport, Trial};
+use crate::policy::history::Action;
+use crate::policy::installs::{Install, Installed, ModuleRef};
+use crate::policy::rollout::ShadowReport;
 use crate::policy::stats::ModuleReport;
-use crate::policy::tenants::{PrepareError, Slot, on_trial};
-use crate::stage::Stage;
+use crate::stage::{Mode, Stage, Trial};
 use crate::state::AppState;
 
 /// The body of a `PUT`.
@@ -49,44 +47,6 @@ pub struct PutPolicy {
     /// A canary's share of actors, 1–100.
     #[serde(default)]
     pub percent: Option<i64>,
-}
-
-fn refused(reason: impl Into<String>) -> GatewayError {
-    GatewayError::bad_request("policy_refused", reason)
-}
-
-/// Tells the other instances that `project`'s modules changed.
-async fn announce(state: &AppState, project: &str) {
-    crate::changes::publish(
-        state,
-        crate::changes::Change::TenantModules {
-            project_ref: project.to_owned(),
-        },
-    )
-    .await;
-}
-
-/// The answer to a module that was not put in force, by its cause.
-fn prepare_failed(e: PrepareError) -> GatewayError {
-    match e {
-        PrepareError::TooLarge { .. } => GatewayError::payload_too_large(e.to_string()),
-        PrepareError::ConfigTooLarge { .. } => {
-            GatewayError::too_large("config_too_large", e.to_string())
-        }
-        PrepareError::Refused(reason) => refused(reason),
-        PrepareError::Unavailable(reason) => {
-            GatewayError::unavailable("policy_check_unavailable", reason)
-                .retry_after(std::time::Duration::from_secs(1))
-        }
-    }
-}
-
-async fn ensure_project(state: &AppState, project: &str) -> Result<(), GatewayError> {
-    match state.auth.store.project(project).await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(GatewayError::not_found("project not found")),
-        Err(e) => Err(store_failed(&e)),
-    }
 }
 
 /// The path parameters of the policy routes; a rejection (a segment that is not UTF-8 once
@@ -142,54 +102,47 @@ pub async fn put(
     // Read through the chain's body limit (`server.max_body_bytes`), never the framework's own
     // default: past it the answer is the gateway's JSON 413 (with the defaults a module up to
     // `plugins.tenant_max_module_bytes` fits once base64 in JSON).
-    let body = match crate::proxy::read_body(body).await {
-        Ok(body) => body,
-        Err(e) => return e.into_response(),
-    };
-    put_inner(
-        state,
-        project,
-        stage_key,
-        body,
-        &console_user(&route),
-        "install",
-    )
-    .await
-    .unwrap_or_else(IntoResponse::into_response)
+    let answer = async {
+        let body = crate::proxy::read_body(body).await?;
+        let user = console_user(&route);
+        let install = parse_put(&project, &stage_key, &body, &user)?;
+        drop(body);
+        let installed = state.policies.install(install, Action::Install).await?;
+        Ok::<_, GatewayError>(installed_json(&project, &stage_key, &installed))
+    }
+    .await;
+    answer.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn put_inner(
-    state: AppState,
-    project: String,
-    stage_key: String,
-    body: axum::body::Bytes,
-    actor: &str,
-    action: &str,
-) -> Result<Response, GatewayError> {
-    let stage = Stage::parse_tenant(&stage_key).ok_or_else(|| {
-        refused(format!(
-            "projects cannot install a module for {stage_key:?}; stages: cors, quota"
-        ))
-    })?;
-    ensure_project(&state, &project).await?;
-    let request: PutPolicy = serde_json::from_slice(&body).map_err(|e| {
+/// The install a `PUT` body asks for.
+fn parse_put<'a>(
+    project: &'a str,
+    stage: &'a str,
+    body: &[u8],
+    actor: &'a str,
+) -> Result<Install<'a>, GatewayError> {
+    if Stage::parse_tenant(stage).is_none() {
+        return Err(GatewayError::bad_request(
+            "policy_refused",
+            format!(
+                "projects cannot install a module for {stage:?}; stages: {}",
+                Stage::tenant_keys()
+            ),
+        ));
+    }
+    let request: PutPolicy = serde_json::from_slice(body).map_err(|e| {
         GatewayError::bad_request(
             "invalid_body",
             format!("expected {{module|digest, config}}: {e}"),
         )
     })?;
-    drop(body);
-    let bytes = match (&request.module, &request.digest) {
-        (Some(b64), None) => base64::engine::general_purpose::STANDARD
-            .decode(b64.as_bytes())
-            .map_err(|e| GatewayError::bad_request("invalid_body", format!("module: {e}")))?,
-        (None, Some(digest)) => state
-            .auth
-            .store
-            .module(digest)
-            .await
-            .map_err(|e| store_failed(&e))?
-            .ok_or_else(|| GatewayError::not_found("no module with this digest"))?,
+    let module = match (request.module, request.digest) {
+        (Some(b64), None) => ModuleRef::Upload(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| GatewayError::bad_request("invalid_body", format!("module: {e}")))?,
+        ),
+        (None, Some(digest)) => ModuleRef::Stored(digest),
         _ => {
             return Err(GatewayError::bad_request(
                 "invalid_body",
@@ -197,7 +150,7 @@ async fn put_inner(
             ));
         }
     };
-    let percent = request
+    let trial = request
         .percent
         .map(|p| {
             u8::try_from(p)
@@ -206,98 +159,30 @@ async fn put_inner(
                 .ok_or_else(|| format!("percent: {p} is not from 1 to 100"))
         })
         .transpose()
-        .and_then(|percent| Trial::parse(request.mode.as_deref().unwrap_or("enforce"), percent));
-    let trial = percent.map_err(|e| GatewayError::bad_request("invalid_body", e))?;
+        .and_then(|percent| Trial::parse(request.mode.as_deref().unwrap_or("enforce"), percent))
+        .map_err(|e| GatewayError::bad_request("invalid_body", e))?;
     let config = request
         .config
         .unwrap_or_else(|| serde_json::json!({}))
         .to_string();
-    let max_config = state.policies.tenants.max_config_bytes();
-    if config.len() > max_config {
-        return Err(prepare_failed(PrepareError::ConfigTooLarge {
-            size: config.len(),
-            max: max_config,
-        }));
-    }
-    let prepared = state
-        .policies
-        .tenants
-        .prepare(&project, stage, &bytes, &config)
-        .await
-        .map_err(prepare_failed)?;
-    let digest = prepared.installed.digest().to_owned();
-    let store = &state.auth.store;
-    {
-        // The store write and the local change together, in request order; a refresh running
-        // meanwhile never reverts them. A candidate goes next to the module in force.
-        let _write = state.policies.tenants.write_lock().await;
-        let before = match trial {
-            None => store
-                .project_policy(&project, &stage_key)
-                .await
-                .map(|p| p.map(|p| p.digest)),
-            Some(_) => store
-                .policy_candidate(&project, &stage_key)
-                .await
-                .map(|c| c.map(|c| c.digest)),
-        }
-        .map_err(|e| store_failed(&e))?;
-        store
-            .put_module(&digest, &bytes)
-            .await
-            .map_err(|e| store_failed(&e))?;
-        let tenants = &state.policies.tenants;
-        match trial {
-            None => {
-                store
-                    .set_project_policy(&ProjectPolicyRecord {
-                        project_ref: project.clone(),
-                        stage: stage_key.clone(),
-                        digest: digest.clone(),
-                        config: config.clone(),
-                    })
-                    .await
-                    .map_err(|e| store_failed(&e))?;
-                tenants.apply(&project, stage, Some(prepared.installed));
-            }
-            Some(trial) => {
-                store
-                    .set_policy_candidate(&PolicyCandidateRecord {
-                        project_ref: project.clone(),
-                        stage: stage_key.clone(),
-                        digest: digest.clone(),
-                        config: config.clone(),
-                        mode: trial.mode().as_str().to_owned(),
-                        percent: trial.percent(),
-                    })
-                    .await
-                    .map_err(|e| store_failed(&e))?;
-                let series = tenants.shadow_metrics.series(Plane::Data, stage, &project);
-                let candidate = on_trial(prepared.installed, trial, Some(series));
-                tenants.apply_slot(&project, stage, Slot::Candidate, Some(candidate));
-            }
-        }
-        let mut event = history::event(
-            actor,
-            Some(&project),
-            Plane::Data,
-            &stage_key,
-            action,
-            before,
-            Some(digest.clone()),
-            None,
-        );
-        event.mode = Trial::mode_of(trial).as_str().to_owned();
-        event.config = Some(config);
-        history::record(store.as_ref(), &event).await;
-    }
-    announce(&state, &project).await;
-    let (report, compile) = (prepared.report, prepared.compile);
-    let mode = Trial::mode_of(trial).as_str();
+    Ok(Install {
+        project,
+        stage,
+        module,
+        config,
+        trial,
+        actor,
+    })
+}
+
+/// The answer to an install (and a rollback), logged.
+fn installed_json(project: &str, stage: &str, installed: &Installed) -> Response {
+    let (report, compile) = (&installed.check, &installed.compile);
+    let mode = Trial::mode_of(installed.trial).as_str();
     tracing::info!(
         project = %project,
-        stage = %stage_key,
-        %digest,
+        stage = %stage,
+        digest = %installed.digest,
         mode,
         report = %report,
         compile_ms = compile.compile_ms,
@@ -305,16 +190,16 @@ async fn put_inner(
         compile_cached = compile.cached,
         "tenant module installed"
     );
-    Ok(Json(serde_json::json!({
+    Json(serde_json::json!({
         "project": project,
-        "stage": stage_key,
-        "digest": digest,
+        "stage": stage,
+        "digest": installed.digest,
         "mode": mode,
-        "percent": trial.map(Trial::percent).filter(|p| *p > 0),
+        "percent": installed.trial.map(Trial::percent).filter(|p| *p > 0),
         "check": report.to_string(),
         "compile": compile,
     }))
-    .into_response())
+    .into_response()
 }
 
 /// The JSON of a module's health on this instance.
@@ -363,7 +248,7 @@ pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Response {
         Err(e) => return e.into_response(),
     };
     let answer = async {
-        let store = &state.auth.store;
+        let store = state.policies.store();
         let enforced = store
             .project_policy(&project, &stage_key)
             .await
@@ -418,80 +303,16 @@ pub async fn delete(
     axum::Extension(route): axum::Extension<RouteContext>,
     path: PolicyPath,
 ) -> Response {
-    let (project, stage_key) = match path_params(path) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
     let answer = async {
-        let store = &state.auth.store;
-        let _write = state.policies.tenants.write_lock().await;
-        let before = store
-            .project_policy(&project, &stage_key)
+        let (project, stage) = path_params(path)?;
+        state
+            .policies
+            .remove(&project, &stage, &console_user(&route))
             .await
-            .map_err(|e| store_failed(&e))?
-            .map(|p| p.digest);
-        let candidate = store
-            .policy_candidate(&project, &stage_key)
-            .await
-            .map_err(|e| store_failed(&e))?;
-        let deleted = store
-            .delete_project_policy(&project, &stage_key)
-            .await
-            .map_err(|e| store_failed(&e))?;
-        let aborted = candidate.is_some()
-            && store
-                .delete_policy_candidate(&project, &stage_key)
-                .await
-                .map_err(|e| store_failed(&e))?;
-        if !deleted && !aborted {
-            return Err(GatewayError::not_found(
-                "no module installed for this stage",
-            ));
-        }
-        let user = console_user(&route);
-        if let Some(stage) = Stage::parse_tenant(&stage_key) {
-            state.policies.tenants.apply(&project, stage, None);
-            state
-                .policies
-                .tenants
-                .apply_slot(&project, stage, Slot::Candidate, None);
-        }
-        if let Some(c) = candidate.filter(|_| aborted) {
-            let mut event = history::event(
-                &user,
-                Some(&project),
-                Plane::Data,
-                &stage_key,
-                "abort",
-                Some(c.digest),
-                None,
-                None,
-            );
-            event.mode = c.mode;
-            history::record(store.as_ref(), &event).await;
-        }
-        if deleted {
-            let event = history::event(
-                &user,
-                Some(&project),
-                Plane::Data,
-                &stage_key,
-                "delete",
-                before,
-                None,
-                None,
-            );
-            history::record(store.as_ref(), &event).await;
-        }
-        Ok(())
-    }
-    .await;
-    match answer {
+    };
+    match answer.await {
         Err(e) => e.into_response(),
-        Ok(()) => {
-            announce(&state, &project).await;
-            StatusCode::NO_CONTENT.into_response()
-        }
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
     }
 }
 
@@ -502,105 +323,24 @@ pub async fn promote(
     axum::Extension(route): axum::Extension<RouteContext>,
     path: PolicyPath,
 ) -> Response {
-    let (project, stage_key) = match path_params(path) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
+    let answer = async {
+        let (project, stage) = path_params(path)?;
+        let candidate = state
+            .policies
+            .promote(&project, &stage, &console_user(&route))
+            .await?;
+        tracing::info!(project, stage, digest = %candidate.digest, from = %candidate.mode, "tenant candidate promoted");
+        Ok::<_, GatewayError>(
+            Json(serde_json::json!({
+                "project": project,
+                "stage": stage,
+                "digest": candidate.digest,
+                "mode": Mode::Enforce.as_str(),
+            }))
+            .into_response(),
+        )
     };
-    promote_inner(&state, &project, &stage_key, &console_user(&route))
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
-}
-
-fn no_candidate() -> GatewayError {
-    GatewayError::conflict(
-        "no_candidate",
-        "no shadow or canary module is installed for this stage",
-    )
-}
-
-async fn promote_inner(
-    state: &AppState,
-    project: &str,
-    stage_key: &str,
-    actor: &str,
-) -> Result<Response, GatewayError> {
-    let stage = Stage::parse_tenant(stage_key).ok_or_else(no_candidate)?;
-    ensure_project(state, project).await?;
-    let store = &state.auth.store;
-    let candidate = store
-        .policy_candidate(project, stage_key)
-        .await
-        .map_err(|e| store_failed(&e))?
-        .ok_or_else(no_candidate)?;
-    let bytes = store
-        .module(&candidate.digest)
-        .await
-        .map_err(|e| store_failed(&e))?
-        .ok_or_else(|| GatewayError::not_found("the candidate's module is no longer stored"))?;
-    // Loaded again as a module in force (its compilation is cached): the candidate's own
-    // instance keeps its comparison until it is dropped.
-    let prepared = state
-        .policies
-        .tenants
-        .prepare(project, stage, &bytes, &candidate.config)
-        .await
-        .map_err(prepare_failed)?;
-    {
-        let _write = state.policies.tenants.write_lock().await;
-        // Another change may have come first.
-        let still = store
-            .policy_candidate(project, stage_key)
-            .await
-            .map_err(|e| store_failed(&e))?;
-        if still.as_ref() != Some(&candidate) {
-            return Err(GatewayError::conflict(
-                "candidate_changed",
-                "the candidate changed meanwhile; read it again",
-            ));
-        }
-        let before = store
-            .project_policy(project, stage_key)
-            .await
-            .map_err(|e| store_failed(&e))?
-            .map(|p| p.digest);
-        store
-            .set_project_policy(&ProjectPolicyRecord {
-                project_ref: project.to_owned(),
-                stage: stage_key.to_owned(),
-                digest: candidate.digest.clone(),
-                config: candidate.config.clone(),
-            })
-            .await
-            .map_err(|e| store_failed(&e))?;
-        store
-            .delete_policy_candidate(project, stage_key)
-            .await
-            .map_err(|e| store_failed(&e))?;
-        let tenants = &state.policies.tenants;
-        tenants.apply(project, stage, Some(prepared.installed));
-        tenants.apply_slot(project, stage, Slot::Candidate, None);
-        let mut event = history::event(
-            actor,
-            Some(project),
-            Plane::Data,
-            stage_key,
-            "promote",
-            before,
-            Some(candidate.digest.clone()),
-            None,
-        );
-        event.config = Some(candidate.config.clone());
-        history::record(store.as_ref(), &event).await;
-    }
-    announce(state, project).await;
-    tracing::info!(project, stage = stage_key, digest = %candidate.digest, from = %candidate.mode, "tenant candidate promoted");
-    Ok(Json(serde_json::json!({
-        "project": project,
-        "stage": stage_key,
-        "digest": candidate.digest,
-        "mode": "enforce",
-    }))
-    .into_response())
+    answer.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `POST …/policies/{stage}/abort`: drops the candidate; the module in force stays.
@@ -609,50 +349,16 @@ pub async fn abort(
     axum::Extension(route): axum::Extension<RouteContext>,
     path: PolicyPath,
 ) -> Response {
-    let (project, stage_key) = match path_params(path) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
     let answer = async {
-        ensure_project(&state, &project).await?;
-        let store = &state.auth.store;
-        let _write = state.policies.tenants.write_lock().await;
-        let candidate = store
-            .policy_candidate(&project, &stage_key)
+        let (project, stage) = path_params(path)?;
+        state
+            .policies
+            .abort(&project, &stage, &console_user(&route))
             .await
-            .map_err(|e| store_failed(&e))?
-            .ok_or_else(no_candidate)?;
-        store
-            .delete_policy_candidate(&project, &stage_key)
-            .await
-            .map_err(|e| store_failed(&e))?;
-        if let Some(stage) = Stage::parse_tenant(&stage_key) {
-            state
-                .policies
-                .tenants
-                .apply_slot(&project, stage, Slot::Candidate, None);
-        }
-        let mut event = history::event(
-            &console_user(&route),
-            Some(&project),
-            Plane::Data,
-            &stage_key,
-            "abort",
-            Some(candidate.digest),
-            None,
-            None,
-        );
-        event.mode = candidate.mode;
-        history::record(store.as_ref(), &event).await;
-        Ok::<_, GatewayError>(())
-    }
-    .await;
-    match answer {
+    };
+    match answer.await {
         Err(e) => e.into_response(),
-        Ok(()) => {
-            announce(&state, &project).await;
-            StatusCode::NO_CONTENT.into_response()
-        }
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
     }
 }
 
@@ -695,13 +401,13 @@ pub async fn history(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    if let Err(e) = ensure_project(&state, &project).await {
+    if let Err(e) = state.policies.ensure_project(&project).await {
         return e.into_response();
     }
     let limit = query.limit().clamp(1, 1000);
     match state
-        .auth
-        .store
+        .policies
+        .store()
         .policy_events(Some(&project), Some(&stage_key), limit)
         .await
     {
@@ -731,11 +437,8 @@ pub async fn rollback(
     path: PolicyPath,
     body: axum::body::Bytes,
 ) -> Response {
-    let (project, stage_key) = match path_params(path) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
     let answer = async {
+        let (project, stage) = path_params(path)?;
         let request: RollbackPolicy = if body.is_empty() {
             RollbackPolicy::default()
         } else {
@@ -743,68 +446,13 @@ pub async fn rollback(
                 GatewayError::bad_request("invalid_body", format!("expected {{digest}}: {e}"))
             })?
         };
-        ensure_project(&state, &project).await?;
-        let store = &state.auth.store;
-        // Only the modules that were in force: a shadow or canary never was. Listed without
-        // their configurations; the one restored is read alone.
-        let events: Vec<PolicyEventRecord> = store
-            .policy_events(
-                Some(&project),
-                Some(&stage_key),
-                crate::control::HISTORY_KEPT,
-            )
-            .await
-            .map_err(|e| store_failed(&e))?
-            .into_iter()
-            .filter(|e| e.mode == "enforce")
-            .collect();
-        let current = store
-            .project_policy(&project, &stage_key)
-            .await
-            .map_err(|e| store_failed(&e))?
-            .map(|p| p.digest);
-        let target = match request.digest {
-            Some(digest) => digest,
-            None => events
-                .iter()
-                .filter_map(|e| e.digest_before.clone())
-                .find(|d| Some(d) != current.as_ref())
-                .ok_or_else(|| {
-                    GatewayError::conflict(
-                        "no_previous_module",
-                        "the history names no module before the one in force",
-                    )
-                })?,
-        };
-        drop(events);
-        // The configuration the module had when it was last put in force.
-        let config = store
-            .policy_event_of(Some(&project), &stage_key, &target)
-            .await
-            .map_err(|e| store_failed(&e))?
-            .ok_or_else(|| {
-                GatewayError::conflict(
-                    "not_in_history",
-                    "this digest was never in force for this stage",
-                )
-            })?
-            .config
-            .unwrap_or_else(|| "{}".to_owned());
-        let config: serde_json::Value = serde_json::from_str(&config).unwrap_or_default();
-        let body = serde_json::to_vec(&serde_json::json!({ "digest": target, "config": config }))
-            .unwrap_or_default();
-        put_inner(
-            state.clone(),
-            project,
-            stage_key,
-            body.into(),
-            &console_user(&route),
-            "rollback",
-        )
-        .await
-    }
-    .await;
-    answer.unwrap_or_else(IntoResponse::into_response)
+        let installed = state
+            .policies
+            .roll_back_project(&project, &stage, request.digest, &console_user(&route))
+            .await?;
+        Ok::<_, GatewayError>(installed_json(&project, &stage, &installed))
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `POST /v1/policies/reload`: reloads the plugin sections of the config file, like SIGHUP.

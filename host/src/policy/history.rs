@@ -27,6 +27,40 @@ pub enum Queued {
     CanaryDropped(PolicyEventRecord),
 }
 
+/// What a history event records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// A project installed a module (in force, or as a candidate).
+    Install,
+    /// A project removed its module.
+    Delete,
+    /// A candidate became the module in force.
+    Promote,
+    /// A candidate was dropped by its owner.
+    Abort,
+    /// A previous module was put back at its owner's request.
+    Rollback,
+    /// The operator's configuration was reloaded.
+    OperatorReload,
+    /// A module that failed too often was taken out of force by the gateway.
+    AutomaticRollback,
+}
+
+impl Action {
+    /// The action as the store keeps it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Action::Install => "install",
+            Action::Delete => "delete",
+            Action::Promote => "promote",
+            Action::Abort => "abort",
+            Action::Rollback => "rollback",
+            Action::OperatorReload => "operator_reload",
+            Action::AutomaticRollback => "automatic_rollback",
+        }
+    }
+}
+
 /// An event at now, in `enforce` mode.
 #[expect(
     clippy::too_many_arguments,
@@ -36,8 +70,8 @@ pub fn event(
     actor: &str,
     project_ref: Option<&str>,
     plane: Plane,
-    stage: &str,
-    action: &str,
+    stage: Stage,
+    action: Action,
     digest_before: Option<String>,
     digest_after: Option<String>,
     reason: Option<String>,
@@ -46,12 +80,12 @@ pub fn event(
         at: Utc::now(),
         actor: actor.to_owned(),
         project_ref: project_ref.map(str::to_owned),
-        stage: stage.to_owned(),
+        stage: stage.key().to_owned(),
         plane: plane.as_str().to_owned(),
-        action: action.to_owned(),
+        action: action.as_str().to_owned(),
         digest_before,
         digest_after,
-        mode: "enforce".to_owned(),
+        mode: Mode::Enforce.as_str().to_owned(),
         reason: reason.map(|r| bounded(r, MAX_REASON_BYTES)),
         config: None,
     }
@@ -117,7 +151,7 @@ fn digests(p: &Policies) -> Vec<(Plane, Stage, &'static str, String)> {
 pub fn operator_changes(
     before: &Policies,
     after: &Policies,
-    action: &str,
+    action: Action,
     reason: Option<&str>,
 ) -> Vec<PolicyEventRecord> {
     let (old, new) = (digests(before), digests(after));
@@ -149,7 +183,7 @@ pub fn operator_changes(
                 OPERATOR,
                 None,
                 plane,
-                stage.key(),
+                stage,
                 action,
                 previous.map(|p| p.1),
                 next.map(|n| n.1),

@@ -13,6 +13,7 @@ pub mod confine;
 pub mod conformance;
 pub mod engine;
 pub mod history;
+pub mod installs;
 pub mod isolation;
 mod limits;
 #[cfg(feature = "native-policies")]

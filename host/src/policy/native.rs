@@ -37,6 +37,13 @@ pub fn enabled() -> bool {
     })
 }
 
+/// A default policy compiled into the host.
+pub trait NativePolicy: Sized + Send + Sync + std::fmt::Debug {
+    /// The native policy standing for a module named `module` with `config` on `plane`, when
+    /// this process answers built-in stages natively (and the configuration is accepted).
+    fn load(module: &str, plane: Plane, config: &str) -> Option<Self>;
+}
+
 fn wanted(module: &str) -> bool {
     module == config::BUILTIN && enabled()
 }
@@ -45,13 +52,15 @@ fn wanted(module: &str) -> bool {
 #[derive(Debug)]
 pub struct ApiKey(api_key::Policy);
 
-impl ApiKey {
-    pub(crate) fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
+impl NativePolicy for ApiKey {
+    fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
         wanted(module)
             .then(|| api_key::Policy::configure(config).ok().map(Self))
             .flatten()
     }
+}
 
+impl ApiKey {
     pub(crate) fn extract(
         &self,
         path: &str,
@@ -87,8 +96,8 @@ impl ApiKey {
 #[derive(Debug)]
 pub struct Cors(cors::Policy);
 
-impl Cors {
-    pub(crate) fn load(module: &str, plane: Plane, config: &str) -> Option<Self> {
+impl NativePolicy for Cors {
+    fn load(module: &str, plane: Plane, config: &str) -> Option<Self> {
         let plane = match plane {
             Plane::Data => cors::Plane::Data,
             Plane::Management => cors::Plane::Management,
@@ -97,7 +106,9 @@ impl Cors {
             .then(|| cors::Policy::configure(plane, config).ok().map(Self))
             .flatten()
     }
+}
 
+impl Cors {
     pub(crate) fn decide(&self, origin: &str, preflight: bool) -> CorsDecision {
         match self.0.decide(origin, preflight) {
             None => CorsDecision::Deny,
@@ -116,13 +127,15 @@ impl Cors {
 #[derive(Debug)]
 pub struct Quota(quota::Policy);
 
-impl Quota {
-    pub(crate) fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
+impl NativePolicy for Quota {
+    fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
         wanted(module)
             .then(|| quota::Policy::configure(config).ok().map(Self))
             .flatten()
     }
+}
 
+impl Quota {
     pub(crate) fn decide(&self, route_group: &str, actor: &Actor) -> QuotaDecision {
         let a = quota::Actor {
             role: match actor.role {
@@ -152,13 +165,15 @@ impl Quota {
 #[derive(Debug)]
 pub struct DbRouting(db::Policy);
 
-impl DbRouting {
-    pub(crate) fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
+impl NativePolicy for DbRouting {
+    fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
         wanted(module)
             .then(|| db::Policy::configure(config).ok().map(Self))
             .flatten()
     }
+}
 
+impl DbRouting {
     pub(crate) fn decide(&self, method: &str, path: &str, project: Option<&ProjectDb>) -> DbRoute {
         let project = project.map(|p| db::Project {
             engine: match p.engine {

@@ -10,12 +10,13 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 
-use super::history::Queued;
+use super::history::{Action, Queued};
+use super::installs::Announce;
 use super::rollout::{Compared, OPERATOR_SCOPE, Trial, failure_kind, on_canary};
 use super::stages::{AnyCandidate, AnyModule, PolicyStage};
 use super::tenants::{AnyInstalled, TenantCallError, TenantPolicies};
 use super::{PluginError, Policies, PolicyEngine, Stage};
-use crate::control::PolicyEventRecord;
+use crate::control::{ControlStore, PolicyEventRecord};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::plane::Plane;
@@ -29,6 +30,10 @@ pub struct PolicyRegistry {
     previous: ArcSwapOption<Policies>,
     /// Modules installed by projects.
     pub tenants: TenantPolicies,
+    /// Where projects' modules, their history and the stored modules are kept.
+    store: Arc<dyn ControlStore>,
+    /// Tells the other instances that a project's modules changed.
+    announcer: std::sync::OnceLock<Arc<dyn Announce>>,
     metrics: Metrics,
     /// Where operator changes and dropped canaries go to be recorded ([`super::history`]).
     history: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Queued>>,
@@ -40,6 +45,7 @@ impl PolicyRegistry {
         runtime: Arc<PolicyEngine>,
         policies: Policies,
         tenants: TenantPolicies,
+        store: Arc<dyn ControlStore>,
         metrics: Metrics,
     ) -> Self {
         Self {
@@ -47,14 +53,123 @@ impl PolicyRegistry {
             current: ArcSwap::from_pointee(policies),
             previous: ArcSwapOption::empty(),
             tenants,
+            store,
+            announcer: std::sync::OnceLock::new(),
             metrics,
             history: std::sync::OnceLock::new(),
         }
     }
 
-    /// Where operator changes are sent to be recorded from now on.
-    pub fn set_history(&self, sender: tokio::sync::mpsc::UnboundedSender<Queued>) {
+    /// The control store the registry keeps projects' modules and the history in.
+    pub fn store(&self) -> &Arc<dyn ControlStore> {
+        &self.store
+    }
+
+    /// Who tells the other instances of a change, from now on.
+    pub fn set_announcer(&self, announcer: Arc<dyn Announce>) {
+        let _ = self.announcer.set(announcer);
+    }
+
+    /// Who tells the other instances of a change, once set.
+    pub(crate) fn announcer(&self) -> Option<&Arc<dyn Announce>> {
+        self.announcer.get()
+    }
+
+    /// Brings the projects' modules in line with the store; false when the store did not
+    /// answer ([`TenantPolicies::refresh`]).
+    pub async fn refresh_tenants(&self) -> bool {
+        self.tenants.refresh(&self.store).await
+    }
+
+    /// Starts the registry's tasks: the history writer, and the stored-module collection every
+    /// `gc_every` (`configured`: the digests the operator's configuration names).
+    pub fn spawn_tasks(
+        self: &Arc<Self>,
+        configured: Vec<String>,
+        gc_every: std::time::Duration,
+        gc_grace: std::time::Duration,
+    ) {
+        self.spawn_history_writer();
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(registry) = weak.upgrade() else {
+                    break;
+                };
+                registry.collect_modules(&configured, gc_grace).await;
+                drop(registry);
+                tokio::time::sleep(gc_every).await;
+            }
+        });
+    }
+
+    /// Records the operator's policy changes (reloads, automatic rollbacks) in the control
+    /// store, one at a time, in order; takes a project's canary dropped for its failures out of
+    /// the store (when the store still holds that canary), records it and tells the other
+    /// instances.
+    fn spawn_history_writer(self: &Arc<Self>) {
+        let (sender, mut events) = tokio::sync::mpsc::unbounded_channel();
         let _ = self.history.set(sender);
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(queued) = events.recv().await {
+                let Some(registry) = weak.upgrade() else {
+                    break;
+                };
+                let store = registry.store.clone();
+                match queued {
+                    Queued::Operator(event) => {
+                        super::history::record(store.as_ref(), &event).await;
+                    }
+                    Queued::CanaryDropped(event) => {
+                        let project = event.project_ref.clone().unwrap_or_default();
+                        {
+                            let _write = registry.tenants.write_lock().await;
+                            match store.policy_candidate(&project, &event.stage).await {
+                                Ok(Some(c)) if Some(&c.digest) == event.digest_before.as_ref() => {
+                                    if let Err(e) =
+                                        store.delete_policy_candidate(&project, &event.stage).await
+                                    {
+                                        tracing::error!(error = %e, project, "the dropped canary is still in the store");
+                                    }
+                                }
+                                Ok(_) => {}
+                                Err(e) => {
+                                    tracing::error!(error = %e, project, "the dropped canary is still in the store");
+                                }
+                            }
+                            super::history::record(store.as_ref(), &event).await;
+                        }
+                        if let Some(announce) = registry.announcer() {
+                            announce.tenant_modules_changed(&project).await;
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// One pass of the stored-module collection: marks the stored modules this instance uses
+    /// (`configured`, the operator's configuration's, and the projects' in force) as used, then
+    /// collects the stored modules that no project references and no instance used for
+    /// `grace` (`plugins.module_gc_grace_secs`).
+    pub async fn collect_modules(&self, configured: &[String], grace: std::time::Duration) {
+        let mut in_use: Vec<String> = self.tenants.digests().into_iter().collect();
+        in_use.extend(configured.iter().cloned());
+        if let Err(e) = self.store.touch_modules(&in_use).await {
+            tracing::warn!(error = %e, "stored modules: cannot mark the ones in use; nothing collected");
+            return;
+        }
+        match self.store.collect_modules(grace).await {
+            Ok(collected) if !collected.is_empty() => {
+                self.metrics
+                    .modules_collected
+                    .inc_by(collected.len() as u64);
+                tracing::info!(count = collected.len(), digests = ?collected, "unused stored modules collected");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "stored modules: collection failed"),
+        }
     }
 
     /// Queues operator changes for the history.
@@ -113,8 +228,8 @@ impl PolicyRegistry {
             super::history::OPERATOR,
             project,
             plane,
-            stage.key(),
-            "automatic_rollback",
+            stage,
+            Action::AutomaticRollback,
             Some(digest.to_owned()),
             None,
             Some(reason),
@@ -142,7 +257,7 @@ impl PolicyRegistry {
         self.record(super::history::operator_changes(
             &old,
             &new,
-            "operator_reload",
+            Action::OperatorReload,
             None,
         ));
         self.previous.store(Some(old));
@@ -169,7 +284,10 @@ impl PolicyRegistry {
         }
         let after = self.current.load_full();
         self.record(super::history::operator_changes(
-            &before, &after, "rollback", None,
+            &before,
+            &after,
+            Action::Rollback,
+            None,
         ));
         tracing::warn!("the operator rolled the policy modules back to the previous set");
         true
@@ -184,7 +302,7 @@ impl PolicyRegistry {
             self.record(super::history::operator_changes(
                 &before,
                 &self.current.load(),
-                "automatic_rollback",
+                Action::AutomaticRollback,
                 Some(&format!("the module fails too often: {error}")),
             ));
             tracing::error!(
@@ -365,8 +483,8 @@ impl PolicyRegistry {
             super::history::OPERATOR,
             None,
             plane,
-            stage.key(),
-            "abort",
+            stage,
+            Action::Abort,
             Some(digest),
             None,
             None,
@@ -388,7 +506,7 @@ impl PolicyRegistry {
         let next = Arc::new(next);
         self.current.store(next.clone());
         self.previous.store(Some(before.clone()));
-        let mut events = super::history::operator_changes(&before, &next, "promote", None);
+        let mut events = super::history::operator_changes(&before, &next, Action::Promote, None);
         events
             .retain(|e| e.stage == stage.key() && e.plane == plane.as_str() && e.mode == "enforce");
         if events.is_empty() {
@@ -397,8 +515,8 @@ impl PolicyRegistry {
                 super::history::OPERATOR,
                 None,
                 plane,
-                stage.key(),
-                "promote",
+                stage,
+                Action::Promote,
                 None,
                 None,
                 None,
@@ -441,5 +559,219 @@ impl StageCall<'_> {
         } else {
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Config, StageConfig};
+    use crate::policy::stages::{Cors, CorsDecision, CorsInput};
+    use crate::policy::tenants::{Slot, on_trial, prepare_compiled};
+
+    const IN_FORCE: &str = "https://in-force.example";
+    const CANDIDATE: &str = "https://candidate.example";
+    const TENANT: &str = "https://tenant.example";
+    const TENANT_CANDIDATE: &str = "https://tenant-candidate.example";
+
+    fn allowing(origin: &str) -> serde_json::Value {
+        serde_json::json!({ "allow_origins": [origin] })
+    }
+
+    /// A registry whose data plane's CORS module allows [`IN_FORCE`] only, with an operator's
+    /// candidate (allowing [`CANDIDATE`] only) tried as `trial`.
+    fn registry(trial: Option<(&str, Option<u8>)>) -> Arc<PolicyRegistry> {
+        let mut config = Config::default();
+        // Room for a shadow of each of the four decisions at once: none is skipped.
+        config.plugins.tenant_threads = 8;
+        config.plugins.tenant_max_concurrent_calls = 8;
+        let cors = &mut config.data_plane.plugins.cors;
+        cors.config = allowing(IN_FORCE);
+        cors.candidate = trial.map(|(mode, percent)| {
+            Box::new(StageConfig {
+                config: allowing(CANDIDATE),
+                mode: Some(mode.to_owned()),
+                percent,
+                ..StageConfig::default()
+            })
+        });
+        let runtime = PolicyEngine::new(&config.plugins).expect("engine");
+        let policies = Policies::load(&runtime, &config, None).expect("policies");
+        let metrics = Metrics::new();
+        let tenants = TenantPolicies::new(runtime.clone(), &config.plugins, metrics.clone());
+        let store: Arc<dyn ControlStore> = Arc::new(crate::control::file::FileStore::empty());
+        Arc::new(PolicyRegistry::new(
+            runtime, policies, tenants, store, metrics,
+        ))
+    }
+
+    /// Installs the built-in CORS module for `project`, allowing `origin`, in force or as a
+    /// candidate tried as `trial`.
+    fn install(registry: &PolicyRegistry, project: &str, origin: &str, trial: Option<Trial>) {
+        let bytes = Cors::BUILTIN;
+        let component = registry.runtime.compile(bytes).expect("compiles");
+        let (checked, _) = prepare_compiled(
+            &registry.runtime,
+            project,
+            Stage::Cors,
+            super::super::tenants::digest_of(bytes),
+            component,
+            &allowing(origin).to_string(),
+        )
+        .expect("checked");
+        match trial {
+            None => registry.tenants.apply(project, Stage::Cors, Some(checked)),
+            Some(trial) => registry.tenants.apply_slot(
+                project,
+                Stage::Cors,
+                Slot::Candidate,
+                Some(on_trial(checked, trial, None)),
+            ),
+        }
+    }
+
+    /// Which origins the decision for `project` allows, of the four, and whose module gave it.
+    async fn allowed(
+        registry: &PolicyRegistry,
+        project: Option<&str>,
+    ) -> (Vec<&'static str>, Source) {
+        let pinned = registry.snapshot();
+        let call = StageCall {
+            pinned: &pinned,
+            request_id: Some("test"),
+            plane: Plane::Data,
+            project,
+        };
+        let mut out = Vec::new();
+        let mut source = None;
+        for origin in [IN_FORCE, CANDIDATE, TENANT, TENANT_CANDIDATE] {
+            let input = CorsInput {
+                method: "GET",
+                path: "/v1/db/todos",
+                origin,
+                request_method: None,
+                request_headers: None,
+                client: Some("192.0.2.7".parse().expect("address")),
+            };
+            let (decision, from) = registry
+                .decide::<Cors>(&call, input)
+                .await
+                .expect("decided");
+            if matches!(decision, CorsDecision::Allow(_)) {
+                out.push(origin);
+            }
+            assert!(source.is_none_or(|s| s == from), "one source per project");
+            source = Some(from);
+        }
+        (out, source.expect("four decisions"))
+    }
+
+    /// Waits (on the wall clock: shadows run on the tenant threads) until `report` shows `n`
+    /// comparisons, and gives the last one.
+    fn compared(
+        report: impl Fn() -> super::super::rollout::ShadowReport,
+        n: u64,
+    ) -> super::super::rollout::ShadowReport {
+        for _ in 0..2_000 {
+            let r = report();
+            if r.compared >= n {
+                return r;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("the shadow ran {} times, not {n}", report().compared);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_algorithm_decides_in_force_canary_shadow_and_tenant_in_order() {
+        // The module in force.
+        let r = registry(None);
+        assert_eq!(allowed(&r, None).await, (vec![IN_FORCE], Source::Operator));
+
+        // The operator's canary at 100 %: it decides for everyone the plane's module would.
+        let r = registry(Some(("canary", Some(100))));
+        assert_eq!(allowed(&r, None).await, (vec![CANDIDATE], Source::Operator));
+        // Aborted, the module in force decides again.
+        assert!(r.abort_operator_candidate(Plane::Data, Stage::Cors));
+        assert_eq!(allowed(&r, None).await, (vec![IN_FORCE], Source::Operator));
+
+        // The operator's shadow: the module in force decides, the shadow is compared off the
+        // path and disagrees on the two origins one of them allows.
+        let r = registry(Some(("shadow", None)));
+        assert_eq!(allowed(&r, None).await, (vec![IN_FORCE], Source::Operator));
+        let pinned = r.snapshot();
+        let slot = pinned.data.slot::<Cors>().expect("cors");
+        let shadow = slot.candidate.clone().expect("candidate");
+        let report = compared(|| shadow.comparison.report(), 4);
+        assert_eq!(
+            (report.compared, report.disagreements, report.skipped),
+            (4, 2, 0)
+        );
+
+        // A project's own module decides for that project only, on the tenant threads, before
+        // the operator's candidate.
+        install(&r, "alpha", TENANT, None);
+        assert_eq!(
+            allowed(&r, Some("alpha")).await,
+            (vec![TENANT], Source::Tenant)
+        );
+        assert_eq!(
+            allowed(&r, Some("beta")).await,
+            (vec![IN_FORCE], Source::Operator)
+        );
+        let report = compared(|| shadow.comparison.report(), 8);
+        assert_eq!(
+            report.compared, 8,
+            "the operator's shadow ran for beta only"
+        );
+
+        // The project's canary at 100 % decides before the project's module.
+        install(
+            &r,
+            "alpha",
+            TENANT_CANDIDATE,
+            Some(Trial::Canary { percent: 100 }),
+        );
+        assert_eq!(
+            allowed(&r, Some("alpha")).await,
+            (vec![TENANT_CANDIDATE], Source::Tenant)
+        );
+
+        // The project's shadow: the project's module decides, its shadow is compared.
+        install(&r, "alpha", TENANT_CANDIDATE, Some(Trial::Shadow));
+        assert_eq!(
+            allowed(&r, Some("alpha")).await,
+            (vec![TENANT], Source::Tenant)
+        );
+        let candidate = r
+            .tenants
+            .candidate("alpha", Stage::Cors)
+            .expect("candidate");
+        let report = compared(|| candidate.comparison().expect("a shadow").report(), 4);
+        assert_eq!(
+            (report.compared, report.disagreements, report.skipped),
+            (4, 2, 0)
+        );
+
+        // The management plane never runs a project's module.
+        let pinned = r.snapshot();
+        let call = StageCall {
+            pinned: &pinned,
+            request_id: None,
+            plane: Plane::Management,
+            project: Some("alpha"),
+        };
+        let input = CorsInput {
+            method: "GET",
+            path: "/v1/db/todos",
+            origin: TENANT,
+            request_method: None,
+            request_headers: None,
+            client: None,
+        };
+        let (decision, source) = r.decide::<Cors>(&call, input).await.expect("decided");
+        assert_eq!((decision, source), (CorsDecision::Deny, Source::Operator));
     }
 }

@@ -8,8 +8,6 @@ use serde::Deserialize;
 use wasmtime::component::{ComponentType, Lower};
 
 use super::{Module, PolicyStage, stage_world};
-#[cfg(feature = "native-policies")]
-use crate::plane::Plane;
 use crate::policy::PluginError;
 use crate::policy::bindings;
 use crate::policy::conformance::{ConformanceError, Run, StageReport};
@@ -209,6 +207,7 @@ impl PolicyStage for ApiKey {
     type Input<'a> = KeyInput<'a>;
     type Query = KeyQuery;
     const BUILTIN: &'static [u8] = crate::policy::builtin::API_KEY;
+    type DefaultConfig = aura_plugin_api_key::policy::Config;
     #[cfg(feature = "native-policies")]
     type Native = crate::policy::native::ApiKey;
 
@@ -397,16 +396,6 @@ impl PolicyStage for ApiKey {
                 field("allowed_roles", &expected, &roles)
             }
         }
-    }
-
-    fn config_schema() -> serde_json::Value {
-        serde_json::to_value(schemars::schema_for!(aura_plugin_api_key::policy::Config))
-            .unwrap_or_default()
-    }
-
-    #[cfg(feature = "native-policies")]
-    fn load_native(module: &str, plane: Plane, config: &str) -> Option<Self::Native> {
-        crate::policy::native::ApiKey::load(module, plane, config)
     }
 
     #[cfg(feature = "native-policies")]

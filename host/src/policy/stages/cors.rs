@@ -110,6 +110,7 @@ impl PolicyStage for Cors {
     type Input<'a> = CorsInput<'a>;
     type Query = CorsQuery;
     const BUILTIN: &'static [u8] = crate::policy::builtin::CORS;
+    type DefaultConfig = aura_plugin_cors::policy::Config;
     #[cfg(feature = "native-policies")]
     type Native = crate::policy::native::Cors;
 
@@ -235,16 +236,6 @@ impl PolicyStage for Cors {
                 field("max_age", &expect.max_age.map(Some), &a.max_age)
             }
         }
-    }
-
-    fn config_schema() -> serde_json::Value {
-        serde_json::to_value(schemars::schema_for!(aura_plugin_cors::policy::Config))
-            .unwrap_or_default()
-    }
-
-    #[cfg(feature = "native-policies")]
-    fn load_native(module: &str, plane: Plane, config: &str) -> Option<Self::Native> {
-        crate::policy::native::Cors::load(module, plane, config)
     }
 
     #[cfg(feature = "native-policies")]

@@ -6,8 +6,6 @@ use wasmtime::component::{ComponentType, Lower};
 
 use super::{Module, PolicyStage, stage_world};
 use crate::actor::Actor;
-#[cfg(feature = "native-policies")]
-use crate::plane::Plane;
 use crate::policy::PluginError;
 use crate::policy::bindings;
 use crate::policy::conformance::{ConformanceError, Run, StageReport};
@@ -84,6 +82,7 @@ impl PolicyStage for DbRouting {
     type Input<'a> = DbInput<'a>;
     type Query = DbQuery;
     const BUILTIN: &'static [u8] = crate::policy::builtin::DB_ROUTING;
+    type DefaultConfig = aura_plugin_db_routing::policy::Config;
     #[cfg(feature = "native-policies")]
     type Native = crate::policy::native::DbRouting;
 
@@ -257,11 +256,6 @@ impl PolicyStage for DbRouting {
             aura_plugin_db_routing::policy::Config
         ))
         .unwrap_or_default()
-    }
-
-    #[cfg(feature = "native-policies")]
-    fn load_native(module: &str, plane: Plane, config: &str) -> Option<Self::Native> {
-        crate::policy::native::DbRouting::load(module, plane, config)
     }
 
     #[cfg(feature = "native-policies")]

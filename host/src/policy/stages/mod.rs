@@ -47,9 +47,11 @@ pub trait PolicyStage: StageWorld + Sized + std::fmt::Debug {
     type Query: Send + 'static;
     /// The default plugin's compiled component, embedded in the binary.
     const BUILTIN: &'static [u8];
+    /// The default plugin's `config`, for its JSON Schema.
+    type DefaultConfig: schemars::JsonSchema;
     /// The default policy compiled into the host (benchmark builds only).
     #[cfg(feature = "native-policies")]
-    type Native: Send + Sync + std::fmt::Debug;
+    type Native: super::native::NativePolicy;
 
     /// The owned copy of `input`.
     fn query(input: Self::Input<'_>) -> Self::Query;
@@ -78,11 +80,9 @@ pub trait PolicyStage: StageWorld + Sized + std::fmt::Debug {
         expect: &toml::Table,
     ) -> Result<(), String>;
     /// The JSON Schema of the default plugin's `config`.
-    fn config_schema() -> serde_json::Value;
-    /// The native policy for a module named `module` with `config`, when this process answers
-    /// built-in stages natively.
-    #[cfg(feature = "native-policies")]
-    fn load_native(module: &str, plane: Plane, config: &str) -> Option<Self::Native>;
+    fn config_schema() -> serde_json::Value {
+        serde_json::to_value(schemars::schema_for!(Self::DefaultConfig)).unwrap_or_default()
+    }
     /// The native policy's decision (`module`: the sandboxed module it stands for).
     #[cfg(feature = "native-policies")]
     fn native(
@@ -155,7 +155,8 @@ impl<S: PolicyStage> Module<S> {
         owner: Owner,
     ) -> Result<Self, PluginError> {
         #[cfg(feature = "native-policies")]
-        let native = S::load_native(&source.name, plane, &source.config);
+        let native =
+            <S::Native as super::native::NativePolicy>::load(&source.name, plane, &source.config);
         Ok(Self {
             module: StageModule::load(
                 runtime.clone(),

@@ -6,8 +6,6 @@ use wasmtime::component::{ComponentType, Lower};
 
 use super::{Module, PolicyStage, stage_world};
 use crate::actor::{Actor, Role};
-#[cfg(feature = "native-policies")]
-use crate::plane::Plane;
 use crate::policy::PluginError;
 use crate::policy::bindings;
 use crate::policy::conformance::{ConformanceError, Run, StageReport};
@@ -102,6 +100,7 @@ impl PolicyStage for Quota {
     type Input<'a> = QuotaInput<'a>;
     type Query = QuotaQuery;
     const BUILTIN: &'static [u8] = crate::policy::builtin::QUOTA;
+    type DefaultConfig = aura_plugin_quota::policy::Config;
     #[cfg(feature = "native-policies")]
     type Native = crate::policy::native::Quota;
 
@@ -262,16 +261,6 @@ impl PolicyStage for Quota {
                 field("cost", &expect.cost, &rule.cost)
             }
         }
-    }
-
-    fn config_schema() -> serde_json::Value {
-        serde_json::to_value(schemars::schema_for!(aura_plugin_quota::policy::Config))
-            .unwrap_or_default()
-    }
-
-    #[cfg(feature = "native-policies")]
-    fn load_native(module: &str, plane: Plane, config: &str) -> Option<Self::Native> {
-        crate::policy::native::Quota::load(module, plane, config)
     }
 
     #[cfg(feature = "native-policies")]
