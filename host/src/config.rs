@@ -14,6 +14,8 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::stage::Trial;
+
 /// The whole gateway configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -574,6 +576,63 @@ impl Default for UpstreamsConfig {
     }
 }
 
+impl UpstreamsConfig {
+    /// The entries of `postgrest_allowed_targets`; the error names the first that is none.
+    pub fn postgrest_targets(&self) -> Result<Vec<TargetEntry>, String> {
+        self.postgrest_allowed_targets
+            .iter()
+            .map(|entry| TargetEntry::parse(entry))
+            .collect()
+    }
+}
+
+/// An entry of `upstreams.postgrest_allowed_targets`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetEntry {
+    /// A network (`10.0.0.0/8`); an IP address is a network of one.
+    Net(ipnet::IpNet),
+    /// A host name (`pg.internal`), lower case.
+    Host(String),
+    /// A suffix (`.pg.internal`), lower case, starting with `.`.
+    Suffix(String),
+}
+
+impl TargetEntry {
+    /// Parses an entry: a CIDR, an IP address, a host name or a `.suffix`. The error names the
+    /// entry.
+    pub fn parse(entry: &str) -> Result<Self, String> {
+        let e = entry.trim().to_ascii_lowercase();
+        if let Ok(net) = e.parse::<ipnet::IpNet>() {
+            Ok(TargetEntry::Net(net))
+        } else if let Ok(ip) = e.parse::<IpAddr>() {
+            Ok(TargetEntry::Net(ipnet::IpNet::from(ip)))
+        } else if let Some(rest) = e.strip_prefix('.')
+            && is_host_name(rest)
+        {
+            Ok(TargetEntry::Suffix(e))
+        } else if is_host_name(&e) {
+            Ok(TargetEntry::Host(e))
+        } else {
+            Err(format!(
+                "{entry:?} is neither a CIDR, an IP address, a host name nor a .suffix"
+            ))
+        }
+    }
+}
+
+/// Whether `s` is a DNS host name: dot-separated labels of 1 to 63 letters, digits and `-`.
+fn is_host_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
 /// A token bucket: sustained rate and burst.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -863,6 +922,13 @@ pub const BUILTIN: &str = "builtin";
 /// The prefix of `module` naming a module of the control store by digest.
 pub const STORE_PREFIX: &str = "sha256:";
 
+/// Whether `s` is a SHA-256 digest in lower-case hex.
+pub fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 impl StageConfig {
     /// The module file, or `None` for the built-in plugin or a module of the store.
     pub fn module_path(&self) -> Option<&Path> {
@@ -876,8 +942,8 @@ impl StageConfig {
 
     /// How the candidate is tried (`None` for a stage's module in force, or a mode that
     /// validation refuses).
-    pub fn trial(&self) -> Option<crate::policy::rollout::Trial> {
-        crate::policy::rollout::Trial::parse(self.mode.as_deref()?, self.percent)
+    pub fn trial(&self) -> Option<Trial> {
+        Trial::parse(self.mode.as_deref()?, self.percent)
             .ok()
             .flatten()
     }
@@ -1724,8 +1790,7 @@ impl Config {
                 ));
             }
         }
-        if let Err(e) = crate::proxy::targets::TargetAllowList::parse(&u.postgrest_allowed_targets)
-        {
+        if let Err(e) = u.postgrest_targets() {
             return Err(problem("upstreams.postgrest_allowed_targets", e));
         }
         if u.storage_max_body_bytes == 0 {
@@ -1865,7 +1930,7 @@ impl Config {
                 let Some(mode) = stage.mode.as_deref() else {
                     return Err(problem(&format!("{key}.mode"), "shadow or canary"));
                 };
-                match crate::policy::rollout::Trial::parse(mode, stage.percent) {
+                match Trial::parse(mode, stage.percent) {
                     Ok(Some(_)) => {}
                     Ok(None) => {
                         return Err(problem(
@@ -1893,7 +1958,7 @@ impl Config {
                 ));
             }
             if let Some(digest) = stage.module_digest()
-                && !crate::control::records::is_sha256_hex(digest)
+                && !is_sha256_hex(digest)
             {
                 return Err(problem(
                     &format!("{key}.module"),

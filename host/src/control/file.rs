@@ -41,11 +41,11 @@ use chrono::Utc;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::records::is_sha256_hex;
 use super::{
     ApiKeyRecord, ControlStore, KeyRole, MemberRecord, OrgRole, OrganizationRecord,
     PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, StoreError,
 };
+use crate::config::is_sha256_hex;
 use crate::files::{Stamp, stamp};
 
 /// The file's content.
