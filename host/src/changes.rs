@@ -92,7 +92,7 @@ impl Change {
         let project =
             |r: &str| !r.is_empty() && r.len() <= MAX_REF_BYTES && !r.chars().any(char::is_control);
         let ok = match self {
-            Change::ApiKey { key_sha256 } => crate::control::records::is_sha256_hex(key_sha256),
+            Change::ApiKey { key_sha256 } => crate::config::is_sha256_hex(key_sha256),
             Change::Project { project_ref } | Change::TenantModules { project_ref } => {
                 project(project_ref)
             }

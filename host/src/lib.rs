@@ -12,6 +12,7 @@ pub mod config;
 pub mod control;
 pub mod dev;
 pub mod error;
+pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hot;

@@ -455,18 +455,10 @@ fn plugin_check(
         }
     }
     for plane in &planes {
-        let d = &mut config.data_plane.plugins;
-        let m = &mut config.management_plane.plugins;
-        let target = match (plane.as_str(), stage) {
-            ("data", "api_key") => &mut d.api_key,
-            ("data", "cors") => &mut d.cors,
-            ("data", "quota") => &mut d.quota,
-            ("data", "db_routing") => &mut d.db_routing,
-            ("management", "cors") => &mut m.cors,
-            ("management", "quota") => &mut m.quota,
-            ("management", "db_routing") => &mut m.db_routing,
-            _ => anyhow::bail!("the {plane} plane has no {stage} stage"),
-        };
+        let target = aura_gateway::plane::Plane::parse(plane)
+            .zip(aura_gateway::policy::Stage::parse(stage))
+            .and_then(|(p, s)| config.stage_mut(p, s))
+            .ok_or_else(|| anyhow::anyhow!("the {plane} plane has no {stage} stage"))?;
         target.module = module.clone();
         target.config = config_value.clone();
     }

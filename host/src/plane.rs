@@ -10,6 +10,9 @@ pub enum Plane {
 }
 
 impl Plane {
+    /// Both planes.
+    pub const ALL: [Plane; 2] = [Plane::Data, Plane::Management];
+
     /// The plane named `data` or `management`.
     pub fn parse(name: &str) -> Option<Plane> {
         match name {

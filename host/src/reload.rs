@@ -7,10 +7,11 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::config::{self, Config, ConfigError};
 use crate::error::GatewayError;
+use crate::files::stamp;
 use crate::policy::conformance::{self, ConformanceError, StageReport};
 use crate::policy::{PluginError, Policies, StoredModuleError, fetch_stored_modules};
 use crate::state::AppState;
@@ -123,11 +124,6 @@ pub async fn reload_and_log(state: &AppState, trigger: &str) -> Result<(), Reloa
         }
     }
     result.map(|_| ())
-}
-
-pub(crate) fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
 }
 
 /// The files whose change triggers a reload: the config file and every module file it names.

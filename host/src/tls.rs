@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls::pki_types::pem::PemObject;
@@ -20,6 +20,7 @@ use rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::ListenerTlsConfig;
+use crate::files::{Stamp, stamp};
 use crate::metrics::Metrics;
 use crate::plane::Plane;
 
@@ -116,11 +117,11 @@ impl Files {
     }
 
     /// Modification time and length of each file: what the watcher compares.
-    fn stamps(&self) -> Vec<Option<(SystemTime, u64)>> {
+    fn stamps(&self) -> Vec<Option<Stamp>> {
         [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
             .into_iter()
             .flatten()
-            .map(|p| crate::reload::stamp(p))
+            .map(|p| stamp(p))
             .collect()
     }
 
@@ -164,7 +165,7 @@ pub struct ListenerTls {
     files: Files,
     http2: bool,
     current: ArcSwap<ServerConfig>,
-    stamps: Mutex<Vec<Option<(SystemTime, u64)>>>,
+    stamps: Mutex<Vec<Option<Stamp>>>,
 }
 
 impl ListenerTls {

@@ -41,11 +41,12 @@ use chrono::Utc;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::records::is_sha256_hex;
 use super::{
     ApiKeyRecord, ControlStore, KeyRole, MemberRecord, OrgRole, OrganizationRecord,
     PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, StoreError,
 };
+use crate::config::is_sha256_hex;
+use crate::files::{Stamp, stamp};
 
 /// The file's content.
 #[derive(Debug, Default, Deserialize)]
@@ -231,17 +232,12 @@ impl ControlFile {
 pub struct FileStore {
     path: Option<PathBuf>,
     snapshot: ArcSwap<Snapshot>,
-    stamp: std::sync::Mutex<Option<(SystemTime, u64)>>,
+    stamp: std::sync::Mutex<Option<Stamp>>,
     writing: tokio::sync::Mutex<()>,
     /// Bumped on every reload of the file.
     reloads: tokio::sync::watch::Sender<u64>,
     /// The policy history: files beside the control file, or memory without one.
     history: super::file_history::PolicyHistory,
-}
-
-fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
 }
 
 impl FileStore {
@@ -259,7 +255,7 @@ impl FileStore {
 
     /// Loads `path`; an unreadable or invalid file is an error naming it.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let stamp = stamp_of(path);
+        let stamp = stamp(path);
         let snapshot = Self::read(path)?;
         Ok(Self {
             path: Some(path.to_path_buf()),
@@ -287,7 +283,7 @@ impl FileStore {
         let Some(path) = &self.path else {
             return Ok(false);
         };
-        let now = stamp_of(path);
+        let now = stamp(path);
         {
             let last = self
                 .stamp
@@ -361,7 +357,7 @@ impl FileStore {
             .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))?;
         self.snapshot.store(Arc::new(Self::read(path)?));
         if let Ok(mut last) = self.stamp.lock() {
-            *last = stamp_of(path);
+            *last = stamp(path);
         }
         Ok(())
     }

@@ -375,7 +375,7 @@ impl PolicyHistory {
             return Ok(None);
         };
         let config = match line.config_sha256.as_deref() {
-            Some(sha) if super::records::is_sha256_hex(sha) => {
+            Some(sha) if crate::config::is_sha256_hex(sha) => {
                 let path = configs.join(format!("{sha}.json"));
                 Some(std::fs::read_to_string(&path).map_err(|e| io_error(&path, e))?)
             }

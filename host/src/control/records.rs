@@ -172,13 +172,6 @@ impl ApiKeyRecord {
     }
 }
 
-/// Whether `s` is a SHA-256 digest in lower-case hex.
-pub fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 /// A policy module a project installed for one stage (`aura_control.project_policies`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

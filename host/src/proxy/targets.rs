@@ -11,6 +11,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use crate::config::TargetEntry;
+
 /// The parsed allow-list.
 #[derive(Debug, Clone, Default)]
 pub struct TargetAllowList {
@@ -38,21 +40,10 @@ impl TargetAllowList {
     pub fn parse(entries: &[String]) -> Result<Self, String> {
         let mut list = Self::default();
         for entry in entries {
-            let e = entry.trim().to_ascii_lowercase();
-            if let Ok(net) = e.parse::<IpNet>() {
-                list.nets.push(net);
-            } else if let Ok(ip) = e.parse::<IpAddr>() {
-                list.nets.push(IpNet::from(ip));
-            } else if let Some(rest) = e.strip_prefix('.')
-                && is_host_name(rest)
-            {
-                list.suffixes.push(e);
-            } else if is_host_name(&e) {
-                list.hosts.push(e);
-            } else {
-                return Err(format!(
-                    "{entry:?} is neither a CIDR, an IP address, a host name nor a .suffix"
-                ));
+            match TargetEntry::parse(entry)? {
+                TargetEntry::Net(net) => list.nets.push(net),
+                TargetEntry::Host(host) => list.hosts.push(host),
+                TargetEntry::Suffix(suffix) => list.suffixes.push(suffix),
             }
         }
         Ok(list)
@@ -84,18 +75,6 @@ impl TargetAllowList {
             Err(TargetRefused::NotAllowed(host.to_owned()))
         }
     }
-}
-
-fn is_host_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
 }
 
 #[cfg(test)]

@@ -1,0 +1,452 @@
+//! `[plugins]` (the WebAssembly policy runtime) and the stage sections of each plane
+//! (`data_plane.plugins.<stage>`, `management_plane.plugins.<stage>`): which module runs a stage,
+//! its configuration and its candidate.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, bearer_token, problem, resolve};
+use crate::stage::{STAGES, Stage, Trial};
+
+/// How plugin instances are used across calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum InstanceReuse {
+    /// Configured instances are kept per module and reused, one call at a time; an instance
+    /// that fails is discarded.
+    Pooled,
+    /// Every call gets a new store and instance (configured anew).
+    Fresh,
+}
+
+/// The WebAssembly policy runtime.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginRuntimeConfig {
+    /// `pooled` (default, measured faster) or `fresh`.
+    pub instance_reuse: InstanceReuse,
+    /// Wall-clock deadline of one plugin call, in milliseconds.
+    pub call_deadline_ms: u64,
+    /// Linear memory cap of one plugin instance, in bytes.
+    pub memory_limit_bytes: usize,
+    /// Idle instances kept per loaded module (pooled mode).
+    pub max_idle_instances: usize,
+    /// Reload the plugin sections when the config file or a module file changes (SIGHUP always
+    /// reloads).
+    pub watch: bool,
+    /// How often the config and module files are checked for changes, in milliseconds.
+    pub watch_interval_ms: u64,
+    /// A swapped-in module failing (trap, deadline, memory) on more than this share of its
+    /// calls within `rollback_window_secs` is replaced by the previous modules.
+    pub rollback_failure_ratio: f64,
+    /// The window of `rollback_failure_ratio`, in seconds.
+    pub rollback_window_secs: u64,
+    /// Calls a window needs before the ratio is judged.
+    pub rollback_min_calls: u64,
+    /// Largest module a project may upload, in bytes.
+    pub tenant_max_module_bytes: usize,
+    /// Longest compile time of an uploaded module, in milliseconds.
+    pub tenant_max_compile_ms: u64,
+    /// How often every instance reloads the projects' modules from the control store, in
+    /// seconds.
+    pub tenant_refresh_secs: u64,
+    /// Bearer token of `POST /v1/policies/reload` on the management plane; none: no such route.
+    pub admin_token: Option<String>,
+    /// Largest private memory (heap, anonymous maps, thread stacks) the process compiling an
+    /// uploaded module may use, in bytes; past it the compilation is stopped and the module
+    /// refused.
+    pub tenant_max_compile_memory_bytes: u64,
+    /// Uploaded modules compiled at once (each in a process of its own).
+    pub tenant_compile_concurrency: usize,
+    /// Module uploads in progress at once per instance; past it an upload is answered `503`.
+    pub tenant_max_concurrent_uploads: usize,
+    /// Of those, uploads one organization may have in progress at once (the others' share
+    /// stays free); past it its upload is answered `503 uploads_busy`.
+    pub tenant_max_concurrent_uploads_per_org: usize,
+    /// Largest stage configuration accepted, in bytes of its JSON text: in a project's upload
+    /// (`413 config_too_large`), in this file's `plugins.*.config`, and read back from the
+    /// control store (a larger one is refused like a module that does not load). The policy
+    /// history keeps each configuration once, bounded by it.
+    pub max_config_bytes: usize,
+    /// The executable run to compile uploaded modules (`<exe> compile-worker`). None: this
+    /// executable.
+    pub tenant_compile_worker: Option<String>,
+    /// Memory kept for compiled modules (by digest), in bytes: a module installed again, or by
+    /// several projects, is not compiled again.
+    pub compiled_cache_bytes: u64,
+    /// A folder where modules named in the configuration are kept compiled (by digest and engine
+    /// settings), so that a restart or `check-config` loads them instead of compiling them
+    /// again: seconds per module for a Python or JavaScript runtime. Relative to the config
+    /// file; created with mode 0700; refused when another user owns it or it is writable by
+    /// others (its files are native code). None: always compile.
+    pub compile_cache_dir: Option<String>,
+    /// How long a module refused when loaded is remembered (by digest and configuration) and
+    /// refused again without being recompiled, in seconds.
+    pub tenant_refused_retry_secs: u64,
+    /// Threads running projects' module calls (off the request workers).
+    pub tenant_threads: usize,
+    /// Calls of one project's modules in progress at once (below `tenant_threads`).
+    pub tenant_max_concurrent_calls: usize,
+    /// How long a tenant module call may wait for a place before its request fails closed
+    /// (`503 policy_busy`), in milliseconds.
+    pub tenant_queue_timeout_ms: u64,
+    /// How often stored modules no project uses are collected, in seconds.
+    pub module_gc_interval_secs: u64,
+    /// A stored module is collected once no project references it and no instance has used it
+    /// for this long, in seconds.
+    pub module_gc_grace_secs: u64,
+}
+
+impl Default for PluginRuntimeConfig {
+    fn default() -> Self {
+        Self {
+            instance_reuse: InstanceReuse::Pooled,
+            call_deadline_ms: 20,
+            memory_limit_bytes: 16 * 1024 * 1024,
+            max_idle_instances: 16,
+            watch: true,
+            watch_interval_ms: 1_000,
+            rollback_failure_ratio: 0.5,
+            rollback_window_secs: 10,
+            rollback_min_calls: 20,
+            tenant_max_module_bytes: 4 * 1024 * 1024,
+            tenant_max_compile_ms: 10_000,
+            tenant_refresh_secs: 5,
+            admin_token: None,
+            tenant_max_compile_memory_bytes: 512 << 20,
+            tenant_compile_concurrency: 1,
+            tenant_max_concurrent_uploads: 2,
+            tenant_max_concurrent_uploads_per_org: 1,
+            max_config_bytes: 64 * 1024,
+            tenant_compile_worker: None,
+            compiled_cache_bytes: 128 * 1024 * 1024,
+            compile_cache_dir: None,
+            tenant_refused_retry_secs: 3_600,
+            tenant_threads: 4,
+            tenant_max_concurrent_calls: 2,
+            tenant_queue_timeout_ms: 100,
+            module_gc_interval_secs: 3_600,
+            module_gc_grace_secs: 7 * 24 * 3_600,
+        }
+    }
+}
+
+impl PluginRuntimeConfig {
+    /// Checks the section, `key` naming it.
+    pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if !(1..=10_000).contains(&self.call_deadline_ms) {
+            return Err(problem(
+                &format!("{key}.call_deadline_ms"),
+                "must be between 1 and 10000",
+            ));
+        }
+        if !(1 << 20..=1 << 30).contains(&self.memory_limit_bytes) {
+            return Err(problem(
+                &format!("{key}.memory_limit_bytes"),
+                "must be between 1 MiB (1048576) and 1 GiB (1073741824)",
+            ));
+        }
+        if !(self.rollback_failure_ratio > 0.0 && self.rollback_failure_ratio <= 1.0) {
+            return Err(problem(
+                &format!("{key}.rollback_failure_ratio"),
+                "must be in (0, 1]",
+            ));
+        }
+        if self.rollback_window_secs == 0
+            || self.rollback_min_calls == 0
+            || self.watch_interval_ms == 0
+        {
+            return Err(problem(
+                key,
+                "rollback_window_secs, rollback_min_calls and watch_interval_ms must be at least 1",
+            ));
+        }
+        if let Some(token) = &self.admin_token {
+            bearer_token(&format!("{key}.admin_token"), token)?;
+        }
+        if self.max_idle_instances == 0 {
+            return Err(problem(
+                &format!("{key}.max_idle_instances"),
+                "must be at least 1",
+            ));
+        }
+        if self.tenant_max_compile_memory_bytes < 256 << 20 {
+            return Err(problem(
+                &format!("{key}.tenant_max_compile_memory_bytes"),
+                "must be at least 256 MiB (268435456): the compiler's own threads need about 100",
+            ));
+        }
+        for (field, value) in [
+            (
+                "tenant_compile_concurrency",
+                self.tenant_compile_concurrency,
+            ),
+            (
+                "tenant_max_concurrent_uploads",
+                self.tenant_max_concurrent_uploads,
+            ),
+            ("tenant_threads", self.tenant_threads),
+            (
+                "tenant_max_concurrent_calls",
+                self.tenant_max_concurrent_calls,
+            ),
+        ] {
+            if value == 0 {
+                return Err(problem(&format!("{key}.{field}"), "must be at least 1"));
+            }
+        }
+        if self.tenant_max_concurrent_uploads_per_org == 0
+            || self.tenant_max_concurrent_uploads_per_org > self.tenant_max_concurrent_uploads
+        {
+            return Err(problem(
+                &format!("{key}.tenant_max_concurrent_uploads_per_org"),
+                format!(
+                    "must be between 1 and {key}.tenant_max_concurrent_uploads ({})",
+                    self.tenant_max_concurrent_uploads
+                ),
+            ));
+        }
+        if !(2..=1 << 20).contains(&self.max_config_bytes) {
+            return Err(problem(
+                &format!("{key}.max_config_bytes"),
+                "must be between 2 and 1048576 (1 MiB)",
+            ));
+        }
+        if self.tenant_threads > 1 && self.tenant_max_concurrent_calls >= self.tenant_threads {
+            return Err(problem(
+                &format!("{key}.tenant_max_concurrent_calls"),
+                format!(
+                    "must be below {key}.tenant_threads ({}), so that one project can never take every tenant thread",
+                    self.tenant_threads
+                ),
+            ));
+        }
+        if let Some(worker) = &self.tenant_compile_worker
+            && !Path::new(worker).is_file()
+        {
+            return Err(problem(
+                &format!("{key}.tenant_compile_worker"),
+                format!("{worker} is not a file"),
+            ));
+        }
+        if self.module_gc_interval_secs == 0 || self.tenant_refused_retry_secs == 0 {
+            return Err(problem(
+                key,
+                "module_gc_interval_secs and tenant_refused_retry_secs must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The value of `module` naming the embedded default plugin.
+pub const BUILTIN: &str = "builtin";
+
+/// The prefix of `module` naming a module of the control store by digest.
+pub const STORE_PREFIX: &str = "sha256:";
+
+/// Whether `s` is a SHA-256 digest in lower-case hex.
+pub fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Which module runs a stage, and its configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct StageConfig {
+    /// `builtin` for the default plugin embedded in the binary, a path to a `.wasm` component,
+    /// or `sha256:<digest>` for a module of the control store's module store.
+    pub module: String,
+    /// The stage's own configuration, passed to the plugin's `configure` as JSON.
+    pub config: serde_json::Value,
+    /// A module tried next to this one on live traffic (the `cors` and `quota` stages only): its
+    /// own `module` and `config`, with `mode` = `shadow` (run and compared, never deciding) or
+    /// `canary` with `percent` (deciding for that share of actors).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<Box<StageConfig>>,
+    /// In a candidate: `shadow` or `canary`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// In a canary: the share of actors it decides for, 1–100.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub percent: Option<u8>,
+}
+
+impl Default for StageConfig {
+    fn default() -> Self {
+        Self {
+            module: BUILTIN.to_owned(),
+            config: serde_json::Value::Object(serde_json::Map::new()),
+            candidate: None,
+            mode: None,
+            percent: None,
+        }
+    }
+}
+
+impl StageConfig {
+    /// The module file, or `None` for the built-in plugin or a module of the store.
+    pub fn module_path(&self) -> Option<&Path> {
+        (self.module != BUILTIN && self.module_digest().is_none()).then(|| Path::new(&self.module))
+    }
+
+    /// The digest of a module in the control store's module store (`module = "sha256:<hex>"`).
+    pub fn module_digest(&self) -> Option<&str> {
+        self.module.strip_prefix(STORE_PREFIX)
+    }
+
+    /// How the candidate is tried (`None` for a stage's module in force, or a mode that
+    /// validation refuses).
+    pub fn trial(&self) -> Option<Trial> {
+        Trial::parse(self.mode.as_deref()?, self.percent)
+            .ok()
+            .flatten()
+    }
+
+    /// Checks the section of `stage` named `key` (a candidate when `candidate`): a mode only
+    /// in a candidate, a candidate only where the stage takes one, a configuration of at most
+    /// `max_config_bytes`, a module that exists (`base` resolves a relative path).
+    pub(super) fn validate(
+        &self,
+        key: &str,
+        stage: Stage,
+        candidate: bool,
+        max_config_bytes: usize,
+        base: Option<&Path>,
+    ) -> Result<(), ConfigError> {
+        if !candidate && (self.mode.is_some() || self.percent.is_some()) {
+            return Err(problem(
+                &format!("{key}.mode"),
+                "only a candidate has a mode and a percent",
+            ));
+        }
+        if self.candidate.is_some() && (candidate || !stage.info().trials) {
+            let trials: Vec<&str> = STAGES.iter().filter(|s| s.trials).map(|s| s.key).collect();
+            return Err(problem(
+                &format!("{key}.candidate"),
+                format!(
+                    "only the {} stages take a candidate (one, not nested)",
+                    trials.join(" and ")
+                ),
+            ));
+        }
+        if candidate {
+            let Some(mode) = self.mode.as_deref() else {
+                return Err(problem(&format!("{key}.mode"), "shadow or canary"));
+            };
+            match Trial::parse(mode, self.percent) {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(problem(
+                        &format!("{key}.mode"),
+                        "a candidate is tried as shadow or canary",
+                    ));
+                }
+                Err(e) => {
+                    let (field, reason) = e.split_once(": ").unwrap_or(("mode", &e));
+                    return Err(problem(&format!("{key}.{field}"), reason));
+                }
+            }
+        }
+        if !self.config.is_object() {
+            return Err(problem(&format!("{key}.config"), "must be a table"));
+        }
+        let size = self.config.to_string().len();
+        if size > max_config_bytes {
+            return Err(problem(
+                &format!("{key}.config"),
+                format!(
+                    "is {size} bytes as JSON; at most plugins.max_config_bytes ({max_config_bytes}) are accepted"
+                ),
+            ));
+        }
+        if let Some(digest) = self.module_digest()
+            && !is_sha256_hex(digest)
+        {
+            return Err(problem(
+                &format!("{key}.module"),
+                "sha256: must be followed by 64 lower-case hex digits",
+            ));
+        }
+        if let Some(path) = self.module_path() {
+            let resolved = resolve(base, path);
+            if !resolved.is_file() {
+                return Err(problem(
+                    &format!("{key}.module"),
+                    format!(
+                        "{} is not a file (use \"builtin\" or a path to a .wasm component)",
+                        resolved.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Data-plane stage modules.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataPlaneStages {
+    pub api_key: StageConfig,
+    pub cors: StageConfig,
+    pub quota: StageConfig,
+    pub db_routing: StageConfig,
+}
+
+impl DataPlaneStages {
+    /// The section of `stage`.
+    pub fn get(&self, stage: Stage) -> Option<&StageConfig> {
+        Some(match stage {
+            Stage::ApiKey => &self.api_key,
+            Stage::Cors => &self.cors,
+            Stage::Quota => &self.quota,
+            Stage::DbRouting => &self.db_routing,
+        })
+    }
+
+    /// The section of `stage`, to change it.
+    pub fn get_mut(&mut self, stage: Stage) -> Option<&mut StageConfig> {
+        Some(match stage {
+            Stage::ApiKey => &mut self.api_key,
+            Stage::Cors => &mut self.cors,
+            Stage::Quota => &mut self.quota,
+            Stage::DbRouting => &mut self.db_routing,
+        })
+    }
+}
+
+/// Management-plane stage modules (there are no API keys on this plane).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ManagementPlaneStages {
+    pub cors: StageConfig,
+    pub quota: StageConfig,
+    pub db_routing: StageConfig,
+}
+
+impl ManagementPlaneStages {
+    /// The section of `stage`; `None` for a stage that does not run on this plane.
+    pub fn get(&self, stage: Stage) -> Option<&StageConfig> {
+        match stage {
+            Stage::ApiKey => None,
+            Stage::Cors => Some(&self.cors),
+            Stage::Quota => Some(&self.quota),
+            Stage::DbRouting => Some(&self.db_routing),
+        }
+    }
+
+    /// The section of `stage`, to change it; `None` for a stage that does not run on this
+    /// plane.
+    pub fn get_mut(&mut self, stage: Stage) -> Option<&mut StageConfig> {
+        match stage {
+            Stage::ApiKey => None,
+            Stage::Cors => Some(&mut self.cors),
+            Stage::Quota => Some(&mut self.quota),
+            Stage::DbRouting => Some(&mut self.db_routing),
+        }
+    }
+}

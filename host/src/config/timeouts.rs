@@ -1,0 +1,52 @@
+//! `[timeouts]`: the budget of each route group.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, problem};
+
+/// Timeout budgets, one per route group. There is no global timeout.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutConfig {
+    /// Budget of every route outside the functions group, in milliseconds.
+    pub default_ms: u64,
+    /// Budget of `/v1/functions/*`, in milliseconds.
+    pub functions_ms: u64,
+}
+
+impl Default for TimeoutConfig {
+    fn default() -> Self {
+        Self {
+            default_ms: 30_000,
+            functions_ms: 380_000,
+        }
+    }
+}
+
+impl TimeoutConfig {
+    /// The default budget.
+    pub fn default_budget(&self) -> Duration {
+        Duration::from_millis(self.default_ms)
+    }
+
+    /// The functions budget.
+    pub fn functions_budget(&self) -> Duration {
+        Duration::from_millis(self.functions_ms)
+    }
+
+    /// Checks the section, `key` naming it.
+    pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if self.default_ms == 0 {
+            return Err(problem(&format!("{key}.default_ms"), "must be at least 1"));
+        }
+        if self.functions_ms == 0 {
+            return Err(problem(
+                &format!("{key}.functions_ms"),
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}

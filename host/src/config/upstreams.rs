@@ -1,0 +1,184 @@
+//! `[upstreams]`: the HTTP backends (storage, realtime, dedicated PostgREST targets).
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::{ClientTlsConfig, ConfigError, problem};
+
+/// HTTP backends.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamsConfig {
+    /// Base URL of the storage service (`http://host:port[/path]`); none: storage answers 503.
+    pub storage_url: Option<String>,
+    /// Base URL of the realtime service; none: realtime answers 503.
+    pub realtime_url: Option<String>,
+    /// Largest upload accepted on `/v1/storage/*`, in bytes (streamed, never buffered).
+    pub storage_max_body_bytes: u64,
+    /// Time allowed to open a connection to an HTTP backend, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// A stream (body, SSE, WebSocket) with no traffic either way for this long is closed, in
+    /// seconds. Streams are not bounded by the route budget once established.
+    pub stream_idle_timeout_secs: u64,
+    /// Idle pooled connections kept per backend host.
+    pub pool_max_idle_per_host: usize,
+    /// Dedicated PostgREST targets the gateway may call: CIDRs (`10.0.0.0/8`), IP addresses,
+    /// host names (`pg.internal`) or suffixes (`.pg.internal`). A project's `postgrest_url`
+    /// outside the list is answered `503 db_target_not_allowed`. Empty: none allowed.
+    pub postgrest_allowed_targets: Vec<String>,
+    /// Trust for `https://` backends: a CA bundle added to the public roots, a client
+    /// certificate. `http://` backends stay allowed (`check-config` warns when one that
+    /// receives credentials is not on loopback).
+    pub tls: Option<ClientTlsConfig>,
+}
+
+impl Default for UpstreamsConfig {
+    fn default() -> Self {
+        Self {
+            storage_url: None,
+            realtime_url: None,
+            storage_max_body_bytes: 5 * 1024 * 1024 * 1024,
+            connect_timeout_ms: 2_000,
+            stream_idle_timeout_secs: 300,
+            pool_max_idle_per_host: 64,
+            postgrest_allowed_targets: Vec::new(),
+            tls: None,
+        }
+    }
+}
+
+impl UpstreamsConfig {
+    /// The entries of `postgrest_allowed_targets`; the error names the first that is none.
+    pub fn postgrest_targets(&self) -> Result<Vec<TargetEntry>, String> {
+        self.postgrest_allowed_targets
+            .iter()
+            .map(|entry| TargetEntry::parse(entry))
+            .collect()
+    }
+
+    /// Checks the section, `key` naming it.
+    pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if let Some(tls) = &self.tls {
+            tls.validate(&format!("{key}.tls"))?;
+        }
+        for (field, url) in [
+            ("storage_url", &self.storage_url),
+            ("realtime_url", &self.realtime_url),
+        ] {
+            if let Some(url) = url
+                && url
+                    .parse::<http::Uri>()
+                    .ok()
+                    .filter(|uri| {
+                        matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some()
+                    })
+                    .is_none()
+            {
+                return Err(problem(
+                    &format!("{key}.{field}"),
+                    format!("{url:?} is not an http(s)://host[:port][/path] URL"),
+                ));
+            }
+        }
+        if let Err(e) = self.postgrest_targets() {
+            return Err(problem(&format!("{key}.postgrest_allowed_targets"), e));
+        }
+        if self.storage_max_body_bytes == 0 {
+            return Err(problem(
+                &format!("{key}.storage_max_body_bytes"),
+                "must be at least 1",
+            ));
+        }
+        if self.connect_timeout_ms == 0 {
+            return Err(problem(
+                &format!("{key}.connect_timeout_ms"),
+                "must be at least 1",
+            ));
+        }
+        if self.stream_idle_timeout_secs == 0 {
+            return Err(problem(
+                &format!("{key}.stream_idle_timeout_secs"),
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An entry of `upstreams.postgrest_allowed_targets`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetEntry {
+    /// A network (`10.0.0.0/8`); an IP address is a network of one.
+    Net(IpNet),
+    /// A host name (`pg.internal`), lower case.
+    Host(String),
+    /// A suffix (`.pg.internal`), lower case, starting with `.`.
+    Suffix(String),
+}
+
+impl TargetEntry {
+    /// Parses an entry: a CIDR, an IP address, a host name or a `.suffix`. The error names the
+    /// entry.
+    pub fn parse(entry: &str) -> Result<Self, String> {
+        let e = entry.trim().to_ascii_lowercase();
+        if let Ok(net) = e.parse::<IpNet>() {
+            Ok(TargetEntry::Net(net))
+        } else if let Ok(ip) = e.parse::<IpAddr>() {
+            Ok(TargetEntry::Net(IpNet::from(ip)))
+        } else if let Some(rest) = e.strip_prefix('.')
+            && is_host_name(rest)
+        {
+            Ok(TargetEntry::Suffix(e))
+        } else if is_host_name(&e) {
+            Ok(TargetEntry::Host(e))
+        } else {
+            Err(format!(
+                "{entry:?} is neither a CIDR, an IP address, a host name nor a .suffix"
+            ))
+        }
+    }
+}
+
+/// Whether `s` is a DNS host name: dot-separated labels of 1 to 63 letters, digits and `-`.
+fn is_host_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TargetEntry;
+
+    #[test]
+    fn target_entries_are_networks_hosts_or_suffixes() {
+        assert_eq!(
+            TargetEntry::parse(" 192.0.2.7 "),
+            Ok(TargetEntry::Net("192.0.2.7/32".parse().expect("net")))
+        );
+        assert_eq!(
+            TargetEntry::parse("10.1.0.0/16"),
+            Ok(TargetEntry::Net("10.1.0.0/16".parse().expect("net")))
+        );
+        assert_eq!(
+            TargetEntry::parse(".PG.internal"),
+            Ok(TargetEntry::Suffix(".pg.internal".to_owned()))
+        );
+        assert_eq!(
+            TargetEntry::parse("db.example"),
+            Ok(TargetEntry::Host("db.example".to_owned()))
+        );
+        for bad in ["10.0.0.0/33", "a b", "", ".", "-x..y"] {
+            let e = TargetEntry::parse(bad).expect_err(bad);
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+}
