@@ -10,15 +10,38 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// (package, file name in OUT_DIR)
-const PLUGINS: &[(&str, &str)] = &[
-    ("aura-plugin-api-key", "api_key.wasm"),
-    ("aura-plugin-cors", "cors.wasm"),
-    ("aura-plugin-quota", "quota.wasm"),
-    ("aura-plugin-db-routing", "db_routing.wasm"),
+// The host's table of stages: each stage's default plugin is the package
+// `aura-plugin-<interface>`, built to `<key>.wasm`.
+#[path = "src/plane.rs"]
+#[expect(dead_code, reason = "the build reads the table of stages only")]
+mod plane;
+#[path = "src/stage.rs"]
+#[expect(dead_code, reason = "the build reads the table of stages only")]
+mod stage;
+
+/// The hostile test plugins: (package, file name in OUT_DIR).
+const TEST_PLUGINS: &[(&str, &str)] = &[
     ("aura-plugin-testing", "testing.wasm"),
     ("aura-plugin-testing-quota", "testing_quota.wasm"),
 ];
+
+/// Every plugin built: (package, file name in OUT_DIR), the default plugins first.
+fn plugins() -> Vec<(String, String)> {
+    stage::STAGES
+        .iter()
+        .map(|s| {
+            (
+                format!("aura-plugin-{}", s.interface),
+                format!("{}.wasm", s.key),
+            )
+        })
+        .chain(
+            TEST_PLUGINS
+                .iter()
+                .map(|(p, f)| ((*p).to_owned(), (*f).to_owned())),
+        )
+        .collect()
+}
 
 const TARGET: &str = "wasm32-wasip2";
 
@@ -45,6 +68,10 @@ fn main() {
     println!("cargo:rerun-if-changed={}", workspace.join("wit").display());
     println!(
         "cargo:rerun-if-changed={}",
+        manifest_dir.join("src/stage.rs").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
         workspace.join("Cargo.lock").display()
     );
 
@@ -61,7 +88,8 @@ fn main() {
         .arg("plugin")
         .arg("--target-dir")
         .arg(&target_dir);
-    for (package, _) in PLUGINS {
+    let plugins = plugins();
+    for (package, _) in &plugins {
         cmd.arg("-p").arg(package);
     }
     // The outer build's flags and wrappers (clippy, coverage) are for the host target; the
@@ -92,7 +120,7 @@ fn main() {
         );
     }
     let built = target_dir.join(TARGET).join("plugin");
-    for (package, file) in PLUGINS {
+    for (package, file) in &plugins {
         let artifact = built.join(format!("{}.wasm", package.replace('-', "_")));
         copy(&artifact, &out_dir.join(file));
     }

@@ -110,7 +110,7 @@ enum PluginCommand {
     /// Print the JSON Schema of a default plugin's `config` table.
     Schema {
         /// api_key, cors, quota or db_routing.
-        #[arg(long, value_parser = ["api_key", "cors", "quota", "db_routing"])]
+        #[arg(long, value_parser = stage_keys())]
         stage: String,
     },
     /// Load a component as a stage's module — exports, configuration, conformance vectors —
@@ -119,7 +119,7 @@ enum PluginCommand {
         /// The component (.wasm).
         file: PathBuf,
         /// api_key, cors, quota or db_routing.
-        #[arg(long, value_parser = ["api_key", "cors", "quota", "db_routing"])]
+        #[arg(long, value_parser = stage_keys())]
         stage: String,
         /// data or management.
         #[arg(long, default_value = "data", value_parser = ["data", "management"])]
@@ -146,7 +146,7 @@ enum PluginCommand {
     /// configuration and test vectors, and a README with the build and check commands.
     New {
         /// api_key, cors, quota or db_routing.
-        #[arg(long, value_parser = ["api_key", "cors", "quota", "db_routing"])]
+        #[arg(long, value_parser = stage_keys())]
         stage: String,
         /// rust, python or js.
         #[arg(long, value_parser = ["rust", "python", "js"])]
@@ -173,6 +173,11 @@ enum KeysCommand {
         #[arg(long)]
         id: uuid::Uuid,
     },
+}
+
+/// The `--stage` values: the keys of the table of stages.
+fn stage_keys() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(aura_gateway::stage::STAGES.iter().map(|s| s.key))
 }
 
 fn main() -> ExitCode {

@@ -12,13 +12,7 @@ pub fn config_schema() -> serde_json::Value {
 
 /// The JSON Schema of the `config` table of a default plugin.
 pub fn plugin_config_schema(stage: Stage) -> serde_json::Value {
-    let schema = match stage {
-        Stage::ApiKey => schemars::schema_for!(aura_plugin_api_key::policy::Config),
-        Stage::Cors => schemars::schema_for!(aura_plugin_cors::policy::Config),
-        Stage::Quota => schemars::schema_for!(aura_plugin_quota::policy::Config),
-        Stage::DbRouting => schemars::schema_for!(aura_plugin_db_routing::policy::Config),
-    };
-    serde_json::to_value(schema).unwrap_or_default()
+    crate::policy::stages::config_schema(stage)
 }
 
 #[cfg(test)]

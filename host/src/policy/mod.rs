@@ -167,22 +167,6 @@ struct ComponentCache {
     compiled: HashMap<String, Component>,
 }
 
-/// The configuration of `stage` on `plane` (`None`: the plane has no such stage).
-pub fn stage_config(config: &Config, plane: Plane, stage: Stage) -> Option<&StageConfig> {
-    let d = &config.data_plane.plugins;
-    let m = &config.management_plane.plugins;
-    Some(match (plane, stage) {
-        (Plane::Data, Stage::ApiKey) => &d.api_key,
-        (Plane::Data, Stage::Cors) => &d.cors,
-        (Plane::Data, Stage::Quota) => &d.quota,
-        (Plane::Data, Stage::DbRouting) => &d.db_routing,
-        (Plane::Management, Stage::ApiKey) => return None,
-        (Plane::Management, Stage::Cors) => &m.cors,
-        (Plane::Management, Stage::Quota) => &m.quota,
-        (Plane::Management, Stage::DbRouting) => &m.db_routing,
-    })
-}
-
 /// The embedded default plugin of `stage`.
 pub fn builtin_module(stage: Stage) -> &'static [u8] {
     struct Builtin;
@@ -398,7 +382,7 @@ impl Policies {
         let mut load_plane = |plane: Plane| -> Result<PlanePolicies, PluginError> {
             let mut slots: [Option<Arc<dyn AnySlot>>; STAGES.len()] = Default::default();
             for info in STAGES.iter().filter(|i| i.planes.contains(&plane)) {
-                let Some(sc) = stage_config(config, plane, info.stage) else {
+                let Some(sc) = config.stage(plane, info.stage) else {
                     continue;
                 };
                 let key = format!("{plane}_plane.plugins.{}", info.key);
