@@ -515,7 +515,7 @@ fn spawn_operator_reloads(state: &AppState) {
                 return;
             }
             let Some(state) = weak.upgrade() else { return };
-            let _ = crate::reload::reload_and_log(&state, "fleet change event").await;
+            let _ = state.reload_policies("fleet change event").await;
             drop(state);
             tokio::time::sleep(fleet.operator_reload.every()).await;
         }

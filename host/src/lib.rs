@@ -25,7 +25,6 @@ pub mod policy;
 pub mod proxy;
 pub mod ratelimit;
 pub mod readiness;
-pub mod reload;
 pub mod route_group;
 pub mod schema;
 pub mod server;

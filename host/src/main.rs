@@ -282,7 +282,11 @@ async fn serve(path: Option<PathBuf>, config: Config) -> anyhow::Result<()> {
     for warning in config.plaintext_warnings() {
         tracing::warn!("{warning}");
     }
-    aura_gateway::reload::spawn_triggers(&state);
+    aura_gateway::policy::reload::spawn_triggers(
+        &state.policies,
+        state.config_path.get().cloned(),
+        &state.config,
+    );
     let (data, management) = server::bind(&config).await?;
     let drain = server::drain_on_signal(state.clone());
     server::serve(state, data, management, drain).await

@@ -189,6 +189,21 @@ impl AppState {
         Ok(state)
     }
 
+    /// Reads the config file again and swaps in its policy modules (SIGHUP, the reload route, a
+    /// fleet event), or says why not: the modules in force keep serving.
+    pub async fn reload_policies(
+        &self,
+        trigger: &str,
+    ) -> Result<(), crate::policy::reload::ReloadError> {
+        self.policies
+            .reload_from_file(
+                self.config_path.get().map(|p| p.as_path()),
+                &self.config,
+                trigger,
+            )
+            .await
+    }
+
     /// A handle that does not keep the state alive.
     pub fn downgrade(&self) -> WeakState {
         WeakState(Arc::downgrade(&self.0))

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use aura_gateway::policy::builtin::{QUOTA, TESTING_PLUGIN_PATH};
-use aura_gateway::reload::reload_and_log;
 use reqwest::StatusCode;
 
 use crate::support::gateway::{InProcess, Process, TEST_KEY, e2e_control_file, test_config};
@@ -158,11 +157,9 @@ async fn a_module_failing_its_checks_is_refused_and_the_old_one_keeps_serving() 
     let wrong = dir.path().join("quota-as-cors.wasm");
     std::fs::write(&wrong, QUOTA).expect("write");
     write(&path, Some(&wrong.display().to_string()));
-    let err = reload_and_log(&gw.state, "test")
-        .await
-        .expect_err("refused");
+    let err = gw.state.reload_policies("test").await.expect_err("refused");
     assert!(
-        matches!(err, aura_gateway::reload::ReloadError::Module(_)),
+        matches!(err, aura_gateway::policy::reload::ReloadError::Module(_)),
         "a module refusal: {err}"
     );
     assert!(
@@ -184,7 +181,7 @@ async fn a_module_failing_its_checks_is_refused_and_the_old_one_keeps_serving() 
     );
 
     write(&path, Some(TESTING_PLUGIN_PATH));
-    reload_and_log(&gw.state, "test").await.expect("applied");
+    gw.state.reload_policies("test").await.expect("applied");
     assert_eq!(
         preflight_origin(&gw, "https://a.example")
             .await
@@ -200,7 +197,7 @@ async fn a_swapped_in_module_that_fails_too_often_is_rolled_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (gw, path) = gateway_with_file(dir.path()).await;
     write(&path, Some(TESTING_PLUGIN_PATH));
-    reload_and_log(&gw.state, "test").await.expect("applied");
+    gw.state.reload_policies("test").await.expect("applied");
     let mut rolled_back = false;
     for i in 0..40 {
         let origin = if i % 2 == 0 {
@@ -332,7 +329,11 @@ async fn a_changed_config_file_is_picked_up_by_itself() {
     config.plugins.watch_interval_ms = 100;
     let gw = InProcess::start(config).await;
     gw.state.config_path.set(path.clone()).expect("once");
-    aura_gateway::reload::spawn_triggers(&gw.state);
+    aura_gateway::policy::reload::spawn_triggers(
+        &gw.state.policies,
+        gw.state.config_path.get().cloned(),
+        &gw.state.config,
+    );
     assert_eq!(
         preflight_origin(&gw, "https://a.example")
             .await

@@ -250,9 +250,7 @@ async fn scenario(gw: &InProcess, fx: &Fixture) {
     )
     .expect("config");
     gw.state.config_path.set(path).expect("once");
-    aura_gateway::reload::reload_and_log(&gw.state, "test")
-        .await
-        .expect("applied");
+    gw.state.reload_policies("test").await.expect("applied");
     let operator = operator_history(gw, 1).await;
     assert_eq!(
         operator.len(),

@@ -463,7 +463,7 @@ pub async fn reload(State(state): State<AppState>, headers: http::HeaderMap) -> 
     {
         return error.into_response();
     }
-    match crate::reload::reload_and_log(&state, "management API").await {
+    match state.reload_policies("management API").await {
         Ok(()) => {
             // Every instance reloads its own configuration file too.
             crate::changes::publish(&state, crate::changes::Change::OperatorReload).await;

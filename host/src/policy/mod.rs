@@ -20,6 +20,7 @@ mod limits;
 pub mod native;
 pub mod plugin_log;
 pub mod registry;
+pub mod reload;
 pub mod rollout;
 pub mod sandbox;
 pub mod stages;

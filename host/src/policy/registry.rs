@@ -60,6 +60,11 @@ impl PolicyRegistry {
         }
     }
 
+    /// Where the registry counts what it does.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// The control store the registry keeps projects' modules and the history in.
     pub fn store(&self) -> &Arc<dyn ControlStore> {
         &self.store

@@ -7,14 +7,15 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::conformance::{self, ConformanceError, StageReport};
+use super::registry::PolicyRegistry;
+use super::{PluginError, Policies, StoredModuleError, fetch_stored_modules};
 use crate::config::{self, Config, ConfigError};
 use crate::error::GatewayError;
 use crate::files::stamp;
-use crate::policy::conformance::{self, ConformanceError, StageReport};
-use crate::policy::{PluginError, Policies, StoredModuleError, fetch_stored_modules};
-use crate::state::AppState;
 
 /// Why a reload was refused; the modules in force keep serving.
 #[derive(Debug, thiserror::Error)]
@@ -62,17 +63,18 @@ impl ReloadError {
 
 /// Loads and checks the policy modules of `config` and swaps them in, or says why not.
 fn reload(
-    state: &AppState,
+    registry: &PolicyRegistry,
     path: &Path,
+    running: &Config,
     config: Config,
     stored: &HashMap<String, Vec<u8>>,
 ) -> Result<Vec<StageReport>, ReloadError> {
-    let policies = Policies::load_with(&state.policies.runtime, &config, path.parent(), stored)?;
+    let policies = Policies::load_with(&registry.runtime, &config, path.parent(), stored)?;
     let reports = conformance::check(&policies)?;
-    if !same_apart_from_plugins(&state.config, &config) {
+    if !same_apart_from_plugins(running, &config) {
         tracing::warn!("only the plugin sections are reloaded; restart to apply the other changes");
     }
-    state.policies.swap(policies);
+    registry.swap(policies);
     Ok(reports)
 }
 
@@ -86,44 +88,43 @@ fn same_apart_from_plugins(a: &Config, b: &Config) -> bool {
     strip(a) == strip(b)
 }
 
-/// Reads the config file again and swaps in its policy modules (compiled off the async
-/// threads), logging and counting the result.
-pub async fn reload_and_log(state: &AppState, trigger: &str) -> Result<(), ReloadError> {
-    let result = async {
-        let path = state
-            .config_path
-            .get()
-            .cloned()
-            .ok_or(ReloadError::NoConfigFile)?;
-        let config = Config::load(Some(&path))?;
-        let stored = fetch_stored_modules(&config, state.auth.store.as_ref()).await?;
-        let worker = state.clone();
-        tokio::task::spawn_blocking(move || reload(&worker, &path, config, &stored))
-            .await
-            .map_err(|e| ReloadError::Task(e.to_string()))?
-    }
-    .await;
-    match &result {
-        Ok(reports) => {
-            state
-                .metrics
-                .policy_reloads
-                .with_label_values(&["applied"])
-                .inc();
-            for r in reports {
-                tracing::info!(trigger, report = %r, "policy module in force");
+impl PolicyRegistry {
+    /// Reads the config file at `path` again and swaps in its policy modules (compiled off the
+    /// async threads), logging and counting the result; `running` is the configuration the
+    /// gateway started with (only the plugin sections are reloaded).
+    pub async fn reload_from_file(
+        self: &Arc<Self>,
+        path: Option<&Path>,
+        running: &Config,
+        trigger: &str,
+    ) -> Result<(), ReloadError> {
+        let result = async {
+            let path = path.ok_or(ReloadError::NoConfigFile)?.to_path_buf();
+            let config = Config::load(Some(&path))?;
+            let stored = fetch_stored_modules(&config, self.store().as_ref()).await?;
+            let (registry, running) = (self.clone(), running.clone());
+            tokio::task::spawn_blocking(move || reload(&registry, &path, &running, config, &stored))
+                .await
+                .map_err(|e| ReloadError::Task(e.to_string()))?
+        }
+        .await;
+        let outcome = if result.is_ok() { "applied" } else { "refused" };
+        self.metrics()
+            .policy_reloads
+            .with_label_values(&[outcome])
+            .inc();
+        match &result {
+            Ok(reports) => {
+                for r in reports {
+                    tracing::info!(trigger, report = %r, "policy module in force");
+                }
+            }
+            Err(reason) => {
+                tracing::error!(trigger, reason = %reason, "policy reload refused; the modules in force keep serving");
             }
         }
-        Err(reason) => {
-            state
-                .metrics
-                .policy_reloads
-                .with_label_values(&["refused"])
-                .inc();
-            tracing::error!(trigger, reason = %reason, "policy reload refused; the modules in force keep serving");
-        }
+        result.map(|_| ())
     }
-    result.map(|_| ())
 }
 
 /// The files whose change triggers a reload: the config file and every module file it names.
@@ -140,11 +141,12 @@ fn watched(path: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Reloads on SIGHUP and, with `plugins.watch`, when a watched file changes.
-pub fn spawn_triggers(state: &AppState) {
+/// Reloads the config file at `path` on SIGHUP and, with `plugins.watch`, when a watched file
+/// changes (`running`: the configuration the gateway started with).
+pub fn spawn_triggers(registry: &Arc<PolicyRegistry>, path: Option<PathBuf>, running: &Config) {
     #[cfg(unix)]
     {
-        let state = state.clone();
+        let (registry, path, running) = (registry.clone(), path.clone(), running.clone());
         tokio::spawn(async move {
             let Ok(mut hup) =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -152,18 +154,20 @@ pub fn spawn_triggers(state: &AppState) {
                 return;
             };
             while hup.recv().await.is_some() {
-                let _ = reload_and_log(&state, "SIGHUP").await;
+                let _ = registry
+                    .reload_from_file(path.as_deref(), &running, "SIGHUP")
+                    .await;
             }
         });
     }
-    let Some(path) = state.config_path.get().cloned() else {
+    let Some(path) = path else {
         return;
     };
-    if !state.config.plugins.watch {
+    if !running.plugins.watch {
         return;
     }
-    let state = state.clone();
-    let every = Duration::from_millis(state.config.plugins.watch_interval_ms);
+    let (registry, running) = (registry.clone(), running.clone());
+    let every = Duration::from_millis(running.plugins.watch_interval_ms);
     tokio::spawn(async move {
         let mut files = watched(&path);
         let mut stamps: Vec<_> = files.iter().map(|f| stamp(f)).collect();
@@ -173,7 +177,9 @@ pub fn spawn_triggers(state: &AppState) {
             if now == stamps {
                 continue;
             }
-            let _ = reload_and_log(&state, "file change").await;
+            let _ = registry
+                .reload_from_file(Some(&path), &running, "file change")
+                .await;
             files = watched(&path);
             stamps = files.iter().map(|f| stamp(f)).collect();
         }
