@@ -22,6 +22,18 @@ pub enum Side {
     Gateway,
 }
 
+impl Side {
+    /// The side as the access log and the metrics name it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Upstream => "upstream",
+            Side::Plugin => "plugin",
+            Side::Gateway => "gateway",
+        }
+    }
+}
+
 /// An error answered by the gateway.
 #[derive(Debug, Clone)]
 pub struct GatewayError {
@@ -228,11 +240,19 @@ impl IntoResponse for GatewayError {
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
-        response.extensions_mut().insert(ErrorCode(self.code));
+        response.extensions_mut().insert(ErrorCode {
+            code: self.code,
+            side: self.side,
+        });
         response
     }
 }
 
-/// Response extension naming the gateway error code, for the access log and metrics.
+/// Response extension naming the gateway error's code and side, for the access log and metrics.
 #[derive(Debug, Clone, Copy)]
-pub struct ErrorCode(pub &'static str);
+pub struct ErrorCode {
+    /// The error's code.
+    pub code: &'static str,
+    /// Which side failed.
+    pub side: Side,
+}

@@ -39,6 +39,9 @@ pub struct Metrics {
     pub ratelimit_shared: IntGauge,
     /// Requests shed by plane (`server.max_in_flight` reached).
     pub requests_shed: IntCounterVec,
+    /// Errors the gateway answered itself, by plane, side (`client`, `upstream`, `plugin`,
+    /// `gateway`) and code.
+    pub errors: IntCounterVec,
     /// Request paths refused by normalisation, by plane and reason.
     pub paths_refused: IntCounterVec,
     /// Dedicated PostgREST targets refused by the allow-list, by plane.
@@ -209,6 +212,11 @@ impl Metrics {
         let counter = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
         };
+        let errors = counter(
+            "errors_total",
+            "Errors the gateway answered itself, by plane, side (client, upstream, plugin, gateway) and code",
+            &["plane", "side", "code"],
+        );
         let paths_refused = counter(
             "paths_refused_total",
             "Request paths refused by normalisation (400 invalid_path), by plane and reason",
@@ -343,6 +351,7 @@ impl Metrics {
             Box::new(modules_collected.clone()),
             Box::new(ratelimit_decisions.clone()),
             Box::new(requests_shed.clone()),
+            Box::new(errors.clone()),
             Box::new(ratelimit_shared.clone()),
             Box::new(requests.clone()),
             Box::new(latency.clone()),
@@ -392,6 +401,7 @@ impl Metrics {
             ratelimit_decisions,
             ratelimit_shared,
             requests_shed,
+            errors,
             paths_refused,
             postgrest_targets_refused,
             upstream_connections_opened,

@@ -292,3 +292,57 @@ async fn the_data_plane_allows_any_origin_without_credentials() {
             .contains_key("access-control-allow-credentials")
     );
 }
+
+#[tokio::test]
+async fn errors_the_gateway_answers_are_counted_by_the_side_that_failed() {
+    let state = state(config()).await;
+    let router = build_data_plane_router(state.clone());
+    let errors = |side: &str, code: &str| {
+        state.metrics.render().lines().any(|l| {
+            l.starts_with("aura_errors_total")
+                && l.contains("plane=\"data\"")
+                && l.contains(&format!("side=\"{side}\""))
+                && l.contains(&format!("code=\"{code}\""))
+        })
+    };
+    // The client's fault: no API key.
+    let response = send(
+        &router,
+        Request::get("/v1/storage/object/a")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert!(errors("client", "missing_api_key"));
+    // The backend's: nothing listens where the NATS services are.
+    let (name, value) = credentials(true);
+    let response = send(
+        &router,
+        Request::get("/v1/functions/f")
+            .header(name, value)
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let code = json(response).await["error"]["code"]
+        .as_str()
+        .expect("a code")
+        .to_owned();
+    assert!(
+        errors("upstream", &code),
+        "{code}: {}",
+        state.metrics.render()
+    );
+    // A success is not an error.
+    let response = send(
+        &router,
+        Request::get("/health")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(!state.metrics.render().contains("code=\"-\""));
+}

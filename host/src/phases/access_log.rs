@@ -1,5 +1,5 @@
 //! Phase 6, the access log: one line per request (target `aura::access`) with request id, plane,
-//! route group, method, path, status, latency, error code, actor role and key id — never the key
+//! route group, method, path, status, latency, error code and the side that failed, actor role and key id — never the key
 //! itself. The line is built only when `aura::access` is enabled at `info`, and written through
 //! the non-blocking log writer ([`crate::telemetry`]).
 
@@ -15,6 +15,7 @@ pub fn line(cx: &RequestContext, method: &Method, path: &str, response: &Respons
         return;
     }
     let actor = cx.actor.as_deref();
+    let error = response.extensions().get::<ErrorCode>();
     tracing::info!(
         target: "aura::access",
         request_id = cx.id.as_ref().map_or("-", |id| id.as_str()),
@@ -24,7 +25,8 @@ pub fn line(cx: &RequestContext, method: &Method, path: &str, response: &Respons
         path = %path,
         status = response.status().as_u16(),
         latency_us = cx.started.elapsed().as_micros() as u64,
-        error = response.extensions().get::<ErrorCode>().map(|c| c.0).unwrap_or("-"),
+        error = error.map_or("-", |e| e.code),
+        side = error.map_or("-", |e| e.side.as_str()),
         role = actor.map(|a| a.role.as_str()).unwrap_or("-"),
         key_id = actor.and_then(|a| a.key_id.as_deref()).unwrap_or("-"),
         "access"

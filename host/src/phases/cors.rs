@@ -160,8 +160,8 @@ pub async fn preflight(
     request: Request,
     cors: &Cors,
 ) -> Response {
-    if let Err(decision) = per_ip::check(state, cx, &request) {
-        return edge(per_ip::limited(&decision));
+    if let Err(answer) = per_ip::check(state, cx, &request) {
+        return edge(answer);
     }
     drop(request);
     // A preflight is answered here, before the request-id phase: its id is made now, so that

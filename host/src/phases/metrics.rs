@@ -1,5 +1,6 @@
 //! Phase 5, request metrics: every request that got past the request limits is counted by plane,
-//! route group and final status, and its latency observed. The counters are looked up once per
+//! route group and final status, and its latency observed; an error the gateway answered itself
+//! is counted by plane, side and code too. The counters are looked up once per
 //! plane, group and status, not on every request.
 
 use std::sync::OnceLock;
@@ -8,6 +9,7 @@ use axum::response::Response;
 use prometheus::{Histogram, IntCounter};
 
 use super::context::RequestContext;
+use crate::error::ErrorCode;
 use crate::metrics::Metrics;
 use crate::plane::Plane;
 use crate::route_group::RouteGroup;
@@ -57,6 +59,12 @@ impl RequestMetrics {
         };
         counter.inc();
         self.latency[group].observe(cx.started.elapsed().as_secs_f64());
+        if let Some(error) = response.extensions().get::<ErrorCode>() {
+            self.metrics
+                .errors
+                .with_label_values(&[self.plane.as_str(), error.side.as_str(), error.code])
+                .inc();
+        }
     }
 
     fn counter(&self, group: RouteGroup, status: http::StatusCode) -> IntCounter {

@@ -3,9 +3,10 @@
 //! exist (404).
 
 use axum::extract::Request;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use http::{HeaderValue, header};
 
+use super::Phase;
 use crate::error::GatewayError;
 use crate::state::AppState;
 
@@ -20,20 +21,20 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Phase 11: `None` to go on, or the answer to a `/metrics` request without the token.
-pub fn guard(state: &AppState, request: &Request) -> Option<Response> {
+/// Phase 11: the answer to a `/metrics` request without the token; any other request goes on.
+pub fn guard(state: &AppState, request: &Request) -> Phase<()> {
     if request.uri().path() != METRICS_PATH {
-        return None;
+        return Ok(());
     }
     let Some(token) = state.config.metrics.token.as_deref() else {
-        return Some(GatewayError::not_found("no route for this path").into_response());
+        return Err(GatewayError::not_found("no route for this path").into_response());
     };
     let presented = crate::auth::bearer::bearer(request.headers())
         .ok()
         .flatten()
         .unwrap_or_default();
     if constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-        return None;
+        return Ok(());
     }
     let mut response = GatewayError::unauthorized(
         "invalid_metrics_token",
@@ -43,5 +44,5 @@ pub fn guard(state: &AppState, request: &Request) -> Option<Response> {
     response
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    Some(response)
+    Err(response)
 }

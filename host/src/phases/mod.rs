@@ -1,5 +1,10 @@
 //! The phases of a request, one module each. Their order is written once, in
 //! [`crate::planes::chain`], which runs them over one [`context::RequestContext`].
+#![expect(
+    clippy::result_large_err,
+    reason = "a phase's early answer is the response itself, made once per refused request: \
+              boxing it would allocate for nothing"
+)]
 
 pub mod access_log;
 pub mod auth;
@@ -14,6 +19,12 @@ pub mod request_id;
 pub mod request_limits;
 pub mod security_headers;
 pub mod trace;
+
+/// What a phase on the way down returns: what it established for the phases inside it (the
+/// request, the caller, a quota decision), or the answer that stops the way down there. What a
+/// phase establishes is handed inward as a value, never left in the context to be found later,
+/// so a phase cannot run before the one it needs.
+pub type Phase<T> = Result<T, axum::response::Response>;
 
 /// How many headers the phases may add to a backend's answer on its way back: the request id,
 /// three `RateLimit-*`, five security headers and three CORS headers. A proxy makes room for

@@ -8,6 +8,7 @@ use axum::extract::{ConnectInfo, Request};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use super::Phase;
 use super::context::RequestContext;
 use crate::error::GatewayError;
 use crate::plane::Plane;
@@ -118,9 +119,9 @@ pub fn is_trusted_peer(state: &AppState, peer: IpAddr) -> bool {
     trusted.iter().any(|net| net.contains(&peer))
 }
 
-/// Takes one token of the per-IP limit for `request` and records the client IP in `cx`; the
-/// refusal when denied (`cx.ip_limited` is then set).
-pub fn check(state: &AppState, cx: &mut RequestContext, request: &Request) -> Result<(), Decision> {
+/// Phase 8: takes one token of the per-IP limit for `request` and records the client IP in
+/// `cx`; the `429` when denied (`cx.ip_limited` is then set).
+pub fn check(state: &AppState, cx: &mut RequestContext, request: &Request) -> Phase<()> {
     let ip = client_ip(
         cx.peer,
         request.headers(),
@@ -131,15 +132,10 @@ pub fn check(state: &AppState, cx: &mut RequestContext, request: &Request) -> Re
         count(state, cx.plane, Limiter::Ip, &decision);
         if !decision.allowed {
             cx.ip_limited = true;
-            return Err(decision);
+            return Err(too_many(&decision));
         }
     }
     Ok(())
-}
-
-/// The 429 answer of the per-IP limit.
-pub fn limited(decision: &Decision) -> Response {
-    too_many(decision)
 }
 
 #[cfg(test)]

@@ -2,11 +2,12 @@
 //! bucket and its figures for this actor and route; the host bounds them
 //! ([`crate::ratelimit::rules`]) and enforces the rule (locally, or shared through Redis).
 
-use axum::response::Response;
 use http::Method;
 
+use super::Phase;
 use super::context::RequestContext;
 use super::per_ip::{Limiter, count, too_many};
+use crate::actor::Actor;
 use crate::error::GatewayError;
 use crate::policy::registry::{Source, StageCall};
 use crate::policy::stages::{Quota, QuotaDecision, QuotaInput};
@@ -14,21 +15,17 @@ use crate::ratelimit::Decision;
 use crate::ratelimit::rules::{self, Answered, RuleSource};
 use crate::state::AppState;
 
-/// Takes the request's tokens: `Ok(None)` when exempt, the decision (for the response's
-/// `RateLimit-*` headers) when admitted, the answer when refused or when the stage failed.
+/// Takes the request's tokens for `actor` (phase 9's): `Ok(None)` when exempt, the decision (for
+/// the response's `RateLimit-*` headers) when admitted, the answer when refused or when the
+/// stage failed.
 pub async fn check(
     state: &AppState,
     cx: &RequestContext,
+    actor: &Actor,
     method: &Method,
     path: &str,
-) -> Result<Option<Decision>, Response> {
+) -> Phase<Option<Decision>> {
     use axum::response::IntoResponse;
-    let Some(actor) = cx.actor.as_deref() else {
-        return Err(GatewayError::internal(
-            "no actor before the quota phase (pipeline misordered)",
-        )
-        .into_response());
-    };
     let call = StageCall {
         pinned: &cx.policies,
         request_id: cx.id.as_ref().map(|id| id.as_str()),

@@ -12,13 +12,22 @@ use http_body_util::Limited;
 
 use super::context::RequestContext;
 use super::path::RefusedPath;
-use super::request_id;
+use super::{Phase, request_id};
 use crate::error::GatewayError;
 use crate::route_group::RouteGroup;
 use crate::state::AppState;
 
-/// Applies the limits to `request`, or says why it is refused (answered by [`refused`]).
+/// Phase 3: applies the limits to `request`, or answers why it is refused.
 pub fn check(
+    state: &AppState,
+    cx: &RequestContext,
+    refused_path: Option<RefusedPath>,
+    request: Request,
+) -> Phase<Request> {
+    limit(state, cx, refused_path, request).map_err(refused)
+}
+
+fn limit(
     state: &AppState,
     cx: &RequestContext,
     refused: Option<RefusedPath>,
@@ -76,7 +85,7 @@ fn head_bytes(request: &Request) -> usize {
 }
 
 /// The answer to a refused request: made before the request-id phase, it gets an id of its own.
-pub fn refused(error: GatewayError) -> Response {
+fn refused(error: GatewayError) -> Response {
     let mut response = error.into_response();
     request_id::stamp_if_missing(response.headers_mut());
     response

@@ -41,13 +41,15 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 use super::routes;
+use crate::actor::Actor;
 use crate::error::GatewayError;
 use crate::phases::context::{RequestContext, RouteContext};
 use crate::phases::cors::{self, Cors};
 use crate::phases::metrics::RequestMetrics;
 use crate::phases::request_id::{self, RequestId};
 use crate::phases::{
-    access_log, auth, metrics_auth, path, per_ip, quota, request_limits, security_headers, trace,
+    Phase, access_log, auth, metrics_auth, path, per_ip, quota, request_limits, security_headers,
+    trace,
 };
 use crate::plane::Plane;
 use crate::route_group::RouteGroup;
@@ -119,7 +121,7 @@ impl Pipeline {
     ) -> Response {
         let mut request = match request_limits::check(&self.state, cx, refused, request) {
             Ok(request) => request,
-            Err(error) => return request_limits::refused(error),
+            Err(answer) => return answer,
         };
         let span = trace::span(self.plane, &request);
         let trusted = per_ip::is_trusted_peer(&self.state, cx.peer);
@@ -144,50 +146,50 @@ impl Pipeline {
         let id = RequestId::mint();
         request_id::assign(&id, request.headers_mut());
         cx.id = Some(id.clone());
-        let mut response = self.admitted(cx, request).await;
+        let mut response = self
+            .admitted(cx, &id, request)
+            .await
+            .unwrap_or_else(|answer| answer);
         request_id::stamp(&id, response.headers_mut());
         response
     }
 
-    /// Phases 8 to 11.
-    async fn admitted(&self, cx: &mut RequestContext, request: Request) -> Response {
-        if let Err(decision) = per_ip::check(&self.state, cx, &request) {
-            return per_ip::limited(&decision); // 8
-        }
-        let request = match auth::authenticate(&self.state, cx, request).await {
-            Ok(request) => request, // 9
-            Err(error) => return error.into_response(),
-        };
-        let quota =
-            match quota::check(&self.state, cx, request.method(), request.uri().path()).await {
-                Ok(decision) => decision, // 10
-                Err(answer) => return answer,
-            };
-        if let Some(answer) = metrics_auth::guard(&self.state, &request) {
-            return answer; // 11
-        }
-        let mut response = self.route(cx, request).await;
+    /// Phases 8 to 11: each hands the next what it established, or answers.
+    async fn admitted(
+        &self,
+        cx: &mut RequestContext,
+        id: &RequestId,
+        request: Request,
+    ) -> Phase<Response> {
+        per_ip::check(&self.state, cx, &request)?; // 8
+        let (request, actor) = auth::authenticate(&self.state, cx, request).await?; // 9
+        let (method, path) = (request.method(), request.uri().path());
+        let quota = quota::check(&self.state, cx, &actor, method, path).await?; // 10
+        metrics_auth::guard(&self.state, &request)?; // 11
+        let mut response = self.route(cx, actor, id.clone(), request).await;
         if let Some(decision) = &quota {
             per_ip::rate_limit_headers(response.headers_mut(), decision); // 10
         }
-        response
+        Ok(response)
     }
 
     /// Phase 12: the handler, within its route group's budget.
-    async fn route(&self, cx: &RequestContext, mut request: Request) -> Response {
+    async fn route(
+        &self,
+        cx: &RequestContext,
+        actor: Arc<Actor>,
+        request_id: RequestId,
+        mut request: Request,
+    ) -> Response {
         let timeouts = &self.state.config.timeouts;
         let budget = match cx.group {
             RouteGroup::Functions => timeouts.functions_budget(),
             _ => timeouts.default_budget(),
         };
         let deadline = tokio::time::Instant::now() + budget;
-        let (Some(actor), Some(id)) = (cx.actor.clone(), cx.id.clone()) else {
-            return GatewayError::internal("no actor before the route phase (pipeline misordered)")
-                .into_response();
-        };
         let route_cx = RouteContext {
             actor,
-            request_id: id,
+            request_id,
             deadline,
             policies: cx.policies.clone(),
         };

@@ -18,7 +18,7 @@ use crate::state::AppState;
 fn extra_routes() -> Router<AppState> {
     Router::new()
         .merge(health())
-        .route("/.well-known/jwks.json", nats_route(Service::Auth))
+        .route("/.well-known/jwks.json", nats_route(Service::Auth, None))
         .route(METRICS_PATH, get(metrics))
 }
 

@@ -1,28 +1,14 @@
 //! The management plane: console traffic only.
 
 use axum::Router;
-use axum::routing::{get, post};
+use axum::routing::{MethodFilter, get, post};
 
 use super::chain::PlaneService;
 use super::routes::{health, with_fallbacks};
 use crate::plane::Plane;
-use crate::proxy::forward_nats_routed;
+use crate::proxy::nats_route;
 use crate::proxy::service::Service;
 use crate::state::AppState;
-
-/// A management route forwarded to `service` over NATS.
-macro_rules! to {
-    ($method:ident, $service:expr) => {
-        $method(
-            |axum::extract::State(state): axum::extract::State<AppState>,
-             request: axum::extract::Request| async move {
-                axum::response::IntoResponse::into_response(
-                    forward_nats_routed(&state, $service, request).await,
-                )
-            },
-        )
-    };
-}
 
 /// The management plane's extra routes.
 fn extra_routes() -> Router<AppState> {
@@ -31,16 +17,19 @@ fn extra_routes() -> Router<AppState> {
         .route("/ready", get(ready))
         .route(
             "/v1/organizations/{org_id}/projects",
-            to!(post, Service::Provisioner),
+            nats_route(Service::Provisioner, Some(MethodFilter::POST)),
         )
-        .route("/v1/projects/{project_ref}", to!(get, Service::Control))
+        .route(
+            "/v1/projects/{project_ref}",
+            nats_route(Service::Control, Some(MethodFilter::GET)),
+        )
         .route(
             "/v1/projects/{project_ref}/api-keys/rotate",
-            to!(post, Service::Control),
+            nats_route(Service::Control, Some(MethodFilter::POST)),
         )
         .route(
             "/v1/projects/{project_ref}/logs",
-            to!(get, Service::Control),
+            nats_route(Service::Control, Some(MethodFilter::GET)),
         )
         .route("/v1/policies/reload", post(super::policies::reload))
         .merge(super::admin::routes())

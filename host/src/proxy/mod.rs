@@ -10,10 +10,11 @@ pub mod service;
 pub mod targets;
 pub mod tunnels;
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, any};
+use axum::routing::{MethodFilter, MethodRouter, any, on};
 use http_body_util::LengthLimitError;
 
 use self::envelope::{EnvelopeRequest, query_without_apikey};
@@ -59,15 +60,20 @@ impl<G: Send + Unpin + 'static> http_body::Body for Holding<G> {
     }
 }
 
-/// A route handler forwarding to `service` over NATS.
-pub fn nats_route(service: Service) -> MethodRouter<AppState> {
-    any(
-        move |State(state): State<AppState>, request: Request| async move {
-            forward_nats_routed(&state, service, request)
-                .await
-                .unwrap_or_else(IntoResponse::into_response)
-        },
-    )
+/// A route of the plane's own forwarding to `service` over NATS, for every method (`None`) or
+/// for one.
+pub fn nats_route(service: Service, method: Option<MethodFilter>) -> MethodRouter<AppState> {
+    let handler = move |State(state): State<AppState>,
+                        Extension(cx): Extension<RouteContext>,
+                        request: Request| async move {
+        forward_nats(&state, service, &cx, request)
+            .await
+            .unwrap_or_else(IntoResponse::into_response)
+    };
+    match method {
+        None => any(handler),
+        Some(method) => on(method, handler),
+    }
 }
 
 /// Forwards a request of an HTTP service (storage, realtime).
@@ -195,27 +201,6 @@ pub async fn route_db(
             forward_http(state, &breaker, &backend, uri, cx, request).await
         }
     }
-}
-
-/// What the route phase handed a handler of the plane's own routes, in the request's
-/// extensions.
-fn route_context(request: &Request) -> Result<RouteContext, GatewayError> {
-    request
-        .extensions()
-        .get::<RouteContext>()
-        .cloned()
-        .ok_or_else(|| GatewayError::internal("no route context (pipeline misordered)"))
-}
-
-/// [`forward_nats`] for a handler of the plane's own routes, which finds the route context in
-/// the request's extensions.
-pub async fn forward_nats_routed(
-    state: &AppState,
-    service: Service,
-    request: Request,
-) -> Result<Response, GatewayError> {
-    let cx = route_context(&request)?;
-    forward_nats(state, service, &cx, request).await
 }
 
 /// Reads a request body, mapping an exceeded limit to 413.
