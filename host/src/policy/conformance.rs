@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::stages::AnyModule;
-use super::{PluginError, Policies, Stage};
+use super::{FailureKind, PluginError, Policies, Stage};
 use crate::plane::Plane;
 
 /// What the vectors measured for one stage module.
@@ -48,6 +48,9 @@ pub struct ConformanceError {
     pub reason: String,
 }
 
+/// How many times a vector is tried when its call overruns the deadline.
+pub(crate) const DEADLINE_ATTEMPTS: u32 = 3;
+
 /// One module's run of its stage's vectors: each call timed, a failure named by its vector.
 pub(crate) struct Run {
     plane: Plane,
@@ -73,15 +76,30 @@ impl Run {
         }
     }
 
+    /// Runs one vector. A call deadline is wall-clock time, and a loaded machine (a start or a
+    /// reload beside busy request workers) can deschedule a call past it: a vector stopped by
+    /// its deadline is run again, up to [`DEADLINE_ATTEMPTS`] times in all, and fails only if
+    /// every attempt overran. Any other failure fails the vector at once; a module that spins
+    /// overruns every attempt and is refused on its first vector.
     pub(crate) fn call<T>(
         &mut self,
         vector: &str,
-        f: impl FnOnce() -> Result<T, PluginError>,
+        mut f: impl FnMut() -> Result<T, PluginError>,
     ) -> Result<T, ConformanceError> {
-        let started = Instant::now();
-        let out = f().map_err(|e| self.fail(vector, e.to_string()));
-        self.times.push(started.elapsed());
-        out
+        let mut attempt = 1;
+        loop {
+            let started = Instant::now();
+            let out = f();
+            self.times.push(started.elapsed());
+            match out {
+                Err(e)
+                    if e.kind() == Some(FailureKind::Deadline) && attempt < DEADLINE_ATTEMPTS =>
+                {
+                    attempt += 1;
+                }
+                out => return out.map_err(|e| self.fail(vector, e.to_string())),
+            }
+        }
     }
 
     pub(crate) fn report(mut self, module: &dyn AnyModule) -> StageReport {
@@ -117,4 +135,53 @@ pub fn check(policies: &Policies) -> Result<Vec<StageReport>, ConformanceError> 
         reports.extend(candidates);
     }
     Ok(reports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(kind: FailureKind) -> PluginError {
+        PluginError::Call {
+            stage: Stage::Quota,
+            plane: Plane::Data,
+            module: "m".into(),
+            kind,
+            reason: "stopped".into(),
+        }
+    }
+
+    #[test]
+    fn a_vector_overrun_by_its_deadline_is_tried_again_and_fails_only_when_every_attempt_overran() {
+        let mut run = Run::new(Plane::Data, Stage::Quota);
+        let mut calls = 0;
+        let out = run.call("once late", || {
+            calls += 1;
+            if calls == 1 {
+                Err(failed(FailureKind::Deadline))
+            } else {
+                Ok(7)
+            }
+        });
+        assert_eq!(out.expect("the second attempt answers"), 7);
+        assert_eq!(calls, 2);
+
+        let mut calls = 0;
+        let err = run
+            .call("always late", || -> Result<(), _> {
+                calls += 1;
+                Err(failed(FailureKind::Deadline))
+            })
+            .expect_err("a module that always overruns is refused");
+        assert_eq!(calls, DEADLINE_ATTEMPTS);
+        assert_eq!(err.vector, "always late");
+
+        let mut calls = 0;
+        run.call("trap", || -> Result<(), _> {
+            calls += 1;
+            Err(failed(FailureKind::Trap))
+        })
+        .expect_err("a trap fails the vector");
+        assert_eq!(calls, 1, "only a deadline overrun is tried again");
+    }
 }
