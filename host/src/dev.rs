@@ -20,7 +20,7 @@ use http::StatusCode;
 use crate::auth::keys::{generate_key, hash_key};
 use crate::config::Config;
 use crate::control::KeyRole;
-use crate::proxy::service::Service;
+use crate::routes::{SERVICES, Transport};
 use crate::server;
 use crate::state::AppState;
 
@@ -109,10 +109,11 @@ fn ensure_nats(config: &mut Config) -> anyhow::Result<Option<OwnedNats>> {
 /// Demo backends on NATS: every service echoes what it received.
 async fn start_responders(config: &Config) -> anyhow::Result<()> {
     let client = async_nats::connect(config.nats.url.as_str()).await?;
-    for service in Service::ALL {
-        if matches!(service, Service::Storage | Service::Realtime) {
-            continue;
-        }
+    for row in SERVICES
+        .iter()
+        .filter(|row| row.transport != Transport::Http)
+    {
+        let service = row.service;
         let subject = crate::proxy::nats::subject(&config.nats.subject_prefix, service);
         let mut sub = client.subscribe(subject).await?;
         let client = client.clone();

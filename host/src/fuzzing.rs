@@ -96,10 +96,10 @@ pub fn envelope(data: &[u8]) {
         1,
         "one x-forwarded-for, the gateway's"
     );
-    let query = envelope::query_without_apikey(Some(f[2].as_str()).filter(|q| !q.is_empty()));
+    let query = crate::headers::query_without_apikey(Some(f[2].as_str()).filter(|q| !q.is_empty()));
     if let Some(q) = &query {
         assert!(
-            envelope::apikey_query_values(Some(q)).is_empty(),
+            crate::headers::apikey_query_values(Some(q)).is_empty(),
             "apikey left in the query {q:?}"
         );
     }
@@ -144,7 +144,7 @@ pub fn api_key(data: &[u8]) {
     static POLICY: OnceLock<Policy> = OnceLock::new();
     let policy = POLICY.get_or_init(|| Policy::configure("{}").expect("default config"));
     let f = fields(data, 3);
-    let query: Vec<String> = envelope::apikey_query_values(Some(&f[1]));
+    let query: Vec<String> = crate::headers::apikey_query_values(Some(&f[1]));
     let headers: Vec<(String, String)> = f[2]
         .split('\n')
         .filter_map(|l| l.split_once(':'))

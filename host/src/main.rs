@@ -109,7 +109,7 @@ enum ConfigCommand {
 enum PluginCommand {
     /// Print the JSON Schema of a default plugin's `config` table.
     Schema {
-        /// api_key, cors, quota or db_routing.
+        /// The stage (its key in the table of stages).
         #[arg(long, value_parser = stage_keys())]
         stage: String,
     },
@@ -118,7 +118,7 @@ enum PluginCommand {
     Check {
         /// The component (.wasm).
         file: PathBuf,
-        /// api_key, cors, quota or db_routing.
+        /// The stage (its key in the table of stages).
         #[arg(long, value_parser = stage_keys())]
         stage: String,
         /// data or management.
@@ -145,7 +145,7 @@ enum PluginCommand {
     /// Start a new plugin in DIR: the example of the stage in the language, the WIT, a
     /// configuration and test vectors, and a README with the build and check commands.
     New {
-        /// api_key, cors, quota or db_routing.
+        /// The stage (its key in the table of stages).
         #[arg(long, value_parser = stage_keys())]
         stage: String,
         /// rust, python or js.

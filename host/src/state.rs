@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,15 +9,12 @@ use crate::auth::Authenticator;
 use crate::breaker::table::BreakerTable;
 use crate::breaker::{BreakerSettings, CircuitBreaker};
 use crate::config::{BreakerConfig, Config};
-use crate::control::{self, ControlStore};
 use crate::metrics::Metrics;
 use crate::policy::registry::PolicyRegistry;
-use crate::policy::tenants::TenantPolicies;
-use crate::policy::{Policies, PolicyEngine};
 use crate::proxy::http::HttpTransport;
 use crate::proxy::nats::NatsTransport;
-use crate::proxy::service::Service;
 use crate::ratelimit::{IpLimiter, QuotaLimiter};
+use crate::routes::Service;
 
 /// Shared state of both planes: configuration, NATS client, plugin runtime and loaded policy
 /// modules, metrics. Cheap to clone.
@@ -55,7 +51,7 @@ pub struct StateInner {
     /// This instance's id in the fleet's change events.
     pub instance_id: String,
     /// This instance's part in the fleet: signed change events, coalesced actions.
-    pub fleet: Arc<crate::changes::Fleet>,
+    pub fleet: Arc<crate::fleet::Fleet>,
 }
 
 /// An [`AppState`] that does not keep the state alive (for background tasks).
@@ -78,11 +74,10 @@ pub struct Breakers {
 }
 
 impl Breakers {
-    fn new(config: &BreakerConfig) -> Self {
+    pub(crate) fn new(config: &BreakerConfig) -> Self {
         let settings = BreakerSettings::from(config);
-        let services = Service::ALL
-            .iter()
-            .map(|s| (*s, CircuitBreaker::new(s.name(), settings)))
+        let services = Service::all()
+            .map(|s| (s, CircuitBreaker::new(s.name(), settings)))
             .collect();
         let postgrest = BreakerTable::new(settings, config.max_targets);
         postgrest.spawn_sweeper(Duration::from_secs(config.sweep_secs));
@@ -114,79 +109,9 @@ impl Deref for AppState {
 }
 
 impl AppState {
-    /// Loads the policy modules of both planes and starts the NATS connection. `base` is the
-    /// config file's folder, for relative module paths.
-    pub async fn build(config: Config, base: Option<&Path>) -> anyhow::Result<Self> {
-        let store = control::open(&config.control, base).await?;
-        Self::build_with_store(config, base, store).await
-    }
-
-    /// Like [`AppState::build`] over a given control store.
-    pub async fn build_with_store(
-        config: Config,
-        base: Option<&Path>,
-        store: Arc<dyn ControlStore>,
-    ) -> anyhow::Result<Self> {
-        let auth = Authenticator::new(&config.auth, store.clone());
-        let config_upstreams = config.upstreams.clone();
-        let config_breaker = config.breaker.clone();
-        let metrics = Metrics::new();
-        let rl = &config.rate_limit;
-        let retain = Duration::from_secs(rl.retain_interval_secs);
-        let ip_limits = [
-            IpLimiter::new(&rl.data_plane_per_ip, retain),
-            IpLimiter::new(&rl.management_plane_per_ip, retain),
-        ];
-        let quotas = QuotaLimiter::new(rl, metrics.clone());
-        let fleet = Arc::new(crate::changes::Fleet::new(&config, &metrics));
-        let runtime = PolicyEngine::new(&config.plugins)?;
-        runtime.set_metrics(metrics.clone());
-        let stored = crate::policy::fetch_stored_modules(&config, store.as_ref()).await?;
-        let policies = Policies::load_with(&runtime, &config, base, &stored)?;
-        crate::policy::conformance::check(&policies)?;
-        let nats = NatsTransport::connect(&config.nats).await?;
-        let tenants = TenantPolicies::new(runtime.clone(), &config.plugins, metrics.clone());
-        let http = HttpTransport::new(&config_upstreams, config.server.stream_budget(), &metrics)?;
-        let state = Self(Arc::new(StateInner {
-            config,
-            nats,
-            policies: Arc::new(PolicyRegistry::new(
-                runtime,
-                policies,
-                tenants,
-                store,
-                metrics.clone(),
-            )),
-            config_path: std::sync::OnceLock::new(),
-            metrics,
-            ip_limits,
-            quotas,
-            http,
-            breakers: Breakers::new(&config_breaker),
-            auth,
-            readiness: crate::readiness::Readiness::default(),
-            started_at: std::time::SystemTime::now(),
-            instance_id: fleet.instance_id.clone(),
-            fleet,
-        }));
-        state
-            .policies
-            .set_announcer(Arc::new(crate::changes::FleetAnnouncer::new(
-                state.downgrade(),
-            )));
-        let configured: Vec<String> = state
-            .config
-            .stages()
-            .into_iter()
-            .filter_map(|(_, stage)| stage.module_digest().map(str::to_owned))
-            .collect();
-        state.policies.spawn_tasks(
-            configured,
-            Duration::from_secs(state.config.plugins.module_gc_interval_secs.max(1)),
-            Duration::from_secs(state.config.plugins.module_gc_grace_secs),
-        );
-        crate::changes::spawn(&state);
-        Ok(state)
+    /// The state holding `inner` ([`crate::startup`] assembles it).
+    pub(crate) fn new(inner: StateInner) -> Self {
+        Self(Arc::new(inner))
     }
 
     /// Reads the config file again and swaps in its policy modules (SIGHUP, the reload route, a

@@ -87,7 +87,7 @@ async fn clients_that_go_away_give_their_breaker_probes_back() {
     let breaker = gw
         .state
         .breakers
-        .service(aura_gateway::proxy::service::Service::Functions);
+        .service(aura_gateway::routes::Service::Functions);
     assert_eq!(
         breaker.state(),
         aura_gateway::breaker::BreakerState::Closed,

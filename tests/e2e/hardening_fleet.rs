@@ -17,7 +17,7 @@ use crate::support::unique_prefix;
 /// Publishes `payload` on `subject` with `signature` in the fleet's signature header.
 async fn publish(nats: &async_nats::Client, subject: &str, payload: Vec<u8>, signature: &str) {
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert(aura_gateway::changes::SIGNATURE_HEADER, signature);
+    headers.insert(aura_gateway::fleet::SIGNATURE_HEADER, signature);
     nats.publish_with_headers(subject.to_owned(), headers, payload.into())
         .await
         .expect("publish");
@@ -223,10 +223,10 @@ async fn fleet_events_are_accepted_only_signed_fresh_and_once_and_bursts_are_coa
     let prefix = unique_prefix();
     let (gw, counter) = gateway(dir.path(), &fx, &db, &prefix, false).await;
     let nats = async_nats::connect(shared().url()).await.expect("nats");
-    let subject = aura_gateway::changes::subject(&prefix);
+    let subject = aura_gateway::fleet::subject(&prefix);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = counter.statements();
-    use aura_gateway::changes::{Change, now_millis, signed_event};
+    use aura_gateway::fleet::{Change, now_millis, signed_event};
 
     // Unsigned, forged, signed under another secret, oversized.
     let reload = |seq| {

@@ -217,7 +217,7 @@ async fn a_module_that_waits_traps_within_its_deadline_and_a_waiting_canary_is_d
 async fn a_projects_module_is_set_up_within_twice_its_call_deadline() {
     let Started { gw, fx, dir: _dir } = start_binary("[plugins]\ncall_deadline_ms = 100\n");
     // Slow from 8 s on: time enough for the upload's own checks (one setup) on a loaded machine.
-    let slow_from = aura_gateway::changes::now_millis() + 8_000;
+    let slow_from = aura_gateway::fleet::now_millis() + 8_000;
     install(
         &gw,
         &console_token(fx.admin),
@@ -230,7 +230,7 @@ async fn a_projects_module_is_set_up_within_twice_its_call_deadline() {
     .await;
     let (status, _, _) = from_origin(&gw, &fx.anon_key, "https://a.example").await;
     assert_eq!(status, StatusCode::OK);
-    while aura_gateway::changes::now_millis() < slow_from + 100 {
+    while aura_gateway::fleet::now_millis() < slow_from + 100 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // A trap discards the instance; the next call sets one up, which now spins in configure.

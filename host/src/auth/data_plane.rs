@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use http::request::Parts;
-use http::{Method, Uri, header};
+use http::{Uri, header};
 
 use super::Authenticator;
 use super::bearer::{Malformed, bearer};
@@ -17,34 +17,6 @@ use crate::policy::registry::{PolicyRegistry, StageCall};
 use crate::policy::stages::{
     ApiKey, KeyDecision, KeyHeaders, KeyInput, KeyRole as StageKeyRole, KeySource,
 };
-
-/// Paths that need no API key: liveness, the JWKS, sign-up, and `/metrics` (which has its own
-/// guard).
-pub fn is_public(method: &Method, path: &str) -> bool {
-    match path {
-        "/health" | "/.well-known/jwks.json" => *method == Method::GET || *method == Method::HEAD,
-        "/v1/auth/signup" => *method == Method::POST,
-        "/metrics" => true,
-        _ => false,
-    }
-}
-
-/// Routes of the management plane only (its introspection, reload, readiness, projects and
-/// organizations): on the data plane they do not exist, and answer `404` before any credential
-/// is looked at — an admin path probed there learns nothing of the management plane's guards.
-pub fn is_management_route(path: &str) -> bool {
-    const PREFIXES: [&str; 5] = [
-        "/v1/admin",
-        "/v1/policies",
-        "/v1/projects",
-        "/v1/organizations",
-        "/ready",
-    ];
-    PREFIXES.iter().any(|prefix| {
-        path.strip_prefix(prefix)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-    })
-}
 
 static APIKEY: header::HeaderName = header::HeaderName::from_static("apikey");
 static X_API_KEY: header::HeaderName = header::HeaderName::from_static("x-api-key");
@@ -62,11 +34,11 @@ pub fn strip_client_credentials(parts: &mut Parts, stage_headers: &[String]) {
             headers.remove(name.as_str());
         }
     }
-    crate::proxy::headers::remove_prefixed(headers, "x-aura-");
+    crate::headers::remove_prefixed(headers, "x-aura-");
     if let Some(query) = parts.uri.query()
-        && !crate::proxy::envelope::apikey_query_values(Some(query)).is_empty()
+        && !crate::headers::apikey_query_values(Some(query)).is_empty()
     {
-        let kept = crate::proxy::envelope::query_without_apikey(Some(query));
+        let kept = crate::headers::query_without_apikey(Some(query));
         let path_and_query = match kept {
             Some(q) => format!("{}?{q}", parts.uri.path()),
             None => parts.uri.path().to_owned(),
@@ -100,7 +72,7 @@ async fn refuse_secret_query_keys(
     key: &str,
     record: &ApiKeyRecord,
 ) -> Result<(), GatewayError> {
-    let mut values = crate::proxy::envelope::apikey_query_values(uri.query());
+    let mut values = crate::headers::apikey_query_values(uri.query());
     values.sort_unstable();
     values.dedup();
     if values.len() > MAX_QUERY_KEYS {
@@ -147,13 +119,13 @@ pub async fn authenticate(
     let token = bearer(&parts.headers)
         .map_err(malformed_authorization)?
         .map(str::to_owned);
-    let metrics = parts.uri.path() == crate::phases::metrics_auth::METRICS_PATH;
-    let public = is_public(&parts.method, parts.uri.path());
+    let metrics = parts.uri.path() == crate::routes::METRICS_PATH;
+    let public = crate::routes::is_public(&parts.method, parts.uri.path());
     let request_id = parts
         .headers
-        .get(&crate::phases::request_id::X_REQUEST_ID)
+        .get(&crate::headers::X_REQUEST_ID)
         .and_then(|v| v.to_str().ok());
-    let query_keys = crate::proxy::envelope::apikey_query_values(parts.uri.query());
+    let query_keys = crate::headers::apikey_query_values(parts.uri.query());
     let call = StageCall {
         pinned,
         request_id,
@@ -266,34 +238,6 @@ pub async fn authenticate(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn public_paths_are_exactly_the_contracts() {
-        assert!(is_public(&Method::GET, "/health"));
-        assert!(is_public(&Method::GET, "/.well-known/jwks.json"));
-        assert!(is_public(&Method::POST, "/v1/auth/signup"));
-        assert!(!is_public(&Method::GET, "/v1/auth/signup"));
-        assert!(!is_public(&Method::POST, "/health"));
-        assert!(!is_public(&Method::GET, "/v1/auth/user"));
-        assert!(is_public(&Method::GET, "/metrics"));
-    }
-
-    #[test]
-    fn management_routes_are_told_by_whole_segments() {
-        for path in [
-            "/v1/admin",
-            "/v1/admin/config",
-            "/v1/policies/reload",
-            "/v1/projects/alpha/policies/cors",
-            "/v1/organizations/x/projects",
-            "/ready",
-        ] {
-            assert!(is_management_route(path), "{path}");
-        }
-        for path in ["/v1/adminx", "/v1/auth/user", "/readyz", "/v1/db/projects"] {
-            assert!(!is_management_route(path), "{path}");
-        }
-    }
 
     #[test]
     fn credentials_are_stripped_from_headers_and_query() {

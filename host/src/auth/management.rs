@@ -12,6 +12,7 @@ use crate::actor::{Actor, Role};
 use crate::control::OrgRole;
 use crate::error::GatewayError;
 use crate::plane::Plane;
+use crate::routes;
 
 /// What a management request is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,23 +29,12 @@ pub enum Scope {
     Other,
 }
 
-const SERVICE_PREFIXES: &[&str] = &[
-    "/v1/auth/",
-    "/v1/db/",
-    "/v1/storage/",
-    "/v1/functions/",
-    "/v1/realtime/",
-    "/v1/notifications/",
-    "/v1/ai/",
-    "/v1/control/",
-];
-
 /// The scope of a path.
 pub fn scope_of(path: &str) -> Scope {
     // `/v1/policies/reload` has its own guard (the admin token).
     // `/v1/admin/*` too.
-    if path == "/health"
-        || path == "/ready"
+    if path == routes::HEALTH_PATH
+        || path == routes::READY_PATH
         || path == "/v1/policies/reload"
         || path.starts_with("/v1/admin/")
     {
@@ -58,7 +48,7 @@ pub fn scope_of(path: &str) -> Scope {
         let project = rest.split('/').next().unwrap_or_default();
         return Scope::Project(project.to_owned());
     }
-    if SERVICE_PREFIXES.iter().any(|p| path.starts_with(p)) {
+    if routes::service_under(path).is_some() {
         return Scope::Service;
     }
     Scope::Other

@@ -50,6 +50,27 @@ impl Default for UpstreamsConfig {
 }
 
 impl UpstreamsConfig {
+    /// The base URL of each service reached over HTTP, by service name: `upstreams.{name}_url`.
+    fn service_urls(&self) -> [(&'static str, &Option<String>); 2] {
+        [
+            ("storage", &self.storage_url),
+            ("realtime", &self.realtime_url),
+        ]
+    }
+
+    /// Whether `upstreams.{name}_url` is a key of this section.
+    pub fn has_url_for(&self, name: &str) -> bool {
+        self.service_urls().iter().any(|(n, _)| *n == name)
+    }
+
+    /// The base URL configured for the HTTP service named `name`, when set.
+    pub fn url_of(&self, name: &str) -> Option<&str> {
+        self.service_urls()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, url)| url.as_deref())
+    }
+
     /// The entries of `postgrest_allowed_targets`; the error names the first that is none.
     pub fn postgrest_targets(&self) -> Result<Vec<TargetEntry>, String> {
         self.postgrest_allowed_targets
@@ -63,10 +84,7 @@ impl UpstreamsConfig {
         if let Some(tls) = &self.tls {
             tls.validate(&format!("{key}.tls"))?;
         }
-        for (field, url) in [
-            ("storage_url", &self.storage_url),
-            ("realtime_url", &self.realtime_url),
-        ] {
+        for (name, url) in self.service_urls() {
             if let Some(url) = url
                 && url
                     .parse::<http::Uri>()
@@ -77,7 +95,7 @@ impl UpstreamsConfig {
                     .is_none()
             {
                 return Err(problem(
-                    &format!("{key}.{field}"),
+                    &format!("{key}.{name}_url"),
                     format!("{url:?} is not an http(s)://host[:port][/path] URL"),
                 ));
             }

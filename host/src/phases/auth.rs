@@ -36,7 +36,7 @@ async fn caller(
     cx: &RequestContext,
     parts: &mut http::request::Parts,
 ) -> Result<Arc<Actor>, GatewayError> {
-    if cx.plane == Plane::Data && data_plane::is_management_route(parts.uri.path()) {
+    if cx.plane == Plane::Data && crate::routes::is_management_route(parts.uri.path()) {
         return Err(GatewayError::not_found(
             "no such route on the data plane (it is a management-plane route)",
         ));

@@ -11,7 +11,7 @@ use crate::actor::Actor;
 use crate::plane::Plane;
 use crate::policy::Policies;
 use crate::ratelimit::Decision;
-use crate::route_group::RouteGroup;
+use crate::routes::RouteGroup;
 
 /// The context of one request.
 #[derive(Debug)]

@@ -22,7 +22,7 @@ use crate::state::AppState;
 
 /// Removes every CORS header a backend may have set: the gateway alone answers CORS.
 pub fn strip(headers: &mut HeaderMap) {
-    crate::proxy::headers::remove_prefixed(headers, "access-control-");
+    crate::headers::remove_prefixed(headers, "access-control-");
 }
 
 /// The values, comma-separated, as one header value. `join` sizes its string exactly, so the

@@ -12,7 +12,7 @@ use super::context::RequestContext;
 use crate::error::ErrorCode;
 use crate::metrics::Metrics;
 use crate::plane::Plane;
-use crate::route_group::RouteGroup;
+use crate::routes::RouteGroup;
 
 /// Statuses with a counter of their own per group (100–599).
 const STATUSES: usize = 500;
@@ -23,24 +23,23 @@ pub struct RequestMetrics {
     metrics: Metrics,
     plane: Plane,
     counters: Box<[OnceLock<IntCounter>]>,
-    latency: Box<[Histogram]>,
+    /// Indexed by [`RouteGroup::index`]: the groups a path can be in are made at once (their
+    /// series are exposed from the start), the others never.
+    latency: Box<[OnceLock<Histogram>]>,
 }
 
 impl RequestMetrics {
     /// Handles for `plane`.
     pub fn new(metrics: &Metrics, plane: Plane) -> Self {
-        let latency = RouteGroup::ALL
-            .iter()
-            .map(|g| {
-                metrics
-                    .latency
-                    .with_label_values(&[plane.as_str(), g.as_str()])
-            })
-            .collect();
+        let latency: Box<[OnceLock<Histogram>]> =
+            (0..RouteGroup::COUNT).map(|_| OnceLock::new()).collect();
+        for group in RouteGroup::all() {
+            latency[group.index()].get_or_init(|| latency_of(metrics, plane, group));
+        }
         Self {
             metrics: metrics.clone(),
             plane,
-            counters: (0..RouteGroup::ALL.len() * STATUSES)
+            counters: (0..RouteGroup::COUNT * STATUSES)
                 .map(|_| OnceLock::new())
                 .collect(),
             latency,
@@ -58,7 +57,9 @@ impl RequestMetrics {
             _ => &self.counter(cx.group, status),
         };
         counter.inc();
-        self.latency[group].observe(cx.started.elapsed().as_secs_f64());
+        self.latency[group]
+            .get_or_init(|| latency_of(&self.metrics, self.plane, cx.group))
+            .observe(cx.started.elapsed().as_secs_f64());
         if let Some(error) = response.extensions().get::<ErrorCode>() {
             self.metrics
                 .errors
@@ -74,4 +75,10 @@ impl RequestMetrics {
             status.as_str(),
         ])
     }
+}
+
+fn latency_of(metrics: &Metrics, plane: Plane, group: RouteGroup) -> Histogram {
+    metrics
+        .latency
+        .with_label_values(&[plane.as_str(), group.as_str()])
 }

@@ -8,10 +8,8 @@ use http::{HeaderValue, header};
 
 use super::Phase;
 use crate::error::GatewayError;
+use crate::routes::METRICS_PATH;
 use crate::state::AppState;
-
-/// The metrics path.
-pub const METRICS_PATH: &str = "/metrics";
 
 /// Compares two secrets in constant time.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

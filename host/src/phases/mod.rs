@@ -25,8 +25,3 @@ pub mod trace;
 /// phase establishes is handed inward as a value, never left in the context to be found later,
 /// so a phase cannot run before the one it needs.
 pub type Phase<T> = Result<T, axum::response::Response>;
-
-/// How many headers the phases may add to a backend's answer on its way back: the request id,
-/// three `RateLimit-*`, five security headers and three CORS headers. A proxy makes room for
-/// them once.
-pub const ANSWER_HEADERS: usize = 12;

@@ -2,10 +2,9 @@
 //! as the envelope `id`) and returned on the response. A client-sent `x-request-id` is replaced:
 //! ids are minted by the gateway so that logs and backends can trust them.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 
-/// `x-request-id`.
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+use crate::headers::X_REQUEST_ID;
 
 /// A request id: 32 lower-case hex digits (128 random bits), held inline, and the header value
 /// made of it once.
@@ -27,8 +26,7 @@ impl RequestId {
         let mut hex = [0u8; 32];
         uuid::Uuid::new_v4().simple().encode_lower(&mut hex);
         // Cloned for the request and for its answer: made shared at once.
-        let value =
-            crate::proxy::headers::shared_value::<32>(&hex).expect("hex is a valid header value");
+        let value = crate::headers::shared_value::<32>(&hex).expect("hex is a valid header value");
         Self { hex, value }
     }
 

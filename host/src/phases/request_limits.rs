@@ -14,7 +14,7 @@ use super::context::RequestContext;
 use super::path::RefusedPath;
 use super::{Phase, request_id};
 use crate::error::GatewayError;
-use crate::route_group::RouteGroup;
+use crate::routes::BodyLimit;
 use crate::state::AppState;
 
 /// Phase 3: applies the limits to `request`, or answers why it is refused.
@@ -51,9 +51,9 @@ fn limit(
         )));
     }
     // Storage has its own limit: uploads stream through and may be far larger.
-    let limit = match cx.group {
-        RouteGroup::Storage => state.config.upstreams.storage_max_body_bytes as usize,
-        _ => state.config.server.max_body_bytes,
+    let limit = match cx.group.body_limit() {
+        BodyLimit::Uploads => state.config.upstreams.storage_max_body_bytes as usize,
+        BodyLimit::Server => state.config.server.max_body_bytes,
     };
     let declared = request
         .headers()

@@ -52,7 +52,7 @@ use crate::phases::{
     trace,
 };
 use crate::plane::Plane;
-use crate::route_group::RouteGroup;
+use crate::routes::{Budget, RouteGroup};
 use crate::state::AppState;
 
 /// The request path of one plane. Cheap to clone.
@@ -64,7 +64,7 @@ struct Pipeline {
     state: AppState,
     plane: Plane,
     /// The plane's own routes and fallbacks (service routes are dispatched by
-    /// [`routes::service_route`]), with nothing around them.
+    /// [`crate::routes::service_of`]), with nothing around them.
     router: Router,
     metrics: RequestMetrics,
 }
@@ -182,9 +182,9 @@ impl Pipeline {
         mut request: Request,
     ) -> Response {
         let timeouts = &self.state.config.timeouts;
-        let budget = match cx.group {
-            RouteGroup::Functions => timeouts.functions_budget(),
-            _ => timeouts.default_budget(),
+        let budget = match cx.group.budget() {
+            Budget::Functions => timeouts.functions_budget(),
+            Budget::Default => timeouts.default_budget(),
         };
         let deadline = tokio::time::Instant::now() + budget;
         let route_cx = RouteContext {
@@ -194,10 +194,10 @@ impl Pipeline {
             policies: cx.policies.clone(),
         };
         let handled = async {
-            match routes::service_route(request.uri().path()) {
+            match crate::routes::service_of(request.uri().path()) {
                 // A service route's handler takes the context as an argument: no extension map
                 // is made for it.
-                Some(route) => route.serve(&self.state, &route_cx, request).await,
+                Some(service) => routes::serve(service, &self.state, &route_cx, request).await,
                 None => {
                     request.extensions_mut().insert(route_cx);
                     self.router

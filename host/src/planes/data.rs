@@ -7,18 +7,17 @@ use axum::routing::get;
 use http::{HeaderValue, header};
 
 use super::chain::PlaneService;
+use super::handlers::nats_route;
 use super::routes::{health, with_fallbacks};
-use crate::phases::metrics_auth::METRICS_PATH;
 use crate::plane::Plane;
-use crate::proxy::nats_route;
-use crate::proxy::service::Service;
+use crate::routes::{JWKS_PATH, METRICS_PATH, Service};
 use crate::state::AppState;
 
 /// The data plane's extra routes.
 fn extra_routes() -> Router<AppState> {
     Router::new()
         .merge(health())
-        .route("/.well-known/jwks.json", nats_route(Service::Auth, None))
+        .route(JWKS_PATH, nats_route(Service::Auth, None))
         .route(METRICS_PATH, get(metrics))
 }
 

@@ -4,10 +4,10 @@ use axum::Router;
 use axum::routing::{MethodFilter, get, post};
 
 use super::chain::PlaneService;
+use super::handlers::nats_route;
 use super::routes::{health, with_fallbacks};
 use crate::plane::Plane;
-use crate::proxy::nats_route;
-use crate::proxy::service::Service;
+use crate::routes::Service;
 use crate::state::AppState;
 
 /// The management plane's extra routes.

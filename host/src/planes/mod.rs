@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod chain;
 pub mod data;
+pub mod handlers;
 pub mod management;
 pub mod policies;
 pub mod routes;

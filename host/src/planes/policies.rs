@@ -466,7 +466,7 @@ pub async fn reload(State(state): State<AppState>, headers: http::HeaderMap) -> 
     match state.reload_policies("management API").await {
         Ok(()) => {
             // Every instance reloads its own configuration file too.
-            crate::changes::publish(&state, crate::changes::Change::OperatorReload).await;
+            crate::changes::publish(&state, crate::fleet::Change::OperatorReload).await;
             Json(serde_json::json!({ "status": "applied" })).into_response()
         }
         Err(error) => error.into_gateway_error().into_response(),

@@ -1,13 +1,12 @@
-//! The default plugins, built from `plugins/` by `host/build.rs` and embedded in the binary.
+//! The default plugins, built from `plugins/` by `host/build.rs` and embedded in the binary:
+//! each stage's is its [`PolicyStage::BUILTIN`]; two are named here for tools and tests.
 
-/// The default `api-key` stage component.
-pub const API_KEY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/api_key.wasm"));
+use super::stages::{Cors, PolicyStage, Quota};
+
 /// The default `cors` stage component.
-pub const CORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cors.wasm"));
+pub const CORS: &[u8] = Cors::BUILTIN;
 /// The default `quota` stage component.
-pub const QUOTA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/quota.wasm"));
-/// The default `db-routing` stage component.
-pub const DB_ROUTING: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/db_routing.wasm"));
+pub const QUOTA: &[u8] = Quota::BUILTIN;
 
 /// Path of the hostile test plugin (`plugins/testing`), for the gateway's own tests. It is not
 /// embedded in the binary.

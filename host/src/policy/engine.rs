@@ -24,10 +24,11 @@ use wasmtime::{
     Trap,
 };
 
-use super::bindings::LogLevel;
 use super::limits::PluginLimiter;
 use super::plugin_log::{self, CallLog, Level, LogRate, Source};
 use super::sandbox::Sandbox;
+/// The level of a `log` line (the `log` interface every stage world imports).
+use super::stages::cors::world::aura::gateway::log::Level as LogLevel;
 use super::{FailureKind, PluginError, Stage};
 use crate::config::{InstanceReuse, PluginRuntimeConfig};
 use crate::plane::Plane;

@@ -1,11 +1,10 @@
-//! WebAssembly policy stages: the runtime ([`engine`]), the generated bindings (private), the
-//! typed stage wrappers ([`stages`]) and the per-plane set of loaded modules ([`PlanePolicies`]).
+//! WebAssembly policy stages: the runtime ([`engine`]), the typed stages with their generated
+//! bindings ([`stages`]) and the per-plane set of loaded modules ([`PlanePolicies`]).
 //!
 //! The host owns every mechanism; a stage plugin only returns a typed decision. Modules are
 //! compiled and configured when loaded, never on the request path.
 
 pub mod authoring;
-mod bindings;
 pub mod builtin;
 pub mod compile;
 pub mod compile_cache;

@@ -11,61 +11,6 @@ use serde::{Deserialize, Serialize};
 use crate::actor::Actor;
 use crate::error::GatewayError;
 
-/// The raw query without any `apikey` parameter; `None` when nothing is left.
-pub fn query_without_apikey(query: Option<&str>) -> Option<String> {
-    let query = query?;
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .filter(|pair| {
-            let key = pair.split('=').next().unwrap_or_default();
-            let decoded: String = form_urlencoded_key(key);
-            decoded != "apikey"
-        })
-        .collect();
-    (!kept.is_empty()).then(|| kept.join("&"))
-}
-
-/// Percent-decodes a query key (`+` as space), lossily.
-fn form_urlencoded_key(key: &str) -> String {
-    let bytes = key.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The values of every `apikey` query parameter, percent-decoded.
-pub fn apikey_query_values(query: Option<&str>) -> Vec<String> {
-    let Some(query) = query else {
-        return Vec::new();
-    };
-    query
-        .split('&')
-        .filter_map(|pair| {
-            let mut parts = pair.splitn(2, '=');
-            let key = form_urlencoded_key(parts.next().unwrap_or_default());
-            (key == "apikey").then(|| form_urlencoded_key(parts.next().unwrap_or_default()))
-        })
-        .collect()
-}
-
 /// An envelope request. Encoded once per attempt (only `deadline_ms` changes) by
 /// [`EnvelopeRequest::to_json`], which writes what this `Serialize` renders: a field added here
 /// or to the actor's serialized fields must be written there too (the byte-for-byte test
@@ -336,7 +281,7 @@ pub fn parse_reply(payload: &Bytes) -> Result<Reply, GatewayError> {
             pairs.len()
         )));
     }
-    let mut headers = HeaderMap::with_capacity(pairs.len() + crate::phases::ANSWER_HEADERS);
+    let mut headers = HeaderMap::with_capacity(pairs.len() + crate::headers::ANSWER_HEADERS);
     for (Text(name), Text(value)) in pairs {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
             bad(format!(
@@ -386,18 +331,6 @@ fn header_value(payload: &Bytes, value: Cow<'_, str>) -> Option<HeaderValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn apikey_is_removed_from_the_query_and_the_rest_kept_raw() {
-        assert_eq!(
-            query_without_apikey(Some("a=1&apikey=secret&b=%20x")),
-            Some("a=1&b=%20x".to_owned())
-        );
-        assert_eq!(query_without_apikey(Some("api%6Bey=s")), None);
-        assert_eq!(query_without_apikey(Some("apikey=s")), None);
-        assert_eq!(query_without_apikey(None), None);
-        assert_eq!(apikey_query_values(Some("apikey=a%2Bb&x=1")), vec!["a+b"]);
-    }
 
     #[test]
     fn the_direct_writer_is_the_serde_rendering_byte_for_byte() {

@@ -10,10 +10,10 @@
 
 use std::net::IpAddr;
 
-use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
 use crate::actor::Actor;
+use crate::headers::shared_value;
 
 /// The names of the headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP_NAMES: [&str; 9] = [
@@ -97,28 +97,6 @@ pub fn is_dropped(name: &str, connection_named: &[String]) -> bool {
     always || connection_named.iter().any(|c| c == name)
 }
 
-/// Removes every header whose name starts with `prefix`. Such headers are rare: they are looked
-/// for before any name is collected, by their first letter before the rest.
-pub fn remove_prefixed(headers: &mut HeaderMap, prefix: &str) {
-    let first = prefix.as_bytes().first();
-    if !prefix.is_empty()
-        && !headers.keys().any(|n| {
-            let n = n.as_str();
-            n.as_bytes().first() == first && n.starts_with(prefix)
-        })
-    {
-        return;
-    }
-    let names: Vec<HeaderName> = headers
-        .keys()
-        .filter(|n| n.as_str().starts_with(prefix))
-        .cloned()
-        .collect();
-    for name in names {
-        headers.remove(name);
-    }
-}
-
 /// Removes what [`is_dropped`] names from `headers`, in place.
 pub fn drop_client_headers(headers: &mut HeaderMap) {
     let named = connection_named(headers);
@@ -195,28 +173,6 @@ pub fn ip_text(buf: &mut [u8; 64], ip: IpAddr) -> &str {
 fn ip_value(ip: IpAddr) -> HeaderValue {
     shared_value::<64>(ip_text(&mut [0; 64], ip).as_bytes())
         .expect("an IP address is a valid header value")
-}
-
-/// A header value of at most `N` bytes that is cloned without an allocation: its bytes are
-/// written once into a reference-counted block. A value made from a vector (`from_bytes`,
-/// `from_str`) is copied once more into such a block the first time it is cloned. `None` when
-/// `bytes` is longer than `N` or not a valid header value.
-pub fn shared_value<const N: usize>(bytes: &[u8]) -> Option<HeaderValue> {
-    struct Inline<const N: usize> {
-        bytes: [u8; N],
-        len: usize,
-    }
-    impl<const N: usize> AsRef<[u8]> for Inline<N> {
-        fn as_ref(&self) -> &[u8] {
-            &self.bytes[..self.len]
-        }
-    }
-    let mut inline = Inline {
-        bytes: [0; N],
-        len: bytes.len(),
-    };
-    inline.bytes.get_mut(..bytes.len())?.copy_from_slice(bytes);
-    HeaderValue::from_maybe_shared(Bytes::from_owner(inline)).ok()
 }
 
 /// Rewrites a request's headers for an HTTP backend: client headers dropped, identity and
@@ -354,25 +310,6 @@ mod tests {
     }
 
     #[test]
-    fn remove_prefixed_removes_every_value_of_every_matching_name() {
-        let mut h: HeaderMap = [
-            ("x-aura-role", "service_role"),
-            ("x-aura-role", "anon"),
-            ("x-aura-project", "other"),
-            ("x-aurora", "kept"),
-        ]
-        .into_iter()
-        .map(|(n, v)| (HeaderName::from_static(n), HeaderValue::from_static(v)))
-        .collect();
-        assert_eq!(h.len(), 4);
-        remove_prefixed(&mut h, "x-aura-");
-        assert_eq!(h.len(), 1);
-        assert_eq!(h["x-aurora"], "kept");
-        remove_prefixed(&mut h, "x-aura-");
-        assert_eq!(h.len(), 1);
-    }
-
-    #[test]
     fn hop_by_hop_is_the_rfc_9110_list() {
         let names: Vec<&str> = HOP_BY_HOP.iter().map(HeaderName::as_str).collect();
         assert_eq!(names, HOP_BY_HOP_NAMES);
@@ -409,20 +346,6 @@ mod tests {
             let ip: IpAddr = ip.parse().expect("ip");
             assert_eq!(ip_value(ip), ip.to_string().as_str());
         }
-    }
-
-    #[test]
-    fn a_shared_value_is_checked_and_bounded() {
-        let value = shared_value::<8>(b"12345678").expect("fits");
-        assert_eq!(value, "12345678");
-        assert_eq!(value.clone(), value);
-        assert_eq!(shared_value::<8>(b""), Some(HeaderValue::from_static("")));
-        assert_eq!(
-            shared_value::<8>(b"123456789"),
-            None,
-            "longer than its block"
-        );
-        assert_eq!(shared_value::<8>(b"a\r\nb"), None, "not a header value");
     }
 
     /// The names [`is_dropped`] drops, said plainly: what its first-letter dispatch must agree

@@ -30,6 +30,7 @@ use crate::actor::Actor;
 use crate::breaker::CircuitBreaker;
 use crate::config::UpstreamsConfig;
 use crate::error::GatewayError;
+use crate::routes::{SERVICES, Service, Transport};
 
 /// Whether the request asks for a WebSocket upgrade.
 pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
@@ -70,10 +71,9 @@ pub fn is_failure_status(status: StatusCode) -> bool {
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
     pools: Arc<Pools>,
-    /// `upstreams.storage_url`, when set.
-    pub storage: Option<Backend>,
-    /// `upstreams.realtime_url`, when set.
-    pub realtime: Option<Backend>,
+    /// The backend of each service reached over HTTP whose `upstreams.{name}_url` is set,
+    /// indexed by [`Service::index`].
+    backends: Box<[Option<Backend>]>,
     idle: Duration,
     /// Dedicated PostgREST targets allowed (`upstreams.postgrest_allowed_targets`).
     pub postgrest_targets: Arc<super::targets::TargetAllowList>,
@@ -116,6 +116,11 @@ impl StreamBudget {
 }
 
 impl HttpTransport {
+    /// The backend of `service`, when it is reached over HTTP and its URL is configured.
+    pub fn backend(&self, service: Service) -> Option<&Backend> {
+        self.backends.get(service.index())?.as_ref()
+    }
+
     /// The pools of the configured backends, dialing `http://` and `https://` (the public roots
     /// plus `upstreams.tls`); `opened` counts the connections they open, by backend.
     pub fn new(
@@ -138,14 +143,15 @@ impl HttpTransport {
         pools.spawn_sweeper();
         Ok(Self {
             // Validated with the configuration.
-            storage: config
-                .storage_url
-                .as_deref()
-                .and_then(|base| pools.configured("storage", base)),
-            realtime: config
-                .realtime_url
-                .as_deref()
-                .and_then(|base| pools.configured("realtime", base)),
+            backends: SERVICES
+                .iter()
+                .map(|row| {
+                    let base = config
+                        .url_of(row.name)
+                        .filter(|_| row.transport == Transport::Http);
+                    base.and_then(|base| pools.configured(row.name, base))
+                })
+                .collect(),
             pools,
             idle: Duration::from_secs(config.stream_idle_timeout_secs),
             postgrest_targets: Arc::new(
@@ -317,7 +323,7 @@ impl HttpTransport {
         // Room for the phases' headers at once, instead of the map growing twice on their way.
         response
             .headers_mut()
-            .reserve(crate::phases::ANSWER_HEADERS);
+            .reserve(crate::headers::ANSWER_HEADERS);
         Ok(response)
     }
 }
@@ -325,6 +331,34 @@ impl HttpTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_service_reached_over_http_has_a_url_key_and_only_those_get_a_backend() {
+        let config = UpstreamsConfig {
+            storage_url: Some("http://127.0.0.1:9/storage/v1".into()),
+            realtime_url: Some("http://127.0.0.1:9".into()),
+            ..UpstreamsConfig::default()
+        };
+        for row in &SERVICES {
+            if row.transport == Transport::Http {
+                assert!(config.has_url_for(row.name), "upstreams.{}_url", row.name);
+            }
+        }
+        let metrics = crate::metrics::Metrics::new();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let _entered = runtime.enter();
+        let transport = HttpTransport::new(&config, 8, &metrics).expect("transport");
+        for service in Service::all() {
+            assert_eq!(
+                transport.backend(service).is_some(),
+                service.row().transport == Transport::Http,
+                "{service:?}"
+            );
+        }
+    }
 
     #[test]
     fn hop_by_hop_headers_of_an_answer_are_removed() {

@@ -15,9 +15,9 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::envelope::{EnvelopeRequest, Reply, parse_reply};
-use super::service::Service;
 use crate::config::NatsConfig;
 use crate::error::GatewayError;
+use crate::routes::Service;
 
 /// Why a NATS request got no usable reply. What the service's breaker makes of it follows from
 /// the kind ([`NatsError::counts_against_the_service`]), not from an error code.
@@ -174,9 +174,8 @@ impl NatsTransport {
         }
         Ok(Self {
             client,
-            subjects: Service::ALL
-                .iter()
-                .map(|service| Subject::from(subject(&config.subject_prefix, *service)))
+            subjects: Service::all()
+                .map(|service| Subject::from(subject(&config.subject_prefix, service)))
                 .collect(),
             retries: config.no_responder_retries,
             backoff: Duration::from_millis(config.retry_backoff_ms),

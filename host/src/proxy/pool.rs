@@ -383,7 +383,7 @@ impl Backend {
     /// The origin-form target of a request: the base's path + `rest` + the query without its
     /// `apikey` parameters.
     pub fn uri(&self, rest: &str, query: Option<&str>) -> Result<Uri, GatewayError> {
-        let query = super::envelope::query_without_apikey(query);
+        let query = crate::headers::query_without_apikey(query);
         let query = query.as_deref();
         let mut target = String::with_capacity(
             self.prefix.len() + rest.len() + query.map_or(0, |q| q.len() + 1) + 1,

@@ -9,13 +9,17 @@ use wasmtime::component::{ComponentType, Lower};
 
 use super::{Module, PolicyStage, stage_world};
 use crate::policy::PluginError;
-use crate::policy::bindings;
 use crate::policy::conformance::{ConformanceError, Run, StageReport};
 use crate::policy::engine::StageModule;
 use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
 use crate::stage::Stage;
 
-pub use bindings::api_key::exports::aura::gateway::api_key::{
+/// The generated types of the `api-key` world (`api-key-stage` in `wit/gateway.wit`).
+pub(crate) mod world {
+    wasmtime::component::bindgen!({ path: "../wit", world: "api-key-stage", additional_derives: [PartialEq, Eq] });
+}
+
+pub use world::exports::aura::gateway::api_key::{
     Credential, KeyDecision, KeyRequest, KeyRole, KeySource,
 };
 
@@ -134,7 +138,7 @@ impl Module<ApiKey> {
         uri: &http::Uri,
         headers: &http::HeaderMap,
     ) -> Result<KeyDecision, PluginError> {
-        let query_keys = crate::proxy::envelope::apikey_query_values(uri.query());
+        let query_keys = crate::headers::apikey_query_values(uri.query());
         self.decide(
             request_id,
             KeyInput {
@@ -206,10 +210,10 @@ fn with_pairs<R>(
 impl PolicyStage for ApiKey {
     type Input<'a> = KeyInput<'a>;
     type Query = KeyQuery;
-    const BUILTIN: &'static [u8] = crate::policy::builtin::API_KEY;
+    const BUILTIN: &'static [u8] = include_bytes!(concat!(env!("OUT_DIR"), "/api_key.wasm"));
     type DefaultConfig = aura_plugin_api_key::policy::Config;
     #[cfg(feature = "native-policies")]
-    type Native = crate::policy::native::ApiKey;
+    type Native = native::ApiKey;
 
     fn query(input: KeyInput<'_>) -> KeyQuery {
         KeyQuery {
@@ -431,4 +435,58 @@ struct KeyExpect {
     source: Option<String>,
     allowed_roles: Option<Vec<String>>,
     message_contains: Option<String>,
+}
+
+/// The default policy compiled into the host, for the benchmarks (`--features native-policies`).
+#[cfg(feature = "native-policies")]
+pub mod native {
+    use aura_plugin_api_key::policy as api_key;
+
+    use super::{Credential, KeyDecision, KeyRole, KeySource};
+    use crate::plane::Plane;
+    use crate::policy::native::{NativePolicy, wanted};
+
+    /// The native `api-key` policy.
+    #[derive(Debug)]
+    pub struct ApiKey(api_key::Policy);
+
+    impl NativePolicy for ApiKey {
+        fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
+            wanted(module)
+                .then(|| api_key::Policy::configure(config).ok().map(Self))
+                .flatten()
+        }
+    }
+
+    impl ApiKey {
+        pub(crate) fn extract(
+            &self,
+            path: &str,
+            query_keys: &[String],
+            headers: &[(&str, &str)],
+        ) -> KeyDecision {
+            match self.0.extract(path, query_keys, headers) {
+                api_key::Decision::Absent => KeyDecision::Absent,
+                api_key::Decision::Refuse(why) => KeyDecision::Refuse(why),
+                api_key::Decision::Present {
+                    key,
+                    source,
+                    allowed_roles,
+                } => KeyDecision::Present(Credential {
+                    key,
+                    source: match source {
+                        api_key::Source::Header => KeySource::Header,
+                        api_key::Source::Query => KeySource::Query,
+                    },
+                    allowed_roles: allowed_roles
+                        .into_iter()
+                        .map(|r| match r {
+                            api_key::Role::Anon => KeyRole::Anon,
+                            api_key::Role::ServiceRole => KeyRole::ServiceRole,
+                        })
+                        .collect(),
+                }),
+            }
+        }
+    }
 }

@@ -9,13 +9,17 @@ use wasmtime::component::{ComponentType, Lower};
 use super::{Module, PolicyStage, stage_world};
 use crate::plane::Plane;
 use crate::policy::PluginError;
-use crate::policy::bindings;
 use crate::policy::conformance::{ConformanceError, Run, StageReport};
 use crate::policy::engine::StageModule;
 use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
 use crate::stage::Stage;
 
-pub use bindings::cors::exports::aura::gateway::cors::{CorsAllow, CorsDecision};
+/// The generated types of the `cors` world (`cors-stage` in `wit/gateway.wit`).
+pub(crate) mod world {
+    wasmtime::component::bindgen!({ path: "../wit", world: "cors-stage", additional_derives: [PartialEq, Eq] });
+}
+
+pub use world::exports::aura::gateway::cors::{CorsAllow, CorsDecision};
 
 /// The `cors` stage.
 #[derive(Debug)]
@@ -26,7 +30,7 @@ pub struct Cors;
 #[component(record)]
 pub struct CorsRequestRef<'a> {
     #[component(name = "plane")]
-    plane: bindings::cors::aura::gateway::types::Plane,
+    plane: world::aura::gateway::types::Plane,
     #[component(name = "method")]
     method: &'a str,
     #[component(name = "path")]
@@ -109,10 +113,10 @@ pub(crate) fn client_subject(client: Option<IpAddr>) -> String {
 impl PolicyStage for Cors {
     type Input<'a> = CorsInput<'a>;
     type Query = CorsQuery;
-    const BUILTIN: &'static [u8] = crate::policy::builtin::CORS;
+    const BUILTIN: &'static [u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cors.wasm"));
     type DefaultConfig = aura_plugin_cors::policy::Config;
     #[cfg(feature = "native-policies")]
-    type Native = crate::policy::native::Cors;
+    type Native = native::Cors;
 
     fn query(input: CorsInput<'_>) -> CorsQuery {
         CorsQuery::from(input)
@@ -271,4 +275,45 @@ pub(crate) struct CorsExpect {
     allow_headers: Option<Vec<String>>,
     expose_headers: Option<Vec<String>>,
     max_age: Option<u32>,
+}
+
+/// The default policy compiled into the host, for the benchmarks (`--features native-policies`).
+#[cfg(feature = "native-policies")]
+pub mod native {
+    use aura_plugin_cors::policy as cors;
+
+    use super::{CorsAllow, CorsDecision};
+    use crate::plane::Plane;
+    use crate::policy::native::{NativePolicy, wanted};
+
+    /// The native `cors` policy.
+    #[derive(Debug)]
+    pub struct Cors(cors::Policy);
+
+    impl NativePolicy for Cors {
+        fn load(module: &str, plane: Plane, config: &str) -> Option<Self> {
+            let plane = match plane {
+                Plane::Data => cors::Plane::Data,
+                Plane::Management => cors::Plane::Management,
+            };
+            wanted(module)
+                .then(|| cors::Policy::configure(plane, config).ok().map(Self))
+                .flatten()
+        }
+    }
+
+    impl Cors {
+        pub(crate) fn decide(&self, origin: &str, preflight: bool) -> CorsDecision {
+            match self.0.decide(origin, preflight) {
+                None => CorsDecision::Deny,
+                Some(a) => CorsDecision::Allow(CorsAllow {
+                    allow_origin: a.allow_origin,
+                    allow_methods: a.allow_methods,
+                    allow_headers: a.allow_headers,
+                    expose_headers: a.expose_headers,
+                    max_age: a.max_age,
+                }),
+            }
+        }
+    }
 }

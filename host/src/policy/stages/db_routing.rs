@@ -7,15 +7,17 @@ use wasmtime::component::{ComponentType, Lower};
 use super::{Module, PolicyStage, stage_world};
 use crate::actor::Actor;
 use crate::policy::PluginError;
-use crate::policy::bindings;
 use crate::policy::conformance::{ConformanceError, Run, StageReport};
 use crate::policy::engine::{StageModule, StageWorld};
 use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
 use crate::stage::Stage;
 
-pub use bindings::db_routing::exports::aura::gateway::db_routing::{
-    DbEngine, DbRoute, ProjectDb, Topology,
-};
+/// The generated types of the `db-routing` world (`db-routing-stage` in `wit/gateway.wit`).
+pub(crate) mod world {
+    wasmtime::component::bindgen!({ path: "../wit", world: "db-routing-stage", additional_derives: [PartialEq, Eq] });
+}
+
+pub use world::exports::aura::gateway::db_routing::{DbEngine, DbRoute, ProjectDb, Topology};
 
 /// The `db-routing` stage.
 #[derive(Debug)]
@@ -38,7 +40,7 @@ pub struct ProjectDbRef<'a> {
 #[component(record)]
 pub struct DbRequestRef<'a> {
     #[component(name = "plane")]
-    plane: bindings::db_routing::aura::gateway::types::Plane,
+    plane: world::aura::gateway::types::Plane,
     #[component(name = "method")]
     method: &'a str,
     #[component(name = "path")]
@@ -81,10 +83,10 @@ pub struct DbQuery {
 impl PolicyStage for DbRouting {
     type Input<'a> = DbInput<'a>;
     type Query = DbQuery;
-    const BUILTIN: &'static [u8] = crate::policy::builtin::DB_ROUTING;
+    const BUILTIN: &'static [u8] = include_bytes!(concat!(env!("OUT_DIR"), "/db_routing.wasm"));
     type DefaultConfig = aura_plugin_db_routing::policy::Config;
     #[cfg(feature = "native-policies")]
-    type Native = crate::policy::native::DbRouting;
+    type Native = native::DbRouting;
 
     fn query(input: DbInput<'_>) -> DbQuery {
         DbQuery {
@@ -287,4 +289,52 @@ struct DbCase {
 struct DbExpect {
     decision: String,
     url: Option<String>,
+}
+
+/// The default policy compiled into the host, for the benchmarks (`--features native-policies`).
+#[cfg(feature = "native-policies")]
+pub mod native {
+    use aura_plugin_db_routing::policy as db;
+
+    use super::{DbEngine, DbRoute, ProjectDb, Topology};
+    use crate::plane::Plane;
+    use crate::policy::native::{NativePolicy, wanted};
+
+    /// The native `db-routing` policy.
+    #[derive(Debug)]
+    pub struct DbRouting(db::Policy);
+
+    impl NativePolicy for DbRouting {
+        fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
+            wanted(module)
+                .then(|| db::Policy::configure(config).ok().map(Self))
+                .flatten()
+        }
+    }
+
+    impl DbRouting {
+        pub(crate) fn decide(
+            &self,
+            method: &str,
+            path: &str,
+            project: Option<&ProjectDb>,
+        ) -> DbRoute {
+            let project = project.map(|p| db::Project {
+                engine: match p.engine {
+                    DbEngine::Postgres => db::Engine::Postgres,
+                    DbEngine::Mongodb => db::Engine::Mongodb,
+                },
+                topology: match p.topology {
+                    Topology::Shared => db::Topology::Shared,
+                    Topology::Dedicated => db::Topology::Dedicated,
+                },
+                postgrest_url: p.postgrest_url.as_deref(),
+            });
+            match self.0.decide(method, path, project) {
+                db::Route::Nats => DbRoute::Nats,
+                db::Route::Postgrest(url) => DbRoute::Postgrest(url),
+                db::Route::Unresolved => DbRoute::Unresolved,
+            }
+        }
+    }
 }

@@ -11,6 +11,11 @@
 //!
 //! The table of stages is [`crate::stage::STAGES`]; [`for_stage`] is the one place that maps a
 //! row of it to its type.
+//!
+//! Each stage's `bindgen!` (its module `world`) is used for its types only: the runtime finds a
+//! plugin's exports itself ([`StageWorld`]), so that a plugin written against `0.1.0` (the same
+//! stage records under another package version) is called through the same types. Errors a
+//! guest can see are WIT results; traps stay on the host's side.
 
 pub mod api_key;
 pub mod cors;
@@ -376,7 +381,7 @@ macro_rules! stage_world {
             const STAGE: $crate::stage::Stage = $stage;
             const INTERFACE: &'static str = $stage.info().interface;
             const DECIDE: &'static str = $decide;
-            type Plane = $crate::policy::bindings::$module::aura::gateway::types::Plane;
+            type Plane = $crate::policy::stages::$module::world::aura::gateway::types::Plane;
             type Setup = $setup;
             type Request<$lt> = $request;
             type Decision = $decision;

@@ -7,15 +7,19 @@ use wasmtime::component::{ComponentType, Lower};
 use super::{Module, PolicyStage, stage_world};
 use crate::actor::{Actor, Role};
 use crate::policy::PluginError;
-use crate::policy::bindings;
 use crate::policy::conformance::{ConformanceError, Run, StageReport};
 use crate::policy::engine::{StageModule, StageWorld};
 use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
 use crate::stage::Stage;
 
-pub use bindings::quota::exports::aura::gateway::quota::{QuotaDecision, QuotaRule};
+/// The generated types of the `quota` world (`quota-stage` in `wit/gateway.wit`).
+pub(crate) mod world {
+    wasmtime::component::bindgen!({ path: "../wit", world: "quota-stage", additional_derives: [PartialEq, Eq] });
+}
 
-use bindings::quota::aura::gateway::types::ActorRole;
+pub use world::exports::aura::gateway::quota::{QuotaDecision, QuotaRule};
+
+use world::aura::gateway::types::ActorRole;
 
 /// The `quota` stage.
 #[derive(Debug)]
@@ -45,7 +49,7 @@ pub struct ActorRef<'a> {
 #[component(record)]
 pub struct QuotaRequestRef<'a> {
     #[component(name = "plane")]
-    plane: bindings::quota::aura::gateway::types::Plane,
+    plane: world::aura::gateway::types::Plane,
     #[component(name = "method")]
     method: &'a str,
     #[component(name = "path")]
@@ -99,10 +103,10 @@ pub(crate) fn actor_subject(actor: &Actor) -> String {
 impl PolicyStage for Quota {
     type Input<'a> = QuotaInput<'a>;
     type Query = QuotaQuery;
-    const BUILTIN: &'static [u8] = crate::policy::builtin::QUOTA;
+    const BUILTIN: &'static [u8] = include_bytes!(concat!(env!("OUT_DIR"), "/quota.wasm"));
     type DefaultConfig = aura_plugin_quota::policy::Config;
     #[cfg(feature = "native-policies")]
-    type Native = crate::policy::native::Quota;
+    type Native = native::Quota;
 
     fn query(input: QuotaInput<'_>) -> QuotaQuery {
         QuotaQuery {
@@ -308,4 +312,53 @@ struct QuotaExpect {
     rate_per_second: Option<u32>,
     burst: Option<u32>,
     cost: Option<u32>,
+}
+
+/// The default policy compiled into the host, for the benchmarks (`--features native-policies`).
+#[cfg(feature = "native-policies")]
+pub mod native {
+    use aura_plugin_quota::policy as quota;
+
+    use super::{QuotaDecision, QuotaRule};
+    use crate::actor::{Actor, Role};
+    use crate::plane::Plane;
+    use crate::policy::native::{NativePolicy, wanted};
+
+    /// The native `quota` policy.
+    #[derive(Debug)]
+    pub struct Quota(quota::Policy);
+
+    impl NativePolicy for Quota {
+        fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
+            wanted(module)
+                .then(|| quota::Policy::configure(config).ok().map(Self))
+                .flatten()
+        }
+    }
+
+    impl Quota {
+        pub(crate) fn decide(&self, route_group: &str, actor: &Actor) -> QuotaDecision {
+            let a = quota::Actor {
+                role: match actor.role {
+                    Role::Anon => quota::Role::Anon,
+                    Role::Authenticated => quota::Role::Authenticated,
+                    Role::ServiceRole => quota::Role::ServiceRole,
+                    Role::Console => quota::Role::Console,
+                },
+                project: actor.project.as_deref(),
+                key_id: actor.key_id.as_deref(),
+                user_id: actor.user_id.as_deref(),
+                plan: actor.plan.as_deref(),
+            };
+            match self.0.decide(route_group, a) {
+                None => QuotaDecision::Exempt,
+                Some(r) => QuotaDecision::Limit(QuotaRule {
+                    bucket: r.bucket,
+                    rate_per_second: r.rate_per_second,
+                    burst: r.burst,
+                    cost: r.cost,
+                }),
+            }
+        }
+    }
 }
