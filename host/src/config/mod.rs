@@ -218,13 +218,10 @@ impl Config {
                 }
             }
         }
-        for (key, url) in [
-            ("upstreams.storage_url", &self.upstreams.storage_url),
-            ("upstreams.realtime_url", &self.upstreams.realtime_url),
-        ] {
+        for (name, url) in self.upstreams.service_urls() {
             if let Some(url) = url.as_deref().filter(|u| u.starts_with("http://")) {
                 warn(
-                    key,
+                    &format!("upstreams.{name}_url"),
                     url,
                     "forwarded requests carry callers' credentials (use https://)",
                 );

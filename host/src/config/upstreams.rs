@@ -51,7 +51,7 @@ impl Default for UpstreamsConfig {
 
 impl UpstreamsConfig {
     /// The base URL of each service reached over HTTP, by service name: `upstreams.{name}_url`.
-    fn service_urls(&self) -> [(&'static str, &Option<String>); 2] {
+    pub(crate) fn service_urls(&self) -> [(&'static str, &Option<String>); 2] {
         [
             ("storage", &self.storage_url),
             ("realtime", &self.realtime_url),

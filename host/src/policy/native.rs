@@ -30,12 +30,36 @@ pub fn enabled() -> bool {
 
 /// A default policy compiled into the host.
 pub trait NativePolicy: Sized + Send + Sync + std::fmt::Debug {
+    /// The policy configured with `config` on `plane`; `None` when the configuration is refused.
+    fn configure(plane: Plane, config: &str) -> Option<Self>;
+
     /// The native policy standing for a module named `module` with `config` on `plane`, when
     /// this process answers built-in stages natively (and the configuration is accepted).
-    fn load(module: &str, plane: Plane, config: &str) -> Option<Self>;
+    fn load(module: &str, plane: Plane, config: &str) -> Option<Self> {
+        wanted(module)
+            .then(|| Self::configure(plane, config))
+            .flatten()
+    }
 }
 
 /// Whether a module named `module` is answered natively.
-pub(crate) fn wanted(module: &str) -> bool {
+fn wanted(module: &str) -> bool {
     module == config::BUILTIN && enabled()
 }
+
+/// Declares a stage's native policy: `$name`, a newtype over its plugin crate's `Policy`,
+/// configured by `$configure` (a `Result`; an error refuses the configuration).
+macro_rules! native_policy {
+    ($name:ident($policy:ty), |$plane:pat_param, $config:ident| $configure:expr) => {
+        #[doc = concat!("The native policy of `", stringify!($name), "`.")]
+        #[derive(Debug)]
+        pub struct $name($policy);
+
+        impl $crate::policy::native::NativePolicy for $name {
+            fn configure($plane: $crate::plane::Plane, $config: &str) -> Option<Self> {
+                $configure.ok().map(Self)
+            }
+        }
+    };
+}
+pub(crate) use native_policy;

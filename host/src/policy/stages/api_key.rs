@@ -437,26 +437,17 @@ struct KeyExpect {
     message_contains: Option<String>,
 }
 
-/// The default policy compiled into the host, for the benchmarks (`--features native-policies`).
+/// The default policy compiled into the host (`--features native-policies`, benchmarks only).
 #[cfg(feature = "native-policies")]
 pub mod native {
     use aura_plugin_api_key::policy as api_key;
 
     use super::{Credential, KeyDecision, KeyRole, KeySource};
-    use crate::plane::Plane;
-    use crate::policy::native::{NativePolicy, wanted};
+    use crate::policy::native::native_policy;
 
-    /// The native `api-key` policy.
-    #[derive(Debug)]
-    pub struct ApiKey(api_key::Policy);
-
-    impl NativePolicy for ApiKey {
-        fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
-            wanted(module)
-                .then(|| api_key::Policy::configure(config).ok().map(Self))
-                .flatten()
-        }
-    }
+    native_policy!(ApiKey(api_key::Policy), |_, config| {
+        api_key::Policy::configure(config)
+    });
 
     impl ApiKey {
         pub(crate) fn extract(

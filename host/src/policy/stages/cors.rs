@@ -277,30 +277,22 @@ pub(crate) struct CorsExpect {
     max_age: Option<u32>,
 }
 
-/// The default policy compiled into the host, for the benchmarks (`--features native-policies`).
+/// The default policy compiled into the host (`--features native-policies`, benchmarks only).
 #[cfg(feature = "native-policies")]
 pub mod native {
     use aura_plugin_cors::policy as cors;
 
     use super::{CorsAllow, CorsDecision};
     use crate::plane::Plane;
-    use crate::policy::native::{NativePolicy, wanted};
+    use crate::policy::native::native_policy;
 
-    /// The native `cors` policy.
-    #[derive(Debug)]
-    pub struct Cors(cors::Policy);
-
-    impl NativePolicy for Cors {
-        fn load(module: &str, plane: Plane, config: &str) -> Option<Self> {
-            let plane = match plane {
-                Plane::Data => cors::Plane::Data,
-                Plane::Management => cors::Plane::Management,
-            };
-            wanted(module)
-                .then(|| cors::Policy::configure(plane, config).ok().map(Self))
-                .flatten()
-        }
-    }
+    native_policy!(Cors(cors::Policy), |plane, config| {
+        let plane = match plane {
+            Plane::Data => cors::Plane::Data,
+            Plane::Management => cors::Plane::Management,
+        };
+        cors::Policy::configure(plane, config)
+    });
 
     impl Cors {
         pub(crate) fn decide(&self, origin: &str, preflight: bool) -> CorsDecision {

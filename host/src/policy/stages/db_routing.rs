@@ -291,26 +291,17 @@ struct DbExpect {
     url: Option<String>,
 }
 
-/// The default policy compiled into the host, for the benchmarks (`--features native-policies`).
+/// The default policy compiled into the host (`--features native-policies`, benchmarks only).
 #[cfg(feature = "native-policies")]
 pub mod native {
     use aura_plugin_db_routing::policy as db;
 
     use super::{DbEngine, DbRoute, ProjectDb, Topology};
-    use crate::plane::Plane;
-    use crate::policy::native::{NativePolicy, wanted};
+    use crate::policy::native::native_policy;
 
-    /// The native `db-routing` policy.
-    #[derive(Debug)]
-    pub struct DbRouting(db::Policy);
-
-    impl NativePolicy for DbRouting {
-        fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
-            wanted(module)
-                .then(|| db::Policy::configure(config).ok().map(Self))
-                .flatten()
-        }
-    }
+    native_policy!(DbRouting(db::Policy), |_, config| db::Policy::configure(
+        config
+    ));
 
     impl DbRouting {
         pub(crate) fn decide(

@@ -314,27 +314,18 @@ struct QuotaExpect {
     cost: Option<u32>,
 }
 
-/// The default policy compiled into the host, for the benchmarks (`--features native-policies`).
+/// The default policy compiled into the host (`--features native-policies`, benchmarks only).
 #[cfg(feature = "native-policies")]
 pub mod native {
     use aura_plugin_quota::policy as quota;
 
     use super::{QuotaDecision, QuotaRule};
     use crate::actor::{Actor, Role};
-    use crate::plane::Plane;
-    use crate::policy::native::{NativePolicy, wanted};
+    use crate::policy::native::native_policy;
 
-    /// The native `quota` policy.
-    #[derive(Debug)]
-    pub struct Quota(quota::Policy);
-
-    impl NativePolicy for Quota {
-        fn load(module: &str, _plane: Plane, config: &str) -> Option<Self> {
-            wanted(module)
-                .then(|| quota::Policy::configure(config).ok().map(Self))
-                .flatten()
-        }
-    }
+    native_policy!(Quota(quota::Policy), |_, config| quota::Policy::configure(
+        config
+    ));
 
     impl Quota {
         pub(crate) fn decide(&self, route_group: &str, actor: &Actor) -> QuotaDecision {
