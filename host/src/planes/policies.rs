@@ -58,60 +58,81 @@ fn path_params(path: PolicyPath) -> Result<(String, String), GatewayError> {
         .map_err(|e| GatewayError::bad_request("invalid_path", e.body_text()))
 }
 
-/// The console user making a change (`-` if the token named none).
-fn console_user(route: &RouteContext) -> String {
-    route
-        .actor
-        .user_id
-        .clone()
-        .unwrap_or_else(|| "-".to_owned())
+/// What a handler answers: its response, or the contract's JSON error.
+type Answer = Result<Response, GatewayError>;
+
+/// What a route that changes a project's stage acts on: the project and stage of its path, and
+/// the console user making the change (`-` if the token named none).
+#[derive(Debug)]
+pub struct StageChange {
+    project: String,
+    stage: String,
+    user: String,
+}
+
+impl axum::extract::FromRequestParts<AppState> for StageChange {
+    type Rejection = GatewayError;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, GatewayError> {
+        let path = Path::<(String, String)>::from_request_parts(parts, state).await;
+        let (project, stage) = path_params(path)?;
+        let user = parts
+            .extensions
+            .get::<RouteContext>()
+            .and_then(|route| route.actor.user_id.clone())
+            .unwrap_or_else(|| "-".to_owned());
+        Ok(Self {
+            project,
+            stage,
+            user,
+        })
+    }
 }
 
 /// `PUT`: installs a module for the project's stage.
 pub async fn put(
     State(state): State<AppState>,
-    axum::Extension(route): axum::Extension<RouteContext>,
-    path: PolicyPath,
+    change: StageChange,
     body: axum::body::Body,
-) -> Response {
-    let (project, stage_key) = match path_params(path) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
+) -> Answer {
+    let StageChange {
+        project,
+        stage: stage_key,
+        user,
+    } = change;
     // Bounded before the body is read: uploads cannot pile up bodies and compilations, and
     // one organization cannot take every place (its share is
     // `plugins.tenant_max_concurrent_uploads_per_org`).
-    let organization = match state.auth.cached_project(&project).await {
-        Ok(Some(record)) => record.organization_id,
-        Ok(None) => return GatewayError::not_found("project not found").into_response(),
-        Err(e) => return e.into_response(),
-    };
-    let _upload = match state.policies.tenants.upload_permit(organization) {
-        Ok(permit) => permit,
-        Err(busy) => {
+    let organization = state
+        .auth
+        .cached_project(&project)
+        .await?
+        .ok_or_else(|| GatewayError::not_found("project not found"))?
+        .organization_id;
+    let _upload = state
+        .policies
+        .tenants
+        .upload_permit(organization)
+        .map_err(|busy| {
             state
                 .metrics
                 .tenant_uploads_busy
                 .with_label_values(&[busy.label()])
                 .inc();
-            return GatewayError::unavailable("uploads_busy", busy.to_string())
+            GatewayError::unavailable("uploads_busy", busy.to_string())
                 .retry_after(std::time::Duration::from_secs(1))
-                .into_response();
-        }
-    };
+        })?;
     // Read through the chain's body limit (`server.max_body_bytes`), never the framework's own
     // default: past it the answer is the gateway's JSON 413 (with the defaults a module up to
     // `plugins.tenant_max_module_bytes` fits once base64 in JSON).
-    let answer = async {
-        let body = crate::proxy::read_body(body).await?;
-        let user = console_user(&route);
-        let install = parse_put(&project, &stage_key, &body, &user)?;
-        drop(body);
-        let installed = state.policies.install(install, Action::Install).await?;
-        Ok::<_, GatewayError>(installed_json(&project, &stage_key, &installed))
-    }
-    .await;
-    answer.unwrap_or_else(IntoResponse::into_response)
+    let body = crate::proxy::read_body(body).await?;
+    let install = parse_put(&project, &stage_key, &body, &user)?;
+    drop(body);
+    let installed = state.policies.install(install, Action::Install).await?;
+    Ok(installed_json(&project, &stage_key, &installed))
 }
 
 /// The install a `PUT` body asks for.
@@ -242,124 +263,90 @@ fn config_json(config: &str) -> serde_json::Value {
 
 /// `GET`: the project's module for the stage and its candidate, with how each did on the
 /// answering instance since it was loaded there.
-pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Response {
-    let (project, stage_key) = match path_params(path) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
-    let answer = async {
-        let store = state.policies.store();
-        let enforced = store
-            .project_policy(&project, &stage_key)
-            .await
-            .map_err(|e| store_failed(&e))?;
-        let candidate = store
-            .policy_candidate(&project, &stage_key)
-            .await
-            .map_err(|e| store_failed(&e))?;
-        if enforced.is_none() && candidate.is_none() {
-            return Err(GatewayError::not_found(
-                "no module installed for this stage",
-            ));
-        }
-        let stage = Stage::parse_tenant(&stage_key);
-        let health = stage
-            .and_then(|stage| state.policies.tenants.installed(&project, stage))
-            .filter(|i| enforced.as_ref().is_some_and(|p| p.digest == i.digest()))
-            .map(|i| health_json(&i.report()));
-        let candidate = candidate.map(|c| {
-            let loaded = stage
-                .and_then(|stage| state.policies.tenants.candidate(&project, stage))
-                .filter(|i| i.digest() == c.digest);
-            serde_json::json!({
-                "digest": c.digest,
-                "config": config_json(&c.config),
-                "mode": c.mode,
-                "percent": Some(c.percent).filter(|p| *p > 0),
-                "health": loaded.as_ref().map(|i| health_json(&i.report())),
-                "shadow": loaded
-                    .as_ref()
-                    .and_then(|i| i.comparison())
-                    .map(|c| shadow_json(&c.report())),
-            })
-        });
-        Ok(Json(serde_json::json!({
-            "project": project,
-            "stage": stage_key,
-            "digest": enforced.as_ref().map(|p| p.digest.clone()),
-            "config": enforced.as_ref().map(|p| config_json(&p.config)),
-            "health": health,
-            "candidate": candidate,
-        }))
-        .into_response())
+pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Answer {
+    let (project, stage_key) = path_params(path)?;
+    let store = state.policies.store();
+    let enforced = store
+        .project_policy(&project, &stage_key)
+        .await
+        .map_err(|e| store_failed(&e))?;
+    let candidate = store
+        .policy_candidate(&project, &stage_key)
+        .await
+        .map_err(|e| store_failed(&e))?;
+    if enforced.is_none() && candidate.is_none() {
+        return Err(GatewayError::not_found(
+            "no module installed for this stage",
+        ));
     }
-    .await;
-    answer.unwrap_or_else(IntoResponse::into_response)
+    let stage = Stage::parse_tenant(&stage_key);
+    let health = stage
+        .and_then(|stage| state.policies.tenants.installed(&project, stage))
+        .filter(|i| enforced.as_ref().is_some_and(|p| p.digest == i.digest()))
+        .map(|i| health_json(&i.report()));
+    let candidate = candidate.map(|c| {
+        let loaded = stage
+            .and_then(|stage| state.policies.tenants.candidate(&project, stage))
+            .filter(|i| i.digest() == c.digest);
+        serde_json::json!({
+            "digest": c.digest,
+            "config": config_json(&c.config),
+            "mode": c.mode,
+            "percent": Some(c.percent).filter(|p| *p > 0),
+            "health": loaded.as_ref().map(|i| health_json(&i.report())),
+            "shadow": loaded
+                .as_ref()
+                .and_then(|i| i.comparison())
+                .map(|c| shadow_json(&c.report())),
+        })
+    });
+    Ok(Json(serde_json::json!({
+        "project": project,
+        "stage": stage_key,
+        "digest": enforced.as_ref().map(|p| p.digest.clone()),
+        "config": enforced.as_ref().map(|p| config_json(&p.config)),
+        "health": health,
+        "candidate": candidate,
+    }))
+    .into_response())
 }
 
 /// `DELETE`: the project goes back to the plane's module; a candidate goes too.
 pub async fn delete(
     State(state): State<AppState>,
-    axum::Extension(route): axum::Extension<RouteContext>,
-    path: PolicyPath,
-) -> Response {
-    let answer = async {
-        let (project, stage) = path_params(path)?;
-        state
-            .policies
-            .remove(&project, &stage, &console_user(&route))
-            .await
-    };
-    match answer.await {
-        Err(e) => e.into_response(),
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-    }
+    c: StageChange,
+) -> Result<StatusCode, GatewayError> {
+    state.policies.remove(&c.project, &c.stage, &c.user).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `POST …/policies/{stage}/promote`: the candidate becomes the module in force, with its
 /// configuration.
 pub async fn promote(
     State(state): State<AppState>,
-    axum::Extension(route): axum::Extension<RouteContext>,
-    path: PolicyPath,
-) -> Response {
-    let answer = async {
-        let (project, stage) = path_params(path)?;
-        let candidate = state
-            .policies
-            .promote(&project, &stage, &console_user(&route))
-            .await?;
-        tracing::info!(project, stage, digest = %candidate.digest, from = %candidate.mode, "tenant candidate promoted");
-        Ok::<_, GatewayError>(
-            Json(serde_json::json!({
-                "project": project,
-                "stage": stage,
-                "digest": candidate.digest,
-                "mode": Mode::Enforce.as_str(),
-            }))
-            .into_response(),
-        )
-    };
-    answer.await.unwrap_or_else(IntoResponse::into_response)
+    StageChange {
+        project,
+        stage,
+        user,
+    }: StageChange,
+) -> Result<Json<serde_json::Value>, GatewayError> {
+    let candidate = state.policies.promote(&project, &stage, &user).await?;
+    tracing::info!(project, stage, digest = %candidate.digest, from = %candidate.mode, "tenant candidate promoted");
+    Ok(Json(serde_json::json!({
+        "project": project,
+        "stage": stage,
+        "digest": candidate.digest,
+        "mode": Mode::Enforce.as_str(),
+    })))
 }
 
 /// `POST …/policies/{stage}/abort`: drops the candidate; the module in force stays.
 pub async fn abort(
     State(state): State<AppState>,
-    axum::Extension(route): axum::Extension<RouteContext>,
-    path: PolicyPath,
-) -> Response {
-    let answer = async {
-        let (project, stage) = path_params(path)?;
-        state
-            .policies
-            .abort(&project, &stage, &console_user(&route))
-            .await
-    };
-    match answer.await {
-        Err(e) => e.into_response(),
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-    }
+    c: StageChange,
+) -> Result<StatusCode, GatewayError> {
+    state.policies.abort(&c.project, &c.stage, &c.user).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The JSON of a history event.
@@ -396,29 +383,21 @@ pub async fn history(
     State(state): State<AppState>,
     path: PolicyPath,
     query: axum::extract::Query<HistoryQuery>,
-) -> Response {
-    let (project, stage_key) = match path_params(path) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
-    if let Err(e) = state.policies.ensure_project(&project).await {
-        return e.into_response();
-    }
+) -> Result<Json<serde_json::Value>, GatewayError> {
+    let (project, stage_key) = path_params(path)?;
+    state.policies.ensure_project(&project).await?;
     let limit = query.limit().clamp(1, 1000);
-    match state
+    let events = state
         .policies
         .store()
         .policy_events(Some(&project), Some(&stage_key), limit)
         .await
-    {
-        Err(e) => store_failed(&e).into_response(),
-        Ok(events) => Json(serde_json::json!({
-            "project": project,
-            "stage": stage_key,
-            "events": events.iter().map(event_json).collect::<Vec<_>>(),
-        }))
-        .into_response(),
-    }
+        .map_err(|e| store_failed(&e))?;
+    Ok(Json(serde_json::json!({
+        "project": project,
+        "stage": stage_key,
+        "events": events.iter().map(event_json).collect::<Vec<_>>(),
+    })))
 }
 
 /// The body of a rollback: a digest of the history (default: the module in force before the
@@ -433,26 +412,25 @@ pub struct RollbackPolicy {
 /// had, through the same checks as an install.
 pub async fn rollback(
     State(state): State<AppState>,
-    axum::Extension(route): axum::Extension<RouteContext>,
-    path: PolicyPath,
+    StageChange {
+        project,
+        stage,
+        user,
+    }: StageChange,
     body: axum::body::Bytes,
-) -> Response {
-    let answer = async {
-        let (project, stage) = path_params(path)?;
-        let request: RollbackPolicy = if body.is_empty() {
-            RollbackPolicy::default()
-        } else {
-            serde_json::from_slice(&body).map_err(|e| {
-                GatewayError::bad_request("invalid_body", format!("expected {{digest}}: {e}"))
-            })?
-        };
-        let installed = state
-            .policies
-            .roll_back_project(&project, &stage, request.digest, &console_user(&route))
-            .await?;
-        Ok::<_, GatewayError>(installed_json(&project, &stage, &installed))
+) -> Answer {
+    let request: RollbackPolicy = if body.is_empty() {
+        RollbackPolicy::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            GatewayError::bad_request("invalid_body", format!("expected {{digest}}: {e}"))
+        })?
     };
-    answer.await.unwrap_or_else(IntoResponse::into_response)
+    let installed = state
+        .policies
+        .roll_back_project(&project, &stage, request.digest, &user)
+        .await?;
+    Ok(installed_json(&project, &stage, &installed))
 }
 
 /// `POST /v1/policies/reload`: reloads the plugin sections of the config file, like SIGHUP.

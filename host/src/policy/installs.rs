@@ -101,6 +101,25 @@ fn project_event(
     )
 }
 
+/// The history event of a project's candidate dropped, in the candidate's mode.
+fn abort_event(
+    actor: &str,
+    project: &str,
+    stage: Stage,
+    candidate: PolicyCandidateRecord,
+) -> PolicyEventRecord {
+    let mut event = project_event(
+        actor,
+        project,
+        stage,
+        Action::Abort,
+        Some(candidate.digest),
+        None,
+    );
+    event.mode = candidate.mode;
+    event
+}
+
 fn refused(reason: impl Into<String>) -> GatewayError {
     GatewayError::bad_request("policy_refused", reason)
 }
@@ -279,9 +298,7 @@ impl PolicyRegistry {
             self.tenants
                 .apply_slot(project, stage, Slot::Candidate, None);
             if let Some(c) = candidate.filter(|_| aborted) {
-                let mut event =
-                    project_event(actor, project, stage, Action::Abort, Some(c.digest), None);
-                event.mode = c.mode;
+                let event = abort_event(actor, project, stage, c);
                 history::record(store.as_ref(), &event).await;
             }
             if deleted {
@@ -393,15 +410,7 @@ impl PolicyRegistry {
                 .map_err(|e| store_failed(&e))?;
             self.tenants
                 .apply_slot(project, stage, Slot::Candidate, None);
-            let mut event = project_event(
-                actor,
-                project,
-                stage,
-                Action::Abort,
-                Some(candidate.digest),
-                None,
-            );
-            event.mode = candidate.mode;
+            let event = abort_event(actor, project, stage, candidate);
             history::record(store.as_ref(), &event).await;
         }
         self.announce(project).await;
