@@ -312,28 +312,30 @@ fn config(dir: &std::path::Path, storage: SocketAddr, nats_url: &str) -> Config 
 
 /// Allocations and bytes per request on this thread while `count` requests to `path` run.
 async fn measure(addr: SocketAddr, path: &str) -> (f64, f64) {
-    let warm = drive(addr, path, WARM_UP);
-    while !warm.is_finished() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    warm.join().expect("warm-up");
-    let (a0, b0) = (
-        ALLOCATIONS.load(Ordering::Relaxed),
-        BYTES.load(Ordering::Relaxed),
-    );
-    let run = drive(addr, path, REQUESTS);
-    while !run.is_finished() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    run.join().expect("run");
-    let (a1, b1) = (
-        ALLOCATIONS.load(Ordering::Relaxed),
-        BYTES.load(Ordering::Relaxed),
-    );
+    finish(drive(addr, path, WARM_UP), "warm-up").await;
+    let (a0, b0) = counts();
+    finish(drive(addr, path, REQUESTS), "run").await;
+    let (a1, b1) = counts();
     (
         (a1 - a0) as f64 / REQUESTS as f64,
         (b1 - b0) as f64 / REQUESTS as f64,
     )
+}
+
+/// Allocations and bytes so far.
+fn counts() -> (u64, u64) {
+    (
+        ALLOCATIONS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    )
+}
+
+/// Waits for the client thread `run` without blocking this thread's runtime.
+async fn finish(run: std::thread::JoinHandle<()>, what: &str) {
+    while !run.is_finished() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    run.join().expect(what);
 }
 
 fn main() {
