@@ -7,168 +7,131 @@ use std::time::Duration;
 use aura_gateway::policy::builtin::TESTING_PLUGIN_PATH;
 use reqwest::StatusCode;
 
-use crate::support::gateway::{METRICS_TOKEN, Process, binary, metric};
-use crate::support::nats_server::shared;
-use crate::support::responder::{Responder, reply};
-use crate::support::unique_prefix;
+use crate::support::SECURITY_HEADERS;
+use crate::support::call::{Answer, Call, IntoCall, client};
+use crate::support::cli::{check_config, failed_saying, run, stderr, succeeded};
+use crate::support::config::{METRICS_TOKEN, binary, write_config};
+use crate::support::gateway::Process;
+use crate::support::metrics::metric;
+use crate::support::poll::poll_tries;
+use crate::support::records::e2e_control_file;
+use crate::support::responder::{Bus, reply};
+
+fn example(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(path)
+}
 
 fn example_config() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/local.toml")
+    example("configs/local.toml")
 }
-
-fn write_config(dir: &Path, toml: &str) -> PathBuf {
-    let path = dir.join("gateway.toml");
-    std::fs::write(&path, toml).expect("write config");
-    path
-}
-
-fn check_config(path: &Path) -> std::process::Output {
-    Command::new(binary())
-        .args(["check-config", "--config"])
-        .arg(path)
-        .output()
-        .expect("run check-config")
-}
-
-use crate::support::SECURITY_HEADERS;
 
 #[tokio::test]
 async fn the_example_config_serves_health_on_both_planes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let gw = Process::serve(&example_config(), dir.path());
     for url in [gw.data_url("/health"), gw.mgmt_url("/health")] {
-        let response = reqwest::get(&url).await.expect("health");
-        assert_eq!(response.status(), StatusCode::OK, "{url}");
+        let response = Call::get(&url).read().await;
+        assert_eq!(response.status, StatusCode::OK, "{url}");
         for h in SECURITY_HEADERS {
-            assert!(response.headers().contains_key(*h), "{url}: {h}");
+            assert!(response.headers.contains_key(*h), "{url}: {h}");
         }
-        assert!(response.headers().contains_key("x-request-id"));
+        assert!(response.headers.contains_key("x-request-id"));
     }
 }
 
 #[test]
 fn check_config_accepts_the_example_and_names_the_key_of_a_bad_one() {
-    let ok = check_config(&example_config());
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-
+    succeeded(&check_config(&example_config()));
     let dir = tempfile::tempdir().expect("tempdir");
     let bad = write_config(dir.path(), "[server]\nmax_body_byte = 10\n");
-    let out = check_config(&bad);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("max_body_byte"), "{stderr}");
-
+    failed_saying(&check_config(&bad), "max_body_byte");
     let bad = write_config(dir.path(), "[timeouts]\nfunctions_ms = 0\n");
-    let out = check_config(&bad);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("timeouts.functions_ms"));
+    failed_saying(&check_config(&bad), "timeouts.functions_ms");
 }
 
 #[test]
 fn a_wildcard_management_origin_fails_check_config_and_serve() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = write_config(
-        dir.path(),
-        "[management_plane.plugins.cors.config]\nallow_origins = [\"https://studio.example\", \"*\"]\n",
-    );
-    let out = check_config(&path);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("management_plane.plugins.cors"), "{stderr}");
-    let serve = Command::new(binary())
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("AURA_PORT", crate::support::free_port().to_string())
-        .env(
-            "AURA_MANAGEMENT_PORT",
-            crate::support::free_port().to_string(),
-        )
-        .output()
-        .expect("run serve");
+    let origins = "[\"https://studio.example\", \"*\"]";
+    let toml = format!("[management_plane.plugins.cors.config]\nallow_origins = {origins}\n");
+    let path = write_config(dir.path(), &toml);
+    failed_saying(&check_config(&path), "management_plane.plugins.cors");
+    let port = || crate::support::free_port().to_string();
+    let mut serve = Command::new(binary());
+    serve.args(["serve", "--config"]).arg(&path);
+    serve
+        .env("AURA_PORT", port())
+        .env("AURA_MANAGEMENT_PORT", port());
+    let serve = serve.output().expect("run serve");
     assert!(!serve.status.success(), "serve must refuse to start");
-    assert!(String::from_utf8_lossy(&serve.stderr).contains("refused"));
+    assert!(stderr(&serve).contains("refused"));
+}
+
+/// A CORS preflight from `https://app.example` to `url`.
+async fn app_preflight(url: String) -> Answer {
+    Call::preflight(url, "https://app.example").read().await
 }
 
 #[tokio::test]
 async fn pointing_the_cors_stage_at_another_module_changes_the_answer_without_rebuilding() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let preflight = |url: String| async move {
-        reqwest::Client::new()
-            .request(reqwest::Method::OPTIONS, url)
-            .header("origin", "https://app.example")
-            .header("access-control-request-method", "GET")
-            .send()
-            .await
-            .expect("preflight")
-    };
     let builtin = write_config(dir.path(), "");
     let gw = Process::serve(&builtin, dir.path());
-    let r = preflight(gw.data_url("/v1/db/x")).await;
-    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    let r = app_preflight(gw.data_url("/v1/db/x")).await;
+    assert_eq!(r.headers["access-control-allow-origin"], "*");
     drop(gw);
 
-    let swapped = write_config(
-        dir.path(),
-        &format!("[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n"),
-    );
+    let module = format!("[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n");
+    let swapped = write_config(dir.path(), &module);
     let gw = Process::serve(&swapped, dir.path());
-    let r = preflight(gw.data_url("/v1/db/x")).await;
-    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = app_preflight(gw.data_url("/v1/db/x")).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
     assert_eq!(
-        r.headers()["access-control-allow-origin"],
+        r.headers["access-control-allow-origin"],
         "https://app.example"
     );
-    assert_eq!(r.headers()["access-control-allow-headers"], "x-testing");
+    assert_eq!(r.headers["access-control-allow-headers"], "x-testing");
+}
+
+/// A gateway binary with the testing CORS module on the data plane and `plugins` settings.
+fn with_testing_cors(dir: &Path, head: &str, plugins: &str) -> Process {
+    let cors = format!("[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n");
+    let path = write_config(dir, &format!("{head}[plugins]\n{plugins}\n{cors}"));
+    Process::serve(&path, dir)
+}
+
+/// `GET /health` from `origin`: a request fails closed, the next one from `ok.test` is served.
+async fn fails_closed_then_serves(gw: &Process, client: &reqwest::Client, origin: &str) -> Answer {
+    let health = |origin: &str| client.get(gw.data_url("/health")).call().origin(origin);
+    let r = health(origin).read().await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{origin}");
+    let next = health("https://ok.test").status().await;
+    assert_eq!(next, StatusCode::OK, "served after {origin}");
+    r
 }
 
 #[tokio::test]
 async fn a_trapping_or_looping_plugin_fails_its_request_closed_and_the_next_is_served() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = write_config(
-        dir.path(),
-        &format!(
-            "[plugins]\ncall_deadline_ms = 50\n[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n"
-        ),
-    );
-    let gw = Process::serve(&path, dir.path());
+    let gw = with_testing_cors(dir.path(), "", "call_deadline_ms = 50");
     let client = reqwest::Client::new();
     for origin in [
         "https://trap.test",
         "https://loop.test",
         "https://grow.test",
     ] {
-        let r = client
-            .get(gw.data_url("/health"))
-            .header("origin", origin)
-            .send()
-            .await
-            .expect("request");
-        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{origin}");
-        assert!(r.headers().contains_key("x-request-id"));
-        let body: serde_json::Value = r.json().await.expect("json");
-        assert_eq!(body["error"]["code"], "policy_failed", "{origin}");
-        let next = client
-            .get(gw.data_url("/health"))
-            .header("origin", "https://ok.test")
-            .send()
-            .await
-            .expect("request");
-        assert_eq!(next.status(), StatusCode::OK, "served after {origin}");
+        let r = fails_closed_then_serves(&gw, &client, origin).await;
+        assert!(r.headers.contains_key("x-request-id"));
+        assert_eq!(r.code(), "policy_failed", "{origin}");
     }
     let log = gw.log_text();
     assert!(log.contains("policy plugin failed"), "{log}");
-    assert!(
-        log.contains("stage=cors") || log.contains("stage\":\"cors"),
-        "{log}"
-    );
-    assert!(
-        log.contains(TESTING_PLUGIN_PATH),
-        "the log names the plugin: {log}"
-    );
+    let stage = log.contains("stage=cors") || log.contains("stage\":\"cors");
+    assert!(stage, "{log}");
+    let named = log.contains(TESTING_PLUGIN_PATH);
+    assert!(named, "the log names the plugin: {log}");
 }
 
 /// What a plugin writes is bounded and attributed; the WASI it gets reaches nothing outside;
@@ -177,31 +140,21 @@ async fn a_trapping_or_looping_plugin_fails_its_request_closed_and_the_next_is_s
 #[tokio::test]
 async fn a_plugin_logs_within_bounds_and_nothing_in_its_wasi_reaches_out() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = write_config(
-        dir.path(),
-        &format!(
-            "[metrics]\ntoken = {METRICS_TOKEN:?}\n[plugins]\ncall_deadline_ms = 1000\n\
-             [data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n"
-        ),
-    );
-    let gw = Process::serve(&path, dir.path());
+    let metrics = format!("[metrics]\ntoken = {METRICS_TOKEN:?}\n");
+    let gw = with_testing_cors(dir.path(), &metrics, "call_deadline_ms = 1000");
     let client = reqwest::Client::new();
-    let get = |origin: &'static str| {
-        client
-            .get(gw.data_url("/health"))
-            .header("origin", origin)
-            .send()
-    };
-    let id = |r: &reqwest::Response| r.headers()["x-request-id"].to_str().expect("id").to_owned();
+    let get = |origin: &'static str| client.get(gw.data_url("/health")).call().origin(origin);
 
     // `log`, stdout and stderr, each with the request id; a newline cannot forge a line.
-    let r = get("https://log.test").await.expect("answer");
-    assert_eq!(r.status(), StatusCode::OK);
-    let logged = id(&r);
+    let logged = get("https://log.test")
+        .expect(StatusCode::OK)
+        .await
+        .request_id();
     // 1,000 lines of 1 MiB and 1 MiB of stdout: the call keeps 16 lines of at most 1 KiB.
-    let r = get("https://flood.test").await.expect("answer");
-    assert_eq!(r.status(), StatusCode::OK);
-    let flooded = id(&r);
+    let flooded = get("https://flood.test")
+        .expect(StatusCode::OK)
+        .await
+        .request_id();
     fn plugin_lines<'a>(log: &'a str, id: &str) -> Vec<&'a str> {
         log.lines()
             .filter(|l| l.contains("aura::plugin") && l.contains(id))
@@ -209,51 +162,38 @@ async fn a_plugin_logs_within_bounds_and_nothing_in_its_wasi_reaches_out() {
     }
     // The log is written by a thread of its own: on a loaded machine it may lag.
     let mut log = String::new();
-    for _ in 0..300 {
+    let _ = poll_tries(300, Duration::from_millis(100), async || {
         log = gw.log_text();
-        if plugin_lines(&log, &logged).len() >= 3 && plugin_lines(&log, &flooded).len() >= 16 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        let of = |id: &str| plugin_lines(&log, id).len();
+        (of(&logged) >= 3 && of(&flooded) >= 16).then_some(())
+    })
+    .await;
     let lines = |id: &str| plugin_lines(&log, id);
     let of_logged = lines(&logged);
-    assert!(
-        of_logged
-            .iter()
-            .any(|l| l.contains("WARN") && l.contains("testing plugin saw log.test forged line")),
-        "{log}"
-    );
+    let warned =
+        |l: &&str| l.contains("WARN") && l.contains("testing plugin saw log.test forged line");
+    assert!(of_logged.iter().any(warned), "{log}");
     assert!(of_logged.iter().any(|l| l.contains("to stdout")), "{log}");
     assert!(of_logged.iter().any(|l| l.contains("to stderr")), "{log}");
-    assert!(
-        !log.lines().any(|l| l.starts_with("forged line")),
-        "a plugin's newline started a line of its own"
-    );
+    let forged = log.lines().any(|l| l.starts_with("forged line"));
+    assert!(!forged, "a plugin's newline started a line of its own");
     let of_flood = lines(&flooded);
     assert_eq!(of_flood.len(), 16, "lines kept for one call");
     assert!(of_flood.iter().all(|l| l.len() < 1_500), "lines are cut");
     let metrics = gw.metrics().await;
     for reason in ["per_call", "bytes"] {
-        assert!(
-            metric(
-                &metrics,
-                "aura_plugin_log_dropped_total",
-                &[&format!("reason=\"{reason}\"")]
-            ) >= 1.0,
-            "{reason}: {metrics}"
-        );
+        let label = format!("reason=\"{reason}\"");
+        let dropped = metric(&metrics, "aura_plugin_log_dropped_total", &[&label]);
+        assert!(dropped >= 1.0, "{reason}: {metrics}");
     }
 
     // No file, no environment: the plugin could do neither, so it denies the preflight.
-    let r = client
+    let preflight = client
         .request(reqwest::Method::OPTIONS, gw.data_url("/v1/db/x"))
-        .header("origin", "https://file.test")
-        .header("access-control-request-method", "GET")
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        .call();
+    let preflight = preflight.origin("https://file.test");
+    let preflight = preflight.header("access-control-request-method", "GET");
+    assert_eq!(preflight.status().await, StatusCode::FORBIDDEN);
 
     // A sleep, a socket, 1 MiB of host randomness: that request fails closed at once, the
     // next one is served.
@@ -263,16 +203,13 @@ async fn a_plugin_logs_within_bounds_and_nothing_in_its_wasi_reaches_out() {
         "https://random.test",
     ] {
         let started = std::time::Instant::now();
-        let r = get(origin).await.expect("answer");
-        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{origin}");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{origin} waited"
-        );
-        let body: serde_json::Value = r.json().await.expect("json");
-        assert_eq!(body["error"]["code"], "policy_failed", "{origin}");
-        let next = get("https://ok.test").await.expect("answer");
-        assert_eq!(next.status(), StatusCode::OK, "served after {origin}");
+        let r = get(origin).read().await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{origin}");
+        let waited = started.elapsed() >= Duration::from_secs(5);
+        assert!(!waited, "{origin} waited");
+        assert_eq!(r.code(), "policy_failed", "{origin}");
+        let next = get("https://ok.test").status().await;
+        assert_eq!(next, StatusCode::OK, "served after {origin}");
     }
     let log = gw.log_text();
     assert!(log.contains("a plugin may not wait"), "{log}");
@@ -287,34 +224,23 @@ async fn the_compile_cache_refuses_an_open_folder_and_recompiles_a_bad_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cache = dir.path().join("cache");
     std::fs::create_dir(&cache).expect("mkdir");
-    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let config = |extra: &str| {
-        write_config(
-            dir.path(),
-            &format!(
-                "[plugins]\ncompile_cache_dir = \"cache\"\n[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n{extra}"
-            ),
-        )
-    };
-    let out = check_config(&config(""));
+    let chmod = |mode| std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(mode));
+    chmod(0o777).expect("chmod");
+    let toml = format!(
+        "[plugins]\ncompile_cache_dir = \"cache\"\n[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n"
+    );
+    let config = || write_config(dir.path(), &toml);
+    let out = check_config(&config());
     assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("plugins.compile_cache_dir") && stderr.contains("writable by no one else"),
-        "{stderr}"
-    );
+    let stderr = stderr(&out);
+    let named =
+        stderr.contains("plugins.compile_cache_dir") && stderr.contains("writable by no one else");
+    assert!(named, "{stderr}");
 
-    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-    let out = check_config(&config(""));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut files: Vec<_> = std::fs::read_dir(&cache)
-        .expect("cache")
-        .map(|e| e.expect("entry").path())
-        .collect();
+    chmod(0o700).expect("chmod");
+    succeeded(&check_config(&config()));
+    let files = std::fs::read_dir(&cache).expect("cache");
+    let mut files: Vec<_> = files.map(|e| e.expect("entry").path()).collect();
     files.sort();
     assert_eq!(
         files.len(),
@@ -325,24 +251,13 @@ async fn the_compile_cache_refuses_an_open_folder_and_recompiles_a_bad_file() {
     for file in &files {
         std::fs::write(file, b"not a compiled module").expect("overwrite");
     }
-    let gw = Process::serve(&config(""), dir.path());
-    let r = reqwest::Client::new()
-        .get(gw.data_url("/health"))
-        .header("origin", "https://ok.test")
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(
-        r.headers()["access-control-allow-origin"],
-        "https://ok.test",
-        "the testing plugin is in force"
-    );
-    assert!(
-        gw.log_text().contains("does not load; compiling again"),
-        "{}",
-        gw.log_text()
-    );
+    let gw = Process::serve(&config(), dir.path());
+    let health = Call::get(gw.data_url("/health")).origin("https://ok.test");
+    let r = health.expect(StatusCode::OK).await;
+    let origin = &r.headers["access-control-allow-origin"];
+    assert_eq!(origin, "https://ok.test", "the testing plugin is in force");
+    let log = gw.log_text();
+    assert!(log.contains("does not load; compiling again"), "{log}");
     for file in &files {
         assert_ne!(std::fs::read(file).expect("file"), b"not a compiled module");
     }
@@ -350,166 +265,94 @@ async fn the_compile_cache_refuses_an_open_folder_and_recompiles_a_bad_file() {
 
 #[tokio::test]
 async fn sigterm_lets_in_flight_requests_finish() {
-    let nats = shared();
-    let prefix = unique_prefix();
+    let bus = Bus::shared();
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        dir.path().join("control.toml"),
-        crate::support::gateway::e2e_control_file(),
-    )
-    .expect("control file");
-    let path = write_config(
-        dir.path(),
-        &format!(
-            "[nats]\nurl = {:?}\nsubject_prefix = {prefix:?}\n[control]\nfile = \"control.toml\"\n",
-            nats.url()
-        ),
-    );
-    let mut gw = Process::serve(&path, dir.path());
-    let _responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.functions.http"),
-        Duration::from_millis(1_000),
-        |_| reply(200, &[], b"finished"),
-    )
-    .await;
+    std::fs::write(dir.path().join("control.toml"), e2e_control_file()).expect("control file");
+    let (nats, prefix) = (&bus.url, &bus.prefix);
+    let control = "[control]\nfile = \"control.toml\"\n";
+    let toml = format!("[nats]\nurl = {nats:?}\nsubject_prefix = {prefix:?}\n{control}");
+    let gw = Process::serve(&write_config(dir.path(), &toml), dir.path());
+    let slowly = Duration::from_millis(1_000);
+    let _responder = bus
+        .respond_after("functions", slowly, |_| reply(200, &[], b"finished"))
+        .await;
     // Wait until the gateway's own NATS connection is up.
-    let client = crate::support::gateway::client();
-    for _ in 0..100 {
-        let r = client
-            .get(gw.data_url("/v1/auth/x"))
-            .send()
-            .await
-            .expect("request");
-        if r.status() != StatusCode::SERVICE_UNAVAILABLE
-            || r.text().await.unwrap_or_default().contains("no_responders")
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let url = gw.data_url("/v1/functions/slow");
-    let in_flight =
-        tokio::spawn(async move { crate::support::gateway::client().get(url).send().await });
+    let client = client();
+    let x = || client.get(gw.data_url("/v1/auth/x")).call();
+    let _ = poll_tries(100, Duration::from_millis(50), async || {
+        let r = x().read().await;
+        let up = r.status != StatusCode::SERVICE_UNAVAILABLE || r.text().contains("no_responders");
+        up.then_some(())
+    })
+    .await;
+    let in_flight = tokio::spawn(
+        crate::support::call::client()
+            .get(gw.data_url("/v1/functions/slow"))
+            .send(),
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    crate::support::gateway::terminate(&gw.child);
+    gw.signal("-TERM");
     let response = in_flight
         .await
         .expect("task")
         .expect("in-flight request completes");
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(response.text().await.expect("body"), "finished");
-    let status = tokio::task::spawn_blocking(move || gw.child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let response = Answer::of(response).await;
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.text(), "finished");
+    let status = gw.exit().await;
     assert!(status.success(), "clean exit after SIGTERM: {status:?}");
 }
 
 #[tokio::test]
 async fn keys_create_gives_a_working_key_and_revoke_stops_it() {
-    let nats = shared();
-    let prefix = unique_prefix();
+    let bus = Bus::shared();
     let dir = tempfile::tempdir().expect("tempdir");
     let control = dir.path().join("control.toml");
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/control/local.toml"),
-        &control,
-    )
-    .expect("copy the example control file");
+    let example_control = example("control/local.toml");
+    std::fs::copy(example_control, &control).expect("copy the example control file");
+    let (nats, prefix) = (&bus.url, &bus.prefix);
     let path = write_config(
         dir.path(),
         &format!(
-            "[nats]\nurl = {:?}\nsubject_prefix = {prefix:?}\n[control]\nfile = \"control.toml\"\nreload_interval_ms = 100\n[auth]\nkey_cache_ttl_secs = 1\n[log]\nlevel = \"debug\"\n",
-            nats.url()
+            "[nats]\nurl = {nats:?}\nsubject_prefix = {prefix:?}\n[control]\nfile = \"control.toml\"\nreload_interval_ms = 100\n[auth]\nkey_cache_ttl_secs = 1\n[log]\nlevel = \"debug\"\n",
         ),
     );
-    let create = Command::new(binary())
-        .args([
-            "keys",
-            "create",
-            "--project",
-            "demo",
-            "--role",
-            "anon",
-            "--config",
-        ])
-        .arg(&path)
-        .output()
-        .expect("keys create");
-    assert!(
-        create.status.success(),
-        "{}",
-        String::from_utf8_lossy(&create.stderr)
+    let create = run(
+        &["keys", "create", "--project", "demo", "--role", "anon"],
+        Some(&path),
     );
-    let key = String::from_utf8(create.stdout)
-        .expect("utf8")
-        .trim()
-        .to_owned();
+    succeeded(&create);
+    let key = String::from_utf8(create.stdout.clone()).expect("utf8");
+    let key = key.trim().to_owned();
     assert!(key.starts_with("aura_pk_"), "{key}");
     let stored = std::fs::read_to_string(&control).expect("read");
     assert!(!stored.contains(&key), "only the hash is stored");
     assert!(stored.contains(&aura_gateway::auth::keys::hash_key(&key)));
-    let id = String::from_utf8_lossy(&create.stderr)
+    let stderr = stderr(&create);
+    let id = stderr
         .split_whitespace()
-        .find_map(|w| uuid::Uuid::parse_str(w).ok())
-        .expect("create names the key id");
+        .find_map(|w| uuid::Uuid::parse_str(w).ok());
+    let id = id.expect("create names the key id");
 
     let gw = Process::serve(&path, dir.path());
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let _auth = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.auth.http"),
-        Duration::ZERO,
-        move |e| {
-            let _ = tx.send(e);
-            reply(200, &[], b"{}")
-        },
-    )
-    .await;
+    let mut envelopes = bus.record(&["auth"], |_| reply(200, &[], b"{}")).await;
     let client = reqwest::Client::new();
-    let r = client
-        .get(gw.data_url("/v1/auth/user"))
-        .header("apikey", &key)
-        .send()
-        .await
-        .expect("r");
-    assert_eq!(r.status(), StatusCode::OK);
-    let envelope = rx.recv().await.expect("envelope");
+    let user = || client.get(gw.data_url("/v1/auth/user")).call();
+    user().key(&key).expect(StatusCode::OK).await;
+    let envelope = envelopes.next().await;
     assert_eq!(envelope["actor"]["role"], "anon");
     assert_eq!(envelope["actor"]["project"], "demo");
-    let r = client
-        .get(gw.data_url("/v1/auth/user"))
-        .send()
-        .await
-        .expect("r");
-    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(user().status().await, StatusCode::UNAUTHORIZED);
 
-    let revoke = Command::new(binary())
-        .args(["keys", "revoke", "--id", &id.to_string(), "--config"])
-        .arg(&path)
-        .output()
-        .expect("keys revoke");
-    assert!(
-        revoke.status.success(),
-        "{}",
-        String::from_utf8_lossy(&revoke.stderr)
-    );
-    let mut refused = false;
-    for _ in 0..40 {
-        let r = client
-            .get(gw.data_url("/v1/auth/user"))
-            .header("apikey", &key)
-            .send()
-            .await
-            .expect("r");
-        if r.status() == StatusCode::UNAUTHORIZED {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(refused, "the revoked key stopped working");
+    succeeded(&run(
+        &["keys", "revoke", "--id", &id.to_string()],
+        Some(&path),
+    ));
+    let refused = poll_tries(40, Duration::from_millis(100), async || {
+        let refused = user().key(&key).status().await == StatusCode::UNAUTHORIZED;
+        refused.then_some(())
+    });
+    assert!(refused.await.is_some(), "the revoked key stopped working");
     let log = gw.log_text();
     assert!(!log.contains(&key), "the key never appears in the logs");
     assert!(!log.contains(&key[8..]), "not even without its prefix");
@@ -518,15 +361,7 @@ async fn keys_create_gives_a_working_key_and_revoke_stops_it() {
 #[tokio::test]
 async fn migrate_creates_the_control_schema() {
     let db = crate::support::postgres::TestDatabase::create().await;
-    let out = Command::new(binary())
-        .args(["migrate", "--database-url", &db.url])
-        .output()
-        .expect("migrate");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&run(&["migrate", "--database-url", &db.url], None));
     // The tables are there with the contract's columns.
     db.execute(
         "INSERT INTO aura_control.organizations (id, name) VALUES ('00000000-0000-4000-8000-000000000001', 'o');
@@ -538,10 +373,7 @@ async fn migrate_creates_the_control_schema() {
            VALUES ('00000000-0000-4000-8000-000000000003', 'p', 'anon', 'h', NULL);",
     )
     .await;
-    let again = Command::new(binary())
-        .args(["migrate", "--database-url", &db.url])
-        .output()
-        .expect("migrate");
+    let again = run(&["migrate", "--database-url", &db.url], None);
     assert!(again.status.success(), "migrations are idempotent");
 }
 
@@ -549,21 +381,20 @@ async fn migrate_creates_the_control_schema() {
 async fn dev_prints_requests_that_work_exactly_as_printed() {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().expect("tempdir");
+    let nats = crate::support::nats_server::shared().url();
     let path = write_config(
         dir.path(),
-        &format!(
-            "[nats]\nurl = {:?}\n[log]\nlevel = \"warn\"\n",
-            shared().url()
-        ),
+        &format!("[nats]\nurl = {nats:?}\n[log]\nlevel = \"warn\"\n"),
     );
     let (port, management_port) = (crate::support::free_port(), crate::support::free_port());
+    let (port, management_port) = (port.to_string(), management_port.to_string());
     let mut child = Command::new(binary())
         .args([
             "dev",
             "--port",
-            &port.to_string(),
+            &port,
             "--management-port",
-            &management_port.to_string(),
+            &management_port,
             "--config",
         ])
         .arg(&path)
@@ -583,9 +414,8 @@ async fn dev_prints_requests_that_work_exactly_as_printed() {
             }
         }
         lines
-    })
-    .await
-    .expect("join");
+    });
+    let lines = lines.await.expect("join");
     let commands: Vec<&str> = lines
         .iter()
         .map(|l| l.trim())
@@ -617,10 +447,8 @@ async fn dev_prints_requests_that_work_exactly_as_printed() {
         }
     }
     crate::support::gateway::terminate(&child);
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let status = tokio::task::spawn_blocking(move || child.wait());
+    let status = status.await.expect("join").expect("wait");
     assert!(status.success(), "{status:?}");
 }
 
@@ -628,179 +456,116 @@ async fn dev_prints_requests_that_work_exactly_as_printed() {
 async fn spans_are_exported_over_otlp_with_the_request_id() {
     let bodies: std::sync::Arc<std::sync::Mutex<Vec<u8>>> = Default::default();
     let sink = bodies.clone();
-    let app = axum::Router::new().route(
-        "/v1/traces",
-        axum::routing::post(move |body: axum::body::Bytes| {
-            sink.lock().expect("lock").extend_from_slice(&body);
-            async { "" }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let collector = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let traces = axum::routing::post(move |body: axum::body::Bytes| {
+        sink.lock().expect("lock").extend_from_slice(&body);
+        async { "" }
+    });
+    let app = axum::Router::new().route("/v1/traces", traces);
+    let collector = crate::support::upstream::serve_http(app).await;
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = write_config(
-        dir.path(),
-        &format!(
-            "[tracing]\notlp_endpoint = \"http://{collector}\"\nservice_name = \"aura-gateway-e2e\"\n"
-        ),
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = \"http://{collector}\"\nservice_name = \"aura-gateway-e2e\"\n"
     );
-    let mut gw = Process::serve(&path, dir.path());
-    let r = reqwest::get(gw.data_url("/health")).await.expect("health");
-    let id = r.headers()["x-request-id"].to_str().expect("id").to_owned();
-    crate::support::gateway::terminate(&gw.child);
-    let status = tokio::task::spawn_blocking(move || gw.child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let path = write_config(dir.path(), &tracing);
+    let gw = Process::serve(&path, dir.path());
+    let id = Call::get(gw.data_url("/health")).read().await.request_id();
+    let status = gw.terminate().await;
     assert!(status.success());
     let exported = String::from_utf8_lossy(&bodies.lock().expect("lock")).to_string();
-    assert!(
-        exported.contains(&id),
-        "the request span carries the request id"
-    );
+    let carried = exported.contains(&id);
+    assert!(carried, "the request span carries the request id");
     assert!(exported.contains("aura-gateway-e2e"), "service.name");
     assert!(exported.contains("request"), "the request span");
 }
 
 #[test]
 fn the_config_and_each_default_plugin_print_their_json_schema() {
-    let run = |args: &[&str]| {
-        let out = Command::new(binary()).args(args).output().expect("run");
+    let schema = |args: &[&str]| {
+        let out = run(args, None);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
         )
     };
-    let (ok, text) = run(&["config", "schema"]);
+    let (ok, text) = schema(&["config", "schema"]);
     assert!(ok);
-    let schema: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let config: serde_json::Value = serde_json::from_str(&text).expect("JSON");
     for key in ["server", "nats", "plugins", "rate_limit", "admin"] {
-        assert!(schema["properties"].get(key).is_some(), "{key}");
+        assert!(config["properties"].get(key).is_some(), "{key}");
     }
-    let (ok, text) = run(&["plugin", "schema", "--stage", "cors"]);
+    let (ok, text) = schema(&["plugin", "schema", "--stage", "cors"]);
     assert!(ok);
-    let schema: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-    assert!(
-        schema["properties"].get("allow_origins").is_some(),
-        "{schema}"
-    );
-    let (ok, _) = run(&["plugin", "schema", "--stage", "teapot"]);
+    let cors: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert!(cors["properties"].get("allow_origins").is_some(), "{cors}");
+    let (ok, _) = schema(&["plugin", "schema", "--stage", "teapot"]);
     assert!(!ok, "an unknown stage is refused");
 }
 
 #[test]
 fn plugin_check_passes_a_good_module_and_names_what_is_wrong_with_a_bad_one() {
-    let ok = Command::new(binary())
-        .args(["plugin", "check", TESTING_PLUGIN_PATH, "--stage", "cors"])
-        .output()
-        .expect("plugin check");
+    let check = ["plugin", "check", TESTING_PLUGIN_PATH, "--stage", "cors"];
+    let ok = run(&check, None);
     let stdout = String::from_utf8_lossy(&ok.stdout);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    succeeded(&ok);
     assert!(stdout.contains("data_plane.plugins.cors"), "{stdout}");
-    assert!(
-        stdout.contains("median") && stdout.contains("memory"),
-        "per-call time and memory: {stdout}"
-    );
+    let measured = stdout.contains("median") && stdout.contains("memory");
+    assert!(measured, "per-call time and memory: {stdout}");
 
     let dir = tempfile::tempdir().expect("tempdir");
     let refusing = dir.path().join("refuse.toml");
     std::fs::write(&refusing, "refuse = true\n").expect("write");
-    let out = Command::new(binary())
-        .args([
-            "plugin",
-            "check",
-            TESTING_PLUGIN_PATH,
-            "--stage",
-            "cors",
-            "--config",
-        ])
-        .arg(&refusing)
-        .output()
-        .expect("plugin check");
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("refused as asked"));
+    failed_saying(&run(&check, Some(&refusing)), "refused as asked");
 
     let quota = dir.path().join("quota.wasm");
     std::fs::write(&quota, aura_gateway::policy::builtin::QUOTA).expect("write");
-    let out = Command::new(binary())
-        .args(["plugin", "check"])
-        .arg(&quota)
-        .args(["--stage", "cors"])
-        .output()
-        .expect("plugin check");
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("does not export the cors stage world"));
+    let quota = quota.display().to_string();
+    let out = run(&["plugin", "check", &quota, "--stage", "cors"], None);
+    failed_saying(&out, "does not export the cors stage world");
 }
 
 #[tokio::test]
 async fn no_key_or_token_text_reaches_the_log_even_at_debug_level() {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/control/local.toml"),
-        dir.path().join("control.toml"),
-    )
-    .expect("copy the example control file");
+    let example_control = example("control/local.toml");
+    std::fs::copy(example_control, dir.path().join("control.toml"))
+        .expect("copy the example control file");
+    let nats = crate::support::nats_server::shared().url();
     let path = write_config(
         dir.path(),
         &format!(
-            "[nats]\nurl = {:?}\n[control]\nfile = \"control.toml\"\n\
+            "[nats]\nurl = {nats:?}\n[control]\nfile = \"control.toml\"\n\
              [auth.user_jwt]\nhs256_secret = \"binary-user-jwt-secret-0123456789abcdef\"\n\
              [log]\nlevel = \"debug\"\nformat = \"json\"\n",
-            shared().url()
         ),
     );
     let gw = Process::serve(&path, dir.path());
     let client = reqwest::Client::new();
+    let f = || client.get(gw.data_url("/v1/functions/f")).call();
     let demo = "aura_pk_localdemo_0123456789abcdefghijklmnopqrstuv";
     let mut secrets = Vec::new();
     for i in 0..200 {
         let guess = format!("aura_sk_guess{i:04}_{}", uuid::Uuid::new_v4().simple());
-        let r = client
-            .get(gw.data_url("/v1/functions/f"))
-            .header(if i % 2 == 0 { "apikey" } else { "x-api-key" }, &guess)
-            .send()
-            .await
-            .expect("r");
-        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-        let token = format!(
-            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ{i:04}{}.c2lnbmF0dXJl",
-            uuid::Uuid::new_v4().simple()
+        let header = if i % 2 == 0 { "apikey" } else { "x-api-key" };
+        assert_eq!(
+            f().header(header, &guess).status().await,
+            StatusCode::UNAUTHORIZED
         );
-        let r = client
-            .get(gw.data_url("/v1/functions/f"))
-            .header("apikey", demo)
-            .bearer_auth(&token)
-            .send()
-            .await
-            .expect("r");
-        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        let id = uuid::Uuid::new_v4().simple();
+        let token = format!("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ{i:04}{id}.c2lnbmF0dXJl");
+        let with_token = f().key(demo).bearer(&token);
+        assert_eq!(with_token.status().await, StatusCode::UNAUTHORIZED);
         secrets.push(guess);
         secrets.push(token);
     }
     // A real key, used: still never logged.
-    let r = client
-        .get(gw.data_url("/health"))
-        .header("apikey", demo)
-        .send()
-        .await
-        .expect("r");
-    assert_eq!(r.status(), StatusCode::OK);
+    let health = client.get(gw.data_url("/health")).call().key(demo);
+    assert_eq!(health.status().await, StatusCode::OK);
     secrets.push(demo.to_owned());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let log = gw.log_text();
-    assert!(
-        log.lines().count() > 400,
-        "the debug log was written ({} lines)",
-        log.lines().count()
-    );
+    let lines = log.lines().count();
+    assert!(lines > 400, "the debug log was written ({lines} lines)");
     for secret in &secrets {
         assert!(!log.contains(secret.as_str()), "{secret} is in the log");
         let body = &secret[8..];
@@ -814,23 +579,14 @@ fn an_api_key_module_asking_for_too_many_or_too_long_header_names_is_refused() {
     // the module's answer (here the default module, configured by the operator).
     let dir = tempfile::tempdir().expect("tempdir");
     let names = |n: usize, len: usize| {
-        (0..n)
-            .map(|i| format!("\"x-{}{i:02}\"", "k".repeat(len.saturating_sub(4))))
-            .collect::<Vec<_>>()
-            .join(", ")
+        let name = |i| format!("\"x-{}{i:02}\"", "k".repeat(len.saturating_sub(4)));
+        (0..n).map(name).collect::<Vec<_>>().join(", ")
     };
     let config = |list: String| {
-        write_config(
-            dir.path(),
-            &format!("[data_plane.plugins.api_key.config]\nheaders = [{list}]\n"),
-        )
+        let toml = format!("[data_plane.plugins.api_key.config]\nheaders = [{list}]\n");
+        write_config(dir.path(), &toml)
     };
-    let at_limit = check_config(&config(names(16, 64)));
-    assert!(
-        at_limit.status.success(),
-        "{}",
-        String::from_utf8_lossy(&at_limit.stderr)
-    );
+    succeeded(&check_config(&config(names(16, 64))));
     for (what, list, expected) in [
         (
             "17 names",
@@ -845,11 +601,9 @@ fn an_api_key_module_asking_for_too_many_or_too_long_header_names_is_refused() {
     ] {
         let out = check_config(&config(list));
         assert!(!out.status.success(), "{what}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains("data_plane.plugins.api_key"),
-            "{what}: {stderr}"
-        );
+        let stderr = stderr(&out);
+        let named = stderr.contains("data_plane.plugins.api_key");
+        assert!(named, "{what}: {stderr}");
         assert!(stderr.contains(expected), "{what}: {stderr}");
     }
 }

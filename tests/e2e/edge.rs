@@ -4,33 +4,37 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use aura_gateway::config::Config;
+
 use reqwest::StatusCode;
 
-use crate::support::gateway::{InProcess, TEST_KEY, client, test_config};
-use crate::support::nats_server::shared;
-use crate::support::responder::{Responder, reply};
-use crate::support::unique_prefix;
+use crate::support::builder::{Gateway, Started};
+use crate::support::call::{Call, IntoCall, client};
+use crate::support::gateway::InProcess;
+use crate::support::metrics::own_rss_mib;
+use crate::support::raw::raw_exchange;
+use crate::support::records::TEST_KEY;
+use crate::support::responder::{Envelopes, reply};
+
+/// Clients get 500 ms to send their request heads.
+fn short_header_timeout(c: &mut Config) {
+    c.server.header_read_timeout_ms = 500;
+}
 
 #[tokio::test]
 async fn slow_header_senders_are_cut_and_other_clients_are_served() {
-    let mut config = test_config(&shared().url(), &unique_prefix());
-    config.server.header_read_timeout_ms = 500;
-    let gw = InProcess::start(config).await;
+    let gw = Gateway::start_with(short_header_timeout).await;
     let addr = gw.data;
     let slow: Vec<TcpStream> = (0..50)
         .map(|_| {
             let mut s = TcpStream::connect(addr).expect("connect");
-            s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-                .expect("write");
+            let head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+            s.write_all(head).expect("write");
             s
         })
         .collect();
-    let r = client()
-        .get(gw.data_url("/health"))
-        .send()
-        .await
-        .expect("served meanwhile");
-    assert_eq!(r.status(), StatusCode::OK);
+    let served = client().get(gw.data_url("/health")).call().status().await;
+    assert_eq!(served, StatusCode::OK, "served meanwhile");
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     for mut s in slow {
         s.set_read_timeout(Some(Duration::from_secs(2)))
@@ -50,19 +54,13 @@ async fn slow_header_senders_are_cut_and_other_clients_are_served() {
 
 #[tokio::test]
 async fn clients_that_go_away_give_their_breaker_probes_back() {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let mut config = test_config(&nats.url(), &prefix);
-    config.breaker.failure_threshold = 1;
-    config.breaker.half_open_probes = 1;
-    let gw = InProcess::start(config).await;
-    let _slow = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.functions.http"),
-        Duration::from_millis(500),
-        |_| reply(200, &[], b"ok"),
-    )
-    .await;
+    let gw = Gateway::with(|c| (c.breaker.failure_threshold, c.breaker.half_open_probes) = (1, 1));
+    let gw = gw.start().await;
+    let slowly = Duration::from_millis(500);
+    let _slow = gw
+        .bus
+        .respond_after("functions", slowly, |_| reply(200, &[], b"ok"))
+        .await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(20))
         .default_headers({
@@ -74,60 +72,35 @@ async fn clients_that_go_away_give_their_breaker_probes_back() {
         .expect("client");
     let mut gone = 0;
     for _ in 0..200 {
-        if impatient
-            .post(gw.data_url("/v1/functions/f"))
-            .send()
-            .await
-            .is_err()
-        {
-            gone += 1;
-        }
+        let f = impatient.post(gw.data_url("/v1/functions/f")).call();
+        gone += usize::from(f.try_send().await.is_err());
     }
     assert!(gone >= 190, "clients went away: {gone}");
-    let breaker = gw
-        .state
-        .breakers
-        .service(aura_gateway::proxy::service::Service::Functions);
-    assert_eq!(
-        breaker.state(),
-        aura_gateway::breaker::BreakerState::Closed,
-        "abandoned calls are no failures"
-    );
-    let r = client()
+    let functions = aura_gateway::proxy::service::Service::Functions;
+    let state = gw.state.breakers.service(functions).state();
+    let closed = state == aura_gateway::breaker::BreakerState::Closed;
+    assert!(closed, "abandoned calls are no failures: {state:?}");
+    let f = client()
         .post(gw.data_url("/v1/functions/f"))
-        .send()
-        .await
-        .expect("r");
-    assert_eq!(r.status(), StatusCode::OK, "the probe slots all came back");
+        .call()
+        .status()
+        .await;
+    assert_eq!(f, StatusCode::OK, "the probe slots all came back");
 }
 
 /// Sends `raw` on a new connection and returns everything the gateway wrote back.
 fn exchange(addr: std::net::SocketAddr, raw: &[u8]) -> String {
-    crate::support::gateway::raw_exchange(addr, raw)
+    raw_exchange(addr, raw)
 }
 
 /// A gateway and a functions responder recording every envelope it receives.
-async fn recording_gateway() -> (
-    InProcess,
-    Responder,
-    std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
-) {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let gw = InProcess::start(test_config(&nats.url(), &prefix)).await;
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let record = seen.clone();
-    let responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.functions.http"),
-        Duration::ZERO,
-        move |envelope| {
-            record.lock().expect("lock").push(envelope);
-            reply(200, &[], b"ok")
-        },
-    )
-    .await;
-    (gw, responder, seen)
+async fn recording_gateway() -> (InProcess, Envelopes) {
+    let gw = Gateway::start().await;
+    let envelopes = gw
+        .bus
+        .record(&["functions"], |_| reply(200, &[], b"ok"))
+        .await;
+    (gw, envelopes)
 }
 
 fn status_of(response: &str) -> Option<u16> {
@@ -150,7 +123,7 @@ fn header_names(envelope: &serde_json::Value) -> Vec<String> {
 
 #[tokio::test]
 async fn length_and_chunked_together_never_smuggle_a_request() {
-    let (gw, responder, seen) = recording_gateway().await;
+    let (gw, envelopes) = recording_gateway().await;
     let addr = gw.data;
     // CL.TE: a front end trusting Content-Length would forward `0\r\n\r\nG…` as one body and
     // leave a second request behind; one trusting Transfer-Encoding ends the body at `0`.
@@ -168,7 +141,7 @@ async fn length_and_chunked_together_never_smuggle_a_request() {
         "answered {answer:?}"
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let seen = seen.lock().expect("lock").clone();
+    let seen = envelopes.seen();
     assert!(
         seen.iter()
             .all(|e| e["path"].as_str() != Some("/v1/functions/smuggled")
@@ -195,12 +168,12 @@ async fn length_and_chunked_together_never_smuggle_a_request() {
         answer.matches("HTTP/1.1 ").count() <= 1,
         "the gateway answered a second, smuggled request: {answer:?}"
     );
-    drop(responder);
+    drop(envelopes);
 }
 
 #[tokio::test]
 async fn conflicting_lengths_and_bad_header_names_are_refused_before_any_backend() {
-    let (gw, responder, seen) = recording_gateway().await;
+    let (gw, envelopes) = recording_gateway().await;
     let addr = gw.data;
     let cases = [
         format!(
@@ -239,47 +212,20 @@ async fn conflicting_lengths_and_bad_header_names_are_refused_before_any_backend
         );
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        seen.lock().expect("lock").is_empty(),
-        "a malformed request reached the backend"
-    );
+    let reached = !envelopes.seen().is_empty();
+    assert!(!reached, "a malformed request reached the backend");
     // The listener is unharmed.
-    let r = client()
-        .post(gw.data_url("/v1/functions/f"))
-        .send()
-        .await
-        .expect("served");
-    assert_eq!(r.status(), StatusCode::OK);
-    drop(responder);
-}
-
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
+    let f = client().post(gw.data_url("/v1/functions/f")).call();
+    f.expect(StatusCode::OK).await;
+    drop(envelopes);
 }
 
 #[tokio::test]
 async fn load_past_capacity_is_shed_fast_and_the_rest_keeps_its_latency() {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let mut config = test_config(&nats.url(), &prefix);
-    config.server.max_in_flight = 16;
-    let gw = InProcess::start(config).await;
-    let backend = Duration::from_millis(300);
-    let responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.functions.http"),
-        backend,
-        |_| reply(200, &[], b"ok"),
-    )
-    .await;
-    let before = rss_mib();
+    let gw = Gateway::start_with(|c| c.server.max_in_flight = 16).await;
+    let (backend, ok) = (Duration::from_millis(300), |_| reply(200, &[], b"ok"));
+    let responder = gw.bus.respond_after("functions", backend, ok).await;
+    let before = own_rss_mib();
     let http = client();
     // 25 times the capacity, all at once, three waves.
     let mut served = 0usize;
@@ -325,7 +271,7 @@ async fn load_past_capacity_is_shed_fast_and_the_rest_keeps_its_latency() {
             }
         }
     }
-    let grown = rss_mib() - before;
+    let grown = own_rss_mib() - before;
     eprintln!(
         "overload: 1200 requests at 25x capacity: {served} served (slowest {slowest_served:?}), \
          {shed} shed (slowest {slowest_shed:?}), RSS +{grown:.1} MiB"
@@ -346,12 +292,12 @@ async fn load_past_capacity_is_shed_fast_and_the_rest_keeps_its_latency() {
     assert!(grown < 64.0, "memory grew by {grown:.1} MiB under overload");
     // Load drops: every request is served again.
     for _ in 0..20 {
-        let r = http
+        let f = http
             .post(gw.data_url("/v1/functions/f"))
-            .send()
-            .await
-            .expect("r");
-        assert_eq!(r.status(), StatusCode::OK, "recovered after the overload");
+            .call()
+            .status()
+            .await;
+        assert_eq!(f, StatusCode::OK, "recovered after the overload");
     }
     let shed_metric = gw.state.metrics.render();
     assert!(
@@ -375,10 +321,8 @@ fn closed_by_peer(read: std::io::Result<usize>) -> bool {
 
 #[tokio::test]
 async fn silent_connections_cannot_hold_the_connection_cap() {
-    let mut config = test_config(&shared().url(), &unique_prefix());
-    config.server.max_connections = 4;
-    config.server.header_read_timeout_ms = 500;
-    let gw = InProcess::start(config).await;
+    let gw = Gateway::with(|c| c.server.max_connections = 4);
+    let gw = gw.with(short_header_timeout).start().await;
     let addr = gw.data;
     // Four connections that never send a byte take every slot.
     let silent: Vec<TcpStream> = (0..4)
@@ -386,14 +330,10 @@ async fn silent_connections_cannot_hold_the_connection_cap() {
         .collect();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = std::time::Instant::now();
-    let r = tokio::time::timeout(
-        Duration::from_secs(5),
-        client().get(gw.data_url("/health")).send(),
-    )
-    .await
-    .expect("a fifth client is served once the silent ones are cut")
-    .expect("answered");
-    assert_eq!(r.status(), StatusCode::OK);
+    let fifth = client().get(gw.data_url("/health")).send();
+    let r = tokio::time::timeout(Duration::from_secs(5), fifth).await;
+    let r = r.expect("a fifth client is served once the silent ones are cut");
+    assert_eq!(r.expect("answered").status(), StatusCode::OK);
     let waited = started.elapsed();
     eprintln!("connection cap: a fifth client served after {waited:?}");
     assert!(waited < Duration::from_secs(2), "waited {waited:?}");
@@ -410,9 +350,7 @@ async fn silent_connections_cannot_hold_the_connection_cap() {
 
 #[tokio::test]
 async fn idle_keep_alive_connections_are_closed_after_the_idle_limit() {
-    let mut config = test_config(&shared().url(), &unique_prefix());
-    config.server.header_read_timeout_ms = 500;
-    let gw = InProcess::start(config).await;
+    let gw = Gateway::start_with(short_header_timeout).await;
     let addr = gw.data;
     let (answer, idle_for) = tokio::task::spawn_blocking(move || {
         let mut s = TcpStream::connect(addr).expect("connect");
@@ -479,16 +417,8 @@ async fn h2c_get(
 
 #[tokio::test]
 async fn http2_prior_knowledge_is_served_on_both_planes_within_its_limits_and_can_be_turned_off() {
-    use crate::support::fixture::Fixture;
-    use crate::support::gateway::serve_binary;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fx = Fixture::new();
-    let gw = serve_binary(
-        dir.path(),
-        &fx,
-        "",
-        "[server]\nhttp2_max_concurrent_streams = 8\nmax_header_bytes = 16384\n",
-    );
+    let limits = "[server]\nhttp2_max_concurrent_streams = 8\nmax_header_bytes = 16384\n";
+    let Started { gw, fx, .. } = Gateway::builder().toml(limits).binary();
     for port in [gw.port, gw.management_port] {
         let (status, streams) = h2c_get(port, "/health", None).await.expect("h2c");
         assert_eq!(status, 200);
@@ -498,50 +428,33 @@ async fn http2_prior_knowledge_is_served_on_both_planes_within_its_limits_and_ca
     // and the security headers, on both protocols.
     let big = "a".repeat(20_000);
     let over_h2 = h2c_get(gw.port, "/health", Some(("x-big", big.clone()))).await;
-    assert!(
-        matches!(over_h2, Ok((431, _))),
-        "an oversized header list over HTTP/2: {over_h2:?}"
-    );
-    let r = reqwest::Client::new()
-        .get(gw.data_url("/health"))
-        .header("x-big", &big)
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
-    assert!(r.headers().contains_key("x-request-id"));
+    let refused = matches!(over_h2, Ok((431, _)));
+    assert!(refused, "an oversized header list over HTTP/2: {over_h2:?}");
+    let with_big = |value: &str| Call::get(gw.data_url("/health")).header("x-big", value);
+    let r = with_big(&big)
+        .expect(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+        .await;
+    assert!(r.headers.contains_key("x-request-id"));
     for name in crate::support::SECURITY_HEADERS {
-        assert!(r.headers().contains_key(*name), "{name}");
+        assert!(r.headers.contains_key(*name), "{name}");
     }
-    let body: serde_json::Value = r.json().await.expect("JSON error");
-    assert_eq!(body["error"]["code"], "request_headers_too_large");
+    assert_eq!(r.code(), "request_headers_too_large");
     // Past twice the limit the listener cuts the head before it is parsed: never served.
     let huge = "a".repeat(40_000);
     let cut_h2 = h2c_get(gw.port, "/health", Some(("x-big", huge.clone()))).await;
     assert!(!matches!(cut_h2, Ok((200, _))), "{cut_h2:?}");
-    let r = reqwest::Client::new()
-        .get(gw.data_url("/health"))
-        .header("x-big", &huge)
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    let cut = with_big(&huge).status().await;
+    assert_eq!(cut, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     // Just under the limit is served.
-    let r = reqwest::Client::new()
-        .get(gw.data_url("/health"))
-        .header("x-big", "a".repeat(12_000))
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(with_big(&"a".repeat(12_000)).status().await, StatusCode::OK);
     drop(gw);
 
-    let dir = tempfile::tempdir().expect("tempdir");
-    let gw = serve_binary(dir.path(), &fx, "", "[server]\nhttp2 = false\n");
+    let off = Gateway::builder()
+        .fixture(&fx)
+        .toml("[server]\nhttp2 = false\n");
+    let Started { gw, .. } = off.binary();
     let refused = h2c_get(gw.port, "/health", None).await;
     assert!(refused.is_err(), "HTTP/2 served while off: {refused:?}");
-    let r = reqwest::get(gw.data_url("/health"))
-        .await
-        .expect("HTTP/1.1");
-    assert_eq!(r.status(), StatusCode::OK);
+    let r = Call::get(gw.data_url("/health")).status().await;
+    assert_eq!(r, StatusCode::OK, "HTTP/1.1");
 }

@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
+use crate::support::builder::{Gateway, Started};
+use crate::support::call::{Answer, IntoCall};
+use crate::support::cli::{plugin_check, run, stderr, stdout, succeeded};
 use crate::support::fixture::Fixture;
-use crate::support::gateway::{Process, binary, binary_config};
-use crate::support::nats_server::shared;
-use crate::support::responder::{Responder, reply};
-use crate::support::unique_prefix;
+use crate::support::poll::poll_tries;
+use crate::support::responder::{Bus, reply};
 use crate::support::upstream::Recorder;
 
 const STAGES: [&str; 4] = ["api-key", "cors", "quota", "db-routing"];
@@ -34,14 +35,8 @@ fn cargo_build_wasm(folder: &Path) -> PathBuf {
     let target_dir = root().join("target/examples");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(folder)
-        .args([
-            "build",
-            "--quiet",
-            "--target",
-            "wasm32-wasip2",
-            "--release",
-            "--target-dir",
-        ])
+        .args(["build", "--quiet", "--release"])
+        .args(["--target", "wasm32-wasip2", "--target-dir"])
         .arg(&target_dir)
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("RUSTFLAGS")
@@ -94,28 +89,19 @@ fn compile_cache() -> PathBuf {
 /// `plugin check` with the example's configuration and author vectors; returns its output.
 fn check(module: &Path, stage: &str) -> String {
     let cases = examples().join("vectors").join(stage);
-    let out = Command::new(binary())
-        .args(["plugin", "check"])
-        .arg(module)
-        .arg("--compile-cache-dir")
-        .arg(compile_cache())
-        .args(["--stage", &stage_key(stage), "--config"])
-        .arg(cases.join("config.toml"))
-        .arg("--vectors")
-        .arg(cases.join("vectors.toml"))
-        .output()
-        .expect("plugin check");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{}: {stdout}\n{}",
-        module.display(),
-        String::from_utf8_lossy(&out.stderr)
+    let (config, vectors) = (cases.join("config.toml"), cases.join("vectors.toml"));
+    let out = plugin_check(
+        module,
+        &stage_key(stage),
+        &config,
+        &vectors,
+        Some(&compile_cache()),
     );
-    assert!(
-        stdout.contains("written against aura:gateway@0.2.0"),
-        "{stdout}"
-    );
+    let stdout = stdout(&out);
+    let module = module.display();
+    assert!(out.status.success(), "{module}: {stdout}\n{}", stderr(&out));
+    let versioned = stdout.contains("written against aura:gateway@0.2.0");
+    assert!(versioned, "{stdout}");
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
     assert!(stdout.ends_with("plugin check passed\n"), "{stdout}");
     stdout
@@ -143,15 +129,8 @@ async fn in_force(lang: &str) {
 
     let storage = Recorder::start().await;
     let postgrest = Recorder::start().await;
-    let nats = shared();
-    let prefix = unique_prefix();
-    let _db = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.db.http"),
-        Duration::ZERO,
-        |_| reply(200, &[], b"over nats"),
-    )
-    .await;
+    let bus = Bus::shared();
+    let _db = bus.respond("db", |_| reply(200, &[], b"over nats")).await;
     let (ded_key, unr_key) = (
         "aura_pk_examples_dedicated_0123456789abcdef",
         "aura_pk_examples_unresolved_0123456789abcde",
@@ -174,127 +153,104 @@ async fn in_force(lang: &str) {
         compile_cache().display().to_string()
     );
     for (stage, module) in STAGES.iter().zip(&modules) {
+        let (key, module, config) = (stage_key(stage), module.display(), inline_config(stage));
         plugins += &format!(
-            "[data_plane.plugins.{}]\nmodule = {:?}\nconfig = {}\n\n",
-            stage_key(stage),
-            module.display().to_string(),
-            inline_config(stage)
+            "[data_plane.plugins.{key}]\nmodule = {:?}\nconfig = {config}\n\n",
+            module.to_string()
         );
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = binary_config(dir.path(), &fx, &records, &nats.url(), &prefix, &plugins);
-    let gw = Process::serve(&config, dir.path());
+    let gw = Gateway::builder()
+        .bus(&bus)
+        .fixture(&fx)
+        .records(records)
+        .toml(plugins);
+    let Started { gw, .. } = gw.binary();
     let c = reqwest::Client::new();
     // Ready: the control store answered and the NATS connection is up.
-    for _ in 0..200 {
-        let ready = c.get(gw.mgmt_url("/ready")).send().await.expect("answer");
-        if ready.status() == StatusCode::OK {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let _ = poll_tries(200, Duration::from_millis(50), async || {
+        let ready = c.get(gw.mgmt_url("/ready")).call().status().await;
+        (ready == StatusCode::OK).then_some(())
+    })
+    .await;
+    let with_key =
+        |request: reqwest::RequestBuilder, key: &str| request.call().header("x-aura-key", key);
 
     // api-key: the key in `x-aura-key`, which the default plugin does not read (401).
-    let r = c
-        .get(gw.data_url("/v1/storage/object/a.txt"))
-        .header("x-aura-key", ded_key)
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::OK, "{}", gw.log_text());
+    let r = with_key(c.get(gw.data_url("/v1/storage/object/a.txt")), ded_key)
+        .read()
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", gw.log_text());
     assert!(
         storage
             .last()
             .is_some_and(|s| s.target.ends_with("/object/a.txt"))
     );
     // quota: the `pro` plan's burst of the example's configuration (the default: 1000).
-    assert_eq!(r.headers()["ratelimit-limit"], "5000");
+    assert_eq!(r.headers["ratelimit-limit"], "5000");
 
     // db-routing: reads of a dedicated project to its PostgREST, writes over NATS (the default
     // plugin sends both to PostgREST).
-    let r = c
-        .get(gw.data_url("/v1/db/todos?select=*"))
-        .header("x-aura-key", ded_key)
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::OK, "{:?}", r.text().await);
-    assert_eq!(
-        postgrest.last().map(|s| s.target),
-        Some("/todos?select=*".to_owned())
-    );
-    let r = c
-        .post(gw.data_url("/v1/db/todos"))
-        .header("x-aura-key", ded_key)
-        .body("{}")
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::OK, "{:?}", r.text().await);
-    assert_eq!(r.text().await.expect("body"), "over nats");
+    let todos = |request: reqwest::RequestBuilder| async move {
+        let r = with_key(request, ded_key).read().await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.text());
+        r
+    };
+    todos(c.get(gw.data_url("/v1/db/todos?select=*"))).await;
+    let routed = postgrest.last().map(|s| s.target);
+    assert_eq!(routed, Some("/todos?select=*".to_owned()));
+    let r = todos(c.post(gw.data_url("/v1/db/todos")).body("{}")).await;
+    assert_eq!(r.text(), "over nats");
     // ... and a read of a project whose PostgREST is unknown fails closed, logged by the plugin.
-    let r = c
-        .get(gw.data_url("/v1/db/todos"))
-        .header("x-aura-key", unr_key)
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let unresolved_id = r.headers()["x-request-id"].to_str().expect("id").to_owned();
-    assert!(
-        r.text()
-            .await
-            .expect("body")
-            .contains("db_target_unresolved")
-    );
+    let r = with_key(c.get(gw.data_url("/v1/db/todos")), unr_key)
+        .read()
+        .await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    let unresolved_id = r.request_id();
+    assert!(r.text().contains("db_target_unresolved"));
 
     // cors: an allow-list echoing the origin (the default data-plane plugin answers `*`).
-    let preflight = |origin: &'static str| {
-        c.request(reqwest::Method::OPTIONS, gw.data_url("/v1/db/x"))
-            .header("origin", origin)
+    let preflight = async |origin: &str| -> Answer {
+        let preflight = c
+            .request(reqwest::Method::OPTIONS, gw.data_url("/v1/db/x"))
+            .call();
+        let preflight = preflight.origin(origin);
+        preflight
             .header("access-control-request-method", "POST")
-            .send()
+            .read()
+            .await
     };
-    let r = preflight("https://eu.example.org").await.expect("answer");
-    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = preflight("https://eu.example.org").await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
     assert_eq!(
-        r.headers()["access-control-allow-origin"],
+        r.headers["access-control-allow-origin"],
         "https://eu.example.org"
     );
-    assert_eq!(r.headers()["access-control-max-age"], "600");
-    let r = preflight("https://evil.example").await.expect("answer");
-    assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    let denied_id = r.headers()["x-request-id"].to_str().expect("id").to_owned();
+    assert_eq!(r.headers["access-control-max-age"], "600");
+    let r = preflight("https://evil.example").await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    let denied_id = r.request_id();
 
     // What the plugins logged, with the request it was deciding.
     let mut log = String::new();
-    for _ in 0..300 {
+    let denied = ["origin https://evil.example denied", &denied_id];
+    let _ = poll_tries(300, Duration::from_millis(100), async || {
         log = gw.log_text();
-        if log_line_with(&log, &["origin https://evil.example denied", &denied_id]).is_some()
-            && log_line_with(&log, &["no PostgREST target", &unresolved_id]).is_some()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let line = log_line_with(&log, &["origin https://evil.example denied", &denied_id]);
+        let unresolved = log_line_with(&log, &["no PostgREST target", &unresolved_id]);
+        (log_line_with(&log, &denied).is_some() && unresolved.is_some()).then_some(())
+    })
+    .await;
+    let line = log_line_with(&log, &denied);
+    let plugin_line = line.is_some_and(|l| l.contains("aura::plugin") && l.contains("cors"));
     assert!(
-        line.is_some_and(|l| l.contains("aura::plugin") && l.contains("cors")),
+        plugin_line,
         "no plugin line with the request id {denied_id}:\n{log}"
     );
-    assert!(
-        log_line_with(
-            &log,
-            &["no PostgREST target for /v1/db/todos", &unresolved_id]
-        )
-        .is_some_and(|l| l.contains("WARN")),
-        "{log}"
-    );
+    let unresolved = ["no PostgREST target for /v1/db/todos", &unresolved_id];
+    let warned = log_line_with(&log, &unresolved).is_some_and(|l| l.contains("WARN"));
+    assert!(warned, "{log}");
     // `configure` logs at load, outside any request.
-    assert!(
-        log_line_with(&log, &["configured: 1 origins, 1 domains", "aura::plugin"]).is_some(),
-        "{log}"
-    );
+    let configured = log_line_with(&log, &["configured: 1 origins, 1 domains", "aura::plugin"]);
+    assert!(configured.is_some(), "{log}");
 }
 
 #[tokio::test]
@@ -324,31 +280,37 @@ fn a_failing_author_vector_fails_the_check_with_its_name() {
          [[case]]\nname = \"wrongly expected to be allowed\"\n[case.input]\norigin = \"https://evil.example\"\n[case.expect]\ndecision = \"allow\"\n",
     )
     .expect("vectors");
-    let out = Command::new(binary())
-        .args(["plugin", "check"])
-        .arg(&module)
-        .args(["--stage", "cors", "--config"])
-        .arg(examples().join("vectors/cors/config.toml"))
-        .arg("--vectors")
-        .arg(&vectors)
-        .output()
-        .expect("plugin check");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
+    let config = examples().join("vectors/cors/config.toml");
+    let out = plugin_check(&module, "cors", &config, &vectors, None);
+    let (stdout, stderr) = (stdout(&out), stderr(&out));
     assert!(!out.status.success(), "{stdout}");
-    assert!(
-        stdout.contains("wrongly expected to be allowed")
-            && stdout.contains("FAIL: expected allow, got deny"),
-        "{stdout}"
-    );
+    let named = stdout.contains("wrongly expected to be allowed");
+    let told = named && stdout.contains("FAIL: expected allow, got deny");
+    assert!(told, "{stdout}");
     assert!(stdout.contains("1 passed, 1 failed"), "{stdout}");
     assert!(!stdout.contains("plugin check passed"), "{stdout}");
-    assert!(
-        stderr.contains("author vectors failed: wrongly expected to be allowed"),
-        "{stderr}"
+    let failed = stderr.contains("author vectors failed: wrongly expected to be allowed");
+    assert!(failed, "{stderr}");
+}
+
+/// `plugin new` for `stage` in `lang` into `plugin`; what it printed.
+fn plugin_new(stage: &str, lang: &str, plugin: &Path) -> String {
+    let plugin = plugin.display().to_string();
+    let out = run(
+        &["plugin", "new", "--stage", stage, "--lang", lang, &plugin],
+        None,
     );
+    succeeded(&out);
+    stdout(&out)
+}
+
+/// `plugin check` of a scaffold's module with its own configuration and vectors, which it passes.
+fn scaffold_passes(module: &Path, stage: &str, plugin: &Path, cache: Option<&Path>, what: &str) {
+    let (config, vectors) = (plugin.join("config.toml"), plugin.join("vectors.toml"));
+    let out = plugin_check(module, stage, &config, &vectors, cache);
+    let stdout = stdout(&out);
+    assert!(out.status.success(), "{what}{stdout}{}", stderr(&out));
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }
 
 /// `plugin new` scaffolds a plugin that builds and passes its own check, and `wit` prints the
@@ -357,64 +319,22 @@ fn a_failing_author_vector_fails_the_check_with_its_name() {
 fn a_scaffolded_rust_plugin_builds_and_passes_its_check() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plugin = dir.path().join("my-quota");
-    let out = Command::new(binary())
-        .args(["plugin", "new", "--stage", "quota", "--lang", "rust"])
-        .arg(&plugin)
-        .output()
-        .expect("plugin new");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stdout)
-            .contains("cargo build --release --target wasm32-wasip2")
-    );
-    let printed = Command::new(binary())
-        .args(["wit", "--version", "0.2.0"])
-        .output()
-        .expect("wit");
-    assert_eq!(
-        std::fs::read(plugin.join("wit/gateway.wit")).expect("wit copy"),
-        printed.stdout
-    );
+    let printed = plugin_new("quota", "rust", &plugin);
+    assert!(printed.contains("cargo build --release --target wasm32-wasip2"));
+    let printed = run(&["wit", "--version", "0.2.0"], None);
+    let copy = std::fs::read(plugin.join("wit/gateway.wit")).expect("wit copy");
+    assert_eq!(copy, printed.stdout);
     let out_dir = dir.path().join("wit-copy");
-    let wrote = Command::new(binary())
-        .args(["wit", "--out"])
-        .arg(&out_dir)
-        .output()
-        .expect("wit --out");
+    let wrote = run(&["wit", "--out", &out_dir.display().to_string()], None);
     assert!(wrote.status.success());
-    assert_eq!(
-        std::fs::read(out_dir.join("gateway.wit")).expect("written"),
-        printed.stdout
-    );
-    let old = Command::new(binary())
-        .args(["wit", "--version", "0.1.0"])
-        .output()
-        .expect("wit");
-    assert!(String::from_utf8_lossy(&old.stdout).contains("package aura:gateway@0.1.0;"));
+    let written = std::fs::read(out_dir.join("gateway.wit")).expect("written");
+    assert_eq!(written, printed.stdout);
+    let old = run(&["wit", "--version", "0.1.0"], None);
+    assert!(stdout(&old).contains("package aura:gateway@0.1.0;"));
 
     let release = cargo_build_wasm(&plugin);
-    let out = Command::new(binary())
-        .args(["plugin", "check"])
-        .arg(release.join("my_quota.wasm"))
-        .args(["--stage", "quota", "--config"])
-        .arg(plugin.join("config.toml"))
-        .arg("--vectors")
-        .arg(plugin.join("vectors.toml"))
-        .output()
-        .expect("plugin check");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    scaffold_passes(&release.join("my_quota.wasm"), "quota", &plugin, None, "");
 }
-
 /// `plugin new` in Python and JavaScript: the scaffold builds with the command its README gives
 /// (the toolchains `examples/plugins/build` installed) and passes its own vectors.
 #[test]
@@ -440,19 +360,12 @@ fn scaffolded_python_and_javascript_plugins_build_and_pass_their_check() {
         ),
     ] {
         let plugin = dir.path().join(format!("my-{lang}"));
-        let out = Command::new(binary())
-            .args(["plugin", "new", "--stage", stage, "--lang", lang])
-            .arg(&plugin)
-            .output()
-            .expect("plugin new");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let printed = plugin_new(stage, lang, &plugin);
         let tool_name = tool.file_name().and_then(|n| n.to_str()).expect("name");
-        assert!(stdout.contains(&format!("{tool_name} {args}")), "{stdout}");
+        assert!(
+            printed.contains(&format!("{tool_name} {args}")),
+            "{printed}"
+        );
         let status = Command::new(&tool)
             .current_dir(&plugin)
             .args(args.split(' '))
@@ -460,23 +373,8 @@ fn scaffolded_python_and_javascript_plugins_build_and_pass_their_check() {
             .status()
             .expect("build tool");
         assert!(status.success(), "{lang}: {tool_name} {args}");
-        let out = Command::new(binary())
-            .args(["plugin", "check"])
-            .arg(plugin.join(format!("{stage}.wasm")))
-            .args(["--stage", stage, "--config"])
-            .arg(plugin.join("config.toml"))
-            .arg("--vectors")
-            .arg(plugin.join("vectors.toml"))
-            .arg("--compile-cache-dir")
-            .arg(compile_cache())
-            .output()
-            .expect("plugin check");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{lang}: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+        let module = plugin.join(format!("{stage}.wasm"));
+        let cache = compile_cache();
+        scaffold_passes(&module, stage, &plugin, Some(&cache), &format!("{lang}: "));
     }
 }

@@ -5,67 +5,52 @@
 
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use reqwest::StatusCode;
+use serde_json::json;
 
+use crate::support::builder::{Gateway, Started};
+use crate::support::call::Call;
+use crate::support::cli::{run, succeeded};
 use crate::support::fixture::{Fixture, console_token};
-use crate::support::gateway::{METRICS_TOKEN, Process, binary, binary_config, cors_probe, metric};
-use crate::support::nats_server::shared;
-use crate::support::postgres::TestDatabase;
+use crate::support::gateway::Process;
+use crate::support::metrics::metric;
+use crate::support::policy::{Policies, cors_probe, testing_cors};
+use crate::support::poll::poll_every;
+use crate::support::postgres::{TestDatabase, long_cached};
 use crate::support::topology::NatsCluster;
-use crate::support::unique_prefix;
 
-/// Three instances over `db` and `nats` (seed URLs), with PostgreSQL's notifications on or off.
-fn fleet(
-    dir: &std::path::Path,
-    db: &TestDatabase,
-    nats: &str,
-    notifications: bool,
-) -> Vec<Process> {
-    let prefix = unique_prefix();
-    (0..3)
-        .map(|i| {
-            let sub = dir.join(format!("gw{i}"));
-            std::fs::create_dir_all(&sub).expect("dir");
-            let config = sub.join("gateway.toml");
-            std::fs::write(
-                &config,
-                format!(
-                    r#"host = "127.0.0.1"
+/// Three instances over `fx`'s records in a database of their own and a NATS cluster of their
+/// own (given the three seeds), with PostgreSQL's notifications on or off.
+struct Fleet {
+    gws: Vec<Process>,
+    db: TestDatabase,
+    _cluster: NatsCluster,
+    _dir: tempfile::TempDir,
+}
 
-[nats]
-url = "{nats}"
-subject_prefix = "{prefix}"
-fleet_secret = "{fleet}"
-
-[control]
-store = "postgres"
-database_url = "{db}"
-notifications = {notifications}
-
-[auth]
-key_cache_ttl_secs = 30
-project_cache_ttl_secs = 30
-
-[auth.console_jwt]
-hs256_secret = "{console}"
-
-[plugins]
-tenant_refresh_secs = 3600
-call_deadline_ms = 2000
-
-[metrics]
-token = "{METRICS_TOKEN}"
-"#,
-                    db = db.url,
-                    console = crate::support::fixture::CONSOLE_SECRET,
-                    fleet = crate::support::gateway::FLEET_SECRET,
-                ),
-            )
-            .expect("config");
-            Process::serve(&config, &sub)
-        })
-        .collect()
+async fn fleet(fx: &Fixture, notifications: bool) -> Fleet {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (db, _) = TestDatabase::seeded(fx).await;
+    let cluster = NatsCluster::start().await;
+    let (nats, prefix) = (cluster.seeds(), crate::support::unique_prefix());
+    let toml = long_cached(&db.url, notifications) + "call_deadline_ms = 2000\n";
+    let instance = |i| {
+        let sub = dir.path().join(format!("gw{i}"));
+        std::fs::create_dir_all(&sub).expect("dir");
+        let gw = Gateway::builder()
+            .nats(&nats)
+            .prefix(&prefix)
+            .fixture(fx)
+            .dir(&sub);
+        gw.toml(&toml).binary().gw
+    };
+    let gws = (0..3).map(instance).collect();
+    Fleet {
+        gws,
+        db,
+        _cluster: cluster,
+        _dir: dir,
+    }
 }
 
 /// How long until `check` holds on every instance (polled every 20 ms), or `None` after `limit`.
@@ -76,74 +61,68 @@ async fn until_all(
 ) -> Option<Duration> {
     let started = Instant::now();
     let mut done = vec![false; fleet.len()];
-    while started.elapsed() < limit {
+    let every = Duration::from_millis(20);
+    poll_every(limit, every, async || {
         for (i, gw) in fleet.iter().enumerate() {
             if !done[i] {
                 done[i] = check(gw).await;
             }
         }
-        if done.iter().all(|d| *d) {
-            return Some(started.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
+        done.iter().all(|d| *d).then(|| started.elapsed())
+    })
+    .await
 }
 
 async fn status_with_key(gw: &Process, key: &str) -> StatusCode {
-    reqwest::Client::new()
-        .get(gw.data_url("/v1/storage/object/x"))
-        .header("apikey", key)
-        .send()
-        .await
-        .expect("answer")
+    Call::get(gw.data_url("/v1/storage/object/x"))
+        .key(key)
         .status()
+        .await
 }
 
 async fn alphas_module_answers(gw: &Process, fx: &Fixture) -> bool {
-    cors_probe(gw, &fx.anon_key)
-        .await
-        .headers()
-        .get("access-control-expose-headers")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("x-testing-plugin"))
+    let probe = cors_probe(gw.data_url("/health"), &fx.anon_key).await;
+    let exposed = probe.headers.get("access-control-expose-headers");
+    let exposed = exposed.and_then(|v| v.to_str().ok());
+    exposed.is_some_and(|v| v.contains("x-testing-plugin"))
+}
+
+/// The longest tenant compilation of the instances, from their metrics.
+async fn longest_compilation(gws: &[Process]) -> Duration {
+    let mut compile = Duration::ZERO;
+    for gw in gws {
+        let seconds = metric(&gw.metrics().await, "aura_tenant_compile_seconds_sum", &[]);
+        compile = compile.max(Duration::from_secs_f64(seconds));
+    }
+    compile
+}
+
+/// `aura_change_events_total` from `source` of `kind` on `gw`, at least once.
+async fn told(gw: &Process, source: &str, kind: &str) {
+    let text = gw.metrics().await;
+    let labels = [format!("source=\"{source}\""), format!("kind=\"{kind}\"")];
+    let events = metric(&text, "aura_change_events_total", &[&labels[0], &labels[1]]);
+    assert!(events >= 1.0, "{text}");
 }
 
 #[tokio::test]
 async fn a_tenant_module_installed_on_one_instance_is_in_force_on_all_within_a_second() {
-    let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
-    let db = TestDatabase::create().await;
-    db.store().await;
-    fx.seed(&db).await;
     // PostgreSQL's notifications off: only the instances' own NATS events carry the change.
-    let cluster = NatsCluster::start().await;
-    let gws = fleet(dir.path(), &db, &cluster.seeds(), false);
-    for gw in &gws {
+    let fleet = fleet(&fx, false).await;
+    let gws = &fleet.gws;
+    for gw in gws {
         assert!(!alphas_module_answers(gw, &fx).await);
     }
-    let module = base64::engine::general_purpose::STANDARD
-        .encode(std::fs::read(aura_gateway::policy::builtin::TESTING_PLUGIN_PATH).expect("module"));
-    let r = reqwest::Client::new()
-        .put(gws[0].mgmt_url("/v1/projects/alpha/policies/cors"))
-        .bearer_auth(console_token(fx.admin))
-        .json(&serde_json::json!({ "module": module, "config": {} }))
-        .send()
-        .await
-        .expect("upload");
-    assert_eq!(r.status(), StatusCode::OK);
+    let on = |i: usize| Policies::new(gws[i].mgmt_url(""), console_token(fx.admin));
+    let installed = on(0).install("cors", &testing_cors(), json!({})).await;
+    assert_eq!(installed.status, StatusCode::OK);
     // Every instance compiles the module itself: the change must reach them within a second
     // plus the longest of those compilations (each instance's own, from its metrics).
-    let took = until_all(&gws, Duration::from_secs(10), async |gw| {
-        alphas_module_answers(gw, &fx).await
-    })
-    .await
-    .expect("the module reached every instance");
-    let mut compile = Duration::ZERO;
-    for gw in &gws {
-        let seconds = metric(&gw.metrics().await, "aura_tenant_compile_seconds_sum", &[]);
-        compile = compile.max(Duration::from_secs_f64(seconds));
-    }
+    let answers = async |gw: &Process| alphas_module_answers(gw, &fx).await;
+    let took = until_all(gws, Duration::from_secs(10), answers).await;
+    let took = took.expect("the module reached every instance");
+    let compile = longest_compilation(gws).await;
     eprintln!(
         "tenant module in force on 3 instances after {took:?} (longest compilation: {compile:?})"
     );
@@ -151,185 +130,123 @@ async fn a_tenant_module_installed_on_one_instance_is_in_force_on_all_within_a_s
         took < Duration::from_secs(1) + compile,
         "took {took:?}, compile {compile:?}"
     );
-    let text = gws[2].metrics().await;
-    assert!(
-        metric(
-            &text,
-            "aura_change_events_total",
-            &["source=\"nats\"", "kind=\"tenant_modules\""]
-        ) >= 1.0,
-        "{text}"
-    );
+    told(&gws[2], "nats", "tenant_modules").await;
     // And removed everywhere.
-    let r = reqwest::Client::new()
-        .delete(gws[1].mgmt_url("/v1/projects/alpha/policies/cors"))
-        .bearer_auth(console_token(fx.admin))
-        .send()
-        .await
-        .expect("delete");
-    assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    let took = until_all(&gws, Duration::from_secs(10), async |gw| {
-        !alphas_module_answers(gw, &fx).await
-    })
-    .await
-    .expect("the module left every instance");
+    assert_eq!(on(1).delete("cors").await.status, StatusCode::NO_CONTENT);
+    let gone = async |gw: &Process| !alphas_module_answers(gw, &fx).await;
+    let took = until_all(gws, Duration::from_secs(10), gone).await;
+    let took = took.expect("the module left every instance");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+}
+
+/// Within a second, `check` holds on every instance of `gws`; `what` is said with the time.
+async fn within_a_second_on_all(
+    gws: &[Process],
+    what: &str,
+    check: impl AsyncFn(&Process) -> bool,
+) {
+    let took = until_all(gws, Duration::from_secs(10), check).await;
+    let took = took.unwrap_or_else(|| panic!("{what}: not on every instance"));
+    eprintln!("{what} on 3 instances after {took:?}");
     assert!(took < Duration::from_secs(1), "took {took:?}");
 }
 
 #[tokio::test]
 async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a_second() {
-    let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
-    let db = TestDatabase::create().await;
-    db.store().await;
-    fx.seed(&db).await;
-    let cluster = NatsCluster::start().await;
-    let gws = fleet(dir.path(), &db, &cluster.seeds(), true);
+    let fleet = fleet(&fx, true).await;
+    let (gws, db) = (&fleet.gws, &fleet.db);
     // Every instance has the key cached as valid (30 s).
-    for gw in &gws {
-        assert_eq!(
-            status_with_key(gw, &fx.anon_key).await,
-            StatusCode::SERVICE_UNAVAILABLE
-        );
+    for gw in gws {
+        let status = status_with_key(gw, &fx.anon_key).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     }
     // Wait until each is listening (it says so in its log).
-    let started = Instant::now();
-    while !gws
-        .iter()
-        .all(|gw| gw.log_text().contains("listening to PostgreSQL"))
-    {
-        assert!(started.elapsed() < Duration::from_secs(10), "not listening");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let listening = |gw: &Process| gw.log_text().contains("listening to PostgreSQL");
+    let every = Duration::from_millis(20);
+    let all_listening = poll_every(Duration::from_secs(10), every, async || {
+        gws.iter().all(listening).then_some(())
+    });
+    assert!(all_listening.await.is_some(), "not listening");
     // A key created in the database while every instance has it cached as unknown (30 s).
     let new_key = format!("aura_pk_{}", uuid::Uuid::new_v4().simple());
-    for gw in &gws {
+    for gw in gws {
         assert_eq!(
             status_with_key(gw, &new_key).await,
             StatusCode::UNAUTHORIZED
         );
     }
-    db.execute(&format!(
-        "INSERT INTO aura_control.api_keys VALUES ('{}', 'alpha', 'anon', '{}', NULL)",
+    let (id, hash) = (
         uuid::Uuid::new_v4(),
-        aura_gateway::auth::keys::hash_key(&new_key)
-    ))
-    .await;
+        aura_gateway::auth::keys::hash_key(&new_key),
+    );
+    let insert = format!(
+        "INSERT INTO aura_control.api_keys VALUES ('{id}', 'alpha', 'anon', '{hash}', NULL)"
+    );
+    db.execute(&insert).await;
     // Accepted: past authentication, to the storage route (no backend configured here).
-    let took = until_all(&gws, Duration::from_secs(10), async |gw| {
-        status_with_key(gw, &new_key).await == StatusCode::SERVICE_UNAVAILABLE
-    })
-    .await
-    .expect("the new key reached every instance");
-    eprintln!("key created on 3 instances after {took:?}");
-    assert!(took < Duration::from_secs(1), "took {took:?}");
+    let accepted =
+        async |gw: &Process| status_with_key(gw, &new_key).await == StatusCode::SERVICE_UNAVAILABLE;
+    within_a_second_on_all(gws, "key created", accepted).await;
     // The control service revokes it, in the database, without telling the gateways.
+    let id = fx.anon_key_id;
     db.execute(&format!(
-        "UPDATE aura_control.api_keys SET revoked_at = now() WHERE id = '{}'",
-        fx.anon_key_id
+        "UPDATE aura_control.api_keys SET revoked_at = now() WHERE id = '{id}'"
     ))
     .await;
-    let took = until_all(&gws, Duration::from_secs(10), async |gw| {
-        status_with_key(gw, &fx.anon_key).await == StatusCode::UNAUTHORIZED
-    })
-    .await
-    .expect("the revocation reached every instance");
-    eprintln!("key revoked on 3 instances after {took:?}");
-    assert!(took < Duration::from_secs(1), "took {took:?}");
+    let refused =
+        async |gw: &Process| status_with_key(gw, &fx.anon_key).await == StatusCode::UNAUTHORIZED;
+    within_a_second_on_all(gws, "key revoked", refused).await;
     // A membership removed in the database: the console user is refused everywhere at once
     // (roles are read on every request).
     let console = console_token(fx.developer);
     let as_developer = async |gw: &Process| {
-        reqwest::Client::new()
-            .get(gw.mgmt_url("/v1/projects/alpha"))
-            .bearer_auth(&console)
-            .send()
-            .await
-            .expect("answer")
+        Call::get(gw.mgmt_url("/v1/projects/alpha"))
+            .bearer(&console)
             .status()
+            .await
     };
-    for gw in &gws {
+    for gw in gws {
         assert_ne!(as_developer(gw).await, StatusCode::FORBIDDEN);
     }
+    let member = fx.developer;
     db.execute(&format!(
-        "DELETE FROM aura_control.organization_members WHERE user_id = '{}'",
-        fx.developer
+        "DELETE FROM aura_control.organization_members WHERE user_id = '{member}'"
     ))
     .await;
-    let took = until_all(&gws, Duration::from_secs(10), async |gw| {
-        as_developer(gw).await == StatusCode::FORBIDDEN
-    })
-    .await
-    .expect("the removal reached every instance");
-    eprintln!("membership removed on 3 instances after {took:?}");
-    assert!(took < Duration::from_secs(1), "took {took:?}");
-    let text = gws[0].metrics().await;
-    assert!(
-        metric(
-            &text,
-            "aura_change_events_total",
-            &["source=\"postgres\"", "kind=\"api_key\""]
-        ) >= 1.0,
-        "{text}"
-    );
+    let forbidden = async |gw: &Process| as_developer(gw).await == StatusCode::FORBIDDEN;
+    within_a_second_on_all(gws, "membership removed", forbidden).await;
+    told(&gws[0], "postgres", "api_key").await;
 }
 
 #[tokio::test]
 async fn a_control_file_change_applies_at_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fx = Fixture::new();
-    let prefix = unique_prefix();
-    let config = binary_config(
-        dir.path(),
-        &fx,
-        "",
-        &shared().url(),
-        &prefix,
-        "[auth]\nkey_cache_ttl_secs = 30\n",
-    );
-    let gw = Process::serve(&config, dir.path());
+    let Started { gw, fx, dir } = Gateway::builder()
+        .toml("[auth]\nkey_cache_ttl_secs = 30\n")
+        .binary();
     assert_eq!(
         status_with_key(&gw, &fx.anon_key).await,
         StatusCode::SERVICE_UNAVAILABLE
     );
 
     // The key revoked in the control file: refused at once, not after the 30 s cache lifetime.
-    let revoke = std::process::Command::new(binary())
-        .args([
-            "keys",
-            "revoke",
-            "--id",
-            &fx.anon_key_id.to_string(),
-            "--config",
-        ])
-        .arg(&config)
-        .output()
-        .expect("keys revoke");
-    assert!(
-        revoke.status.success(),
-        "{}",
-        String::from_utf8_lossy(&revoke.stderr)
-    );
+    let config = dir.path().join("gateway.toml");
+    let id = fx.anon_key_id.to_string();
+    succeeded(&run(&["keys", "revoke", "--id", &id], Some(&config)));
     let revoked = Instant::now();
-    loop {
-        if status_with_key(&gw, &fx.anon_key).await == StatusCode::UNAUTHORIZED {
-            break;
-        }
-        assert!(
-            revoked.elapsed() < Duration::from_secs(2),
-            "the revocation waited for the cache"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let every = Duration::from_millis(20);
+    let refused = poll_every(Duration::from_secs(2), every, async || {
+        (status_with_key(&gw, &fx.anon_key).await == StatusCode::UNAUTHORIZED).then_some(())
+    });
+    assert!(
+        refused.await.is_some(),
+        "the revocation waited for the cache"
+    );
     eprintln!(
         "key revoked in the control file, refused after {:?}",
         revoked.elapsed()
     );
-    assert!(
-        metric(
-            &gw.metrics().await,
-            "aura_change_events_total",
-            &["source=\"file\"", "kind=\"everything\""]
-        ) >= 1.0
-    );
+    let labels = ["source=\"file\"", "kind=\"everything\""];
+    let events = metric(&gw.metrics().await, "aura_change_events_total", &labels);
+    assert!(events >= 1.0);
 }

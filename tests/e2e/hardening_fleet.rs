@@ -7,11 +7,16 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use sqlx::Connection as _;
 
+use crate::support::builder::Gateway;
+use crate::support::call::Call;
+use crate::support::config::FLEET_SECRET;
 use crate::support::fixture::Fixture;
-use crate::support::gateway::{FLEET_SECRET, Process, binary_config, metric};
+use crate::support::gateway::Process;
+use crate::support::metrics::metric;
 use crate::support::nats_server::shared;
 use crate::support::pg_counter::PgCounter;
-use crate::support::postgres::{TestDatabase, admin_url};
+use crate::support::poll::poll_every;
+use crate::support::postgres::{TestDatabase, admin_url, long_cached};
 use crate::support::unique_prefix;
 
 /// Publishes `payload` on `subject` with `signature` in the fleet's signature header.
@@ -24,47 +29,56 @@ async fn publish(nats: &async_nats::Client, subject: &str, payload: Vec<u8>, sig
 }
 
 async fn keyed(gw: &Process, key: &str) -> StatusCode {
-    reqwest::Client::new()
-        .get(gw.data_url("/v1/storage/object/x"))
-        .header("apikey", key)
-        .send()
-        .await
-        .expect("answer")
+    Call::get(gw.data_url("/v1/storage/object/x"))
+        .key(key)
         .status()
+        .await
 }
 
-/// A gateway binary on `db` through a statement counter, NATS under `prefix`; caches and the
-/// tenant refresh set long, so that only events make it ask the store.
+/// A gateway binary over `fx`'s records in a new database, through a statement counter, NATS
+/// under `prefix`; caches and the tenant refresh set long, so that only events make it ask the
+/// store.
 async fn gateway(
-    dir: &std::path::Path,
     fx: &Fixture,
-    db: &TestDatabase,
     prefix: &str,
     notifications: bool,
-) -> (Process, PgCounter) {
+) -> (Process, PgCounter, TestDatabase) {
+    let (db, _) = TestDatabase::seeded(fx).await;
     let counter = PgCounter::start(&db.url).await;
-    let config = binary_config(
-        dir,
-        fx,
-        "",
-        &shared().url(),
-        prefix,
-        &format!(
-            "[control]\nstore = \"postgres\"\ndatabase_url = \"{}\"\nnotifications = {notifications}\n\n\
-             [auth]\nkey_cache_ttl_secs = 30\nproject_cache_ttl_secs = 30\n\n\
-             [plugins]\ntenant_refresh_secs = 3600\nmodule_gc_interval_secs = 3600\n",
-            counter.url
-        ),
-    );
-    let gw = Process::serve(&config, dir);
+    let toml = long_cached(&counter.url, notifications) + "module_gc_interval_secs = 3600\n";
+    let started = Gateway::builder()
+        .prefix(prefix)
+        .fixture(fx)
+        .toml(toml)
+        .binary();
     if notifications {
-        let started = Instant::now();
-        while !gw.log_text().contains("listening to PostgreSQL") {
-            assert!(started.elapsed() < Duration::from_secs(10), "not listening");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let every = Duration::from_millis(20);
+        let listening = poll_every(Duration::from_secs(10), every, async || {
+            started
+                .gw
+                .log_text()
+                .contains("listening to PostgreSQL")
+                .then_some(())
+        });
+        assert!(listening.await.is_some(), "not listening");
     }
-    (gw, counter)
+    (started.gw, counter, db)
+}
+
+/// The reloads `text` counts as applied.
+fn applied_reloads(text: &str) -> f64 {
+    metric(text, "aura_policy_reloads_total", &["result=\"applied\""])
+}
+
+/// The metrics text of `gw` once `done` holds on it (polled every 50 ms); fails naming `what`
+/// after 5 s.
+async fn metrics_once(gw: &Process, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let every = Duration::from_millis(50);
+    let text = poll_every(Duration::from_secs(5), every, async || {
+        let text = gw.metrics().await;
+        done(&text).then_some(text)
+    });
+    text.await.unwrap_or_else(|| panic!("{what}"))
 }
 
 /// A login role of its own on the test server, dropped with the guard.
@@ -102,13 +116,9 @@ impl Drop for Role {
 /// notification costs at most a throttled read that finds nothing.
 #[tokio::test]
 async fn forged_postgres_notifications_drive_nothing_and_other_logins_read_nothing() {
-    let db = TestDatabase::create().await;
-    db.store().await;
     let fx = Fixture::new();
-    fx.seed(&db).await;
+    let (gw, counter, db) = gateway(&fx, &unique_prefix(), true).await;
     let intruder = Role::create(&db).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (gw, counter) = gateway(dir.path(), &fx, &db, &unique_prefix(), true).await;
     for _ in 0..10 {
         assert_eq!(
             keyed(&gw, &fx.anon_key).await,
@@ -153,18 +163,9 @@ async fn forged_postgres_notifications_drive_nothing_and_other_logins_read_nothi
     // statements: the pool's ping, the query); the requests cost none (their key is cached).
     assert!(cost <= 8, "{cost} statements");
     let text = gw.metrics().await;
-    assert_eq!(
-        metric(&text, "aura_policy_reloads_total", &["result=\"applied\""]),
-        0.0,
-        "a forged reload ran"
-    );
-    assert!(
-        metric(
-            &text,
-            "aura_change_events_refused_total",
-            &["source=\"postgres\"", "reason=\"invalid\""]
-        ) >= 150.0
-    );
+    assert_eq!(applied_reloads(&text), 0.0, "a forged reload ran");
+    let labels = ["source=\"postgres\"", "reason=\"invalid\""];
+    assert!(metric(&text, "aura_change_events_refused_total", &labels) >= 150.0);
 
     // The log, the only place changes are told, is closed to other logins.
     let read = sqlx::query("SELECT * FROM aura_control.change_log")
@@ -198,14 +199,11 @@ async fn forged_postgres_notifications_drive_nothing_and_other_logins_read_nothi
         "a notification told {payload:?}"
     );
     // And the real change applies at once.
-    let revoked = Instant::now();
-    while keyed(&gw, &fx.anon_key).await != StatusCode::UNAUTHORIZED {
-        assert!(
-            revoked.elapsed() < Duration::from_secs(3),
-            "the revocation waited"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let every = Duration::from_millis(20);
+    let revoked = poll_every(Duration::from_secs(3), every, async || {
+        (keyed(&gw, &fx.anon_key).await == StatusCode::UNAUTHORIZED).then_some(())
+    });
+    assert!(revoked.await.is_some(), "the revocation waited");
     drop(listener);
     drop(conn);
 }
@@ -215,13 +213,9 @@ async fn forged_postgres_notifications_drive_nothing_and_other_logins_read_nothi
 /// `nats.fleet_secret`), fresh and never replayed; even valid ones are coalesced.
 #[tokio::test]
 async fn fleet_events_are_accepted_only_signed_fresh_and_once_and_bursts_are_coalesced() {
-    let db = TestDatabase::create().await;
-    db.store().await;
     let fx = Fixture::new();
-    fx.seed(&db).await;
-    let dir = tempfile::tempdir().expect("tempdir");
     let prefix = unique_prefix();
-    let (gw, counter) = gateway(dir.path(), &fx, &db, &prefix, false).await;
+    let (gw, counter, _db) = gateway(&fx, &prefix, false).await;
     let nats = async_nats::connect(shared().url()).await.expect("nats");
     let subject = aura_gateway::changes::subject(&prefix);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -229,10 +223,10 @@ async fn fleet_events_are_accepted_only_signed_fresh_and_once_and_bursts_are_coa
     use aura_gateway::changes::{Change, now_millis, signed_event};
 
     // Unsigned, forged, signed under another secret, oversized.
+    let event = |secret: &[u8], seq, at, change| signed_event(secret, "peer", seq, at, change);
     let reload = |seq| {
-        signed_event(
+        event(
             FLEET_SECRET.as_bytes(),
-            "peer",
             seq,
             now_millis(),
             Change::OperatorReload,
@@ -251,13 +245,8 @@ async fn fleet_events_are_accepted_only_signed_fresh_and_once_and_bursts_are_coa
             format!("v1={}", "0".repeat(64)).as_str(),
         )
         .await;
-        let (payload, signed) = signed_event(
-            b"not-the-fleet-secret-0123456789abcdef",
-            "peer",
-            3000 + i,
-            now_millis(),
-            Change::OperatorReload,
-        );
+        let other = b"not-the-fleet-secret-0123456789abcdef";
+        let (payload, signed) = event(other, 3000 + i, now_millis(), Change::OperatorReload);
         publish(&nats, &subject, payload, signed.as_str()).await;
     }
     for _ in 0..5 {
@@ -265,46 +254,25 @@ async fn fleet_events_are_accepted_only_signed_fresh_and_once_and_bursts_are_coa
     }
     nats.flush().await.expect("flush");
     let refused = |text: &str, reason: &str| {
-        metric(
-            text,
-            "aura_change_events_refused_total",
-            &["source=\"nats\"", &format!("reason=\"{reason}\"")],
-        )
+        let labels = ["source=\"nats\"", &format!("reason=\"{reason}\"")];
+        metric(text, "aura_change_events_refused_total", &labels)
     };
-    let started = Instant::now();
-    loop {
-        let text = gw.metrics().await;
-        if refused(&text, "unsigned") >= 20.0 && refused(&text, "bad_signature") >= 40.0 {
-            assert!(refused(&text, "invalid") >= 5.0, "{text}");
-            assert_eq!(
-                metric(&text, "aura_policy_reloads_total", &["result=\"applied\""]),
-                0.0
-            );
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "forged events not refused"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let text = metrics_once(&gw, "forged events not refused", |text| {
+        refused(text, "unsigned") >= 20.0 && refused(text, "bad_signature") >= 40.0
+    });
+    let text = text.await;
+    assert!(refused(&text, "invalid") >= 5.0, "{text}");
+    assert_eq!(applied_reloads(&text), 0.0);
     assert!(
         counter.statements() - before <= 1,
         "forged events reached the store"
     );
 
     // A valid event sent ten times is acted on once; a stale one not at all.
-    let refresh = |seq, at| {
-        signed_event(
-            FLEET_SECRET.as_bytes(),
-            "peer",
-            seq,
-            at,
-            Change::TenantModules {
-                project_ref: "alpha".into(),
-            },
-        )
+    let alpha = || Change::TenantModules {
+        project_ref: "alpha".into(),
     };
+    let refresh = |seq, at| event(FLEET_SECRET.as_bytes(), seq, at, alpha());
     let (payload, signed) = refresh(1, now_millis());
     for _ in 0..10 {
         publish(&nats, &subject, payload.clone(), signed.as_str()).await;
@@ -312,26 +280,12 @@ async fn fleet_events_are_accepted_only_signed_fresh_and_once_and_bursts_are_coa
     let (payload, signed) = refresh(2, now_millis() - 60_000);
     publish(&nats, &subject, payload, signed.as_str()).await;
     nats.flush().await.expect("flush");
-    let started = Instant::now();
-    loop {
-        let text = gw.metrics().await;
-        if refused(&text, "replayed") >= 9.0 && refused(&text, "stale") >= 1.0 {
-            assert_eq!(
-                metric(
-                    &text,
-                    "aura_change_events_total",
-                    &["source=\"nats\"", "kind=\"tenant_modules\""]
-                ),
-                1.0
-            );
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "replays not refused"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let text = metrics_once(&gw, "replays not refused", |text| {
+        refused(text, "replayed") >= 9.0 && refused(text, "stale") >= 1.0
+    });
+    let text = text.await;
+    let labels = ["source=\"nats\"", "kind=\"tenant_modules\""];
+    assert_eq!(metric(&text, "aura_change_events_total", &labels), 1.0);
 
     // A burst of valid events: refreshes and reloads coalesced, at most one per interval.
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -349,35 +303,28 @@ async fn fleet_events_are_accepted_only_signed_fresh_and_once_and_bursts_are_coa
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let text = gw.metrics().await;
     let action = |action: &str, outcome: &str| {
+        let labels = [
+            format!("action=\"{action}\""),
+            format!("outcome=\"{outcome}\""),
+        ];
         metric(
             &text,
             "aura_change_actions_total",
-            &[
-                &format!("action=\"{action}\""),
-                &format!("outcome=\"{outcome}\""),
-            ],
+            &[&labels[0], &labels[1]],
         )
     };
-    let (refreshes, folded) = (
-        action("tenant_refresh", "run"),
-        action("tenant_refresh", "coalesced"),
-    );
-    let (reloads, reloads_folded) = (
-        action("operator_reload", "run"),
-        action("operator_reload", "coalesced"),
-    );
+    let refreshes = action("tenant_refresh", "run");
+    let folded = action("tenant_refresh", "coalesced");
+    let reloads = action("operator_reload", "run");
+    let reloads_folded = action("operator_reload", "coalesced");
     let cost = counter.statements() - before;
     eprintln!(
         "300 refreshes and 20 reloads asked for in {:?}: {refreshes} refreshes ({folded} folded), {reloads} reloads ({reloads_folded} folded), {cost} statements",
         burst.elapsed()
     );
-    assert!(
-        refreshes <= 5.0 && folded >= 290.0,
-        "{refreshes} refreshes, {folded} folded"
-    );
-    assert!(
-        reloads <= 3.0 && reloads_folded >= 17.0,
-        "{reloads} reloads"
-    );
+    let coalesced = refreshes <= 5.0 && folded >= 290.0;
+    assert!(coalesced, "{refreshes} refreshes, {folded} folded");
+    let coalesced = reloads <= 3.0 && reloads_folded >= 17.0;
+    assert!(coalesced, "{reloads} reloads");
     assert!(cost <= 16, "{cost} statements");
 }

@@ -9,19 +9,27 @@ use reqwest::StatusCode;
 use rustls::pki_types::ServerName;
 use tokio::io::AsyncWriteExt;
 
-use crate::support::gateway::{Process, Started, metric, start_binary};
+use crate::support::builder::{Gateway, Started};
+use crate::support::call::Call;
+use crate::support::gateway::Process;
 use crate::support::h2raw;
+use crate::support::metrics::metric;
 use crate::support::pki::Pki;
+use crate::support::poll::poll_every;
 use crate::support::upstream::SseBackend;
 
+/// A gateway binary with `toml`.
+fn started(toml: impl AsRef<str>) -> Started {
+    Gateway::builder().toml(toml).binary()
+}
+
 async fn closed_count(gw: &Process, plane: &str, reason: &str) -> f64 {
+    let labels = [format!("plane=\"{plane}\""), format!("reason=\"{reason}\"")];
+    let text = gw.metrics().await;
     metric(
-        &gw.metrics().await,
+        &text,
         "aura_connections_closed_total",
-        &[
-            &format!("plane=\"{plane}\""),
-            &format!("reason=\"{reason}\""),
-        ],
+        &[&labels[0], &labels[1]],
     )
 }
 
@@ -31,31 +39,14 @@ async fn tls_connection(
     pki: &Pki,
     alpn: &[&[u8]],
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
-    tokio_rustls::TlsConnector::from(std::sync::Arc::new(pki.rustls_client(alpn, false)))
-        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+    let connector =
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(pki.rustls_client(alpn, false)));
+    let localhost = ServerName::try_from("localhost").expect("name");
+    connector
+        .connect(localhost, tcp.expect("connect"))
         .await
         .expect("handshake")
-}
-
-/// Reads a TLS connection until the gateway closes it, at most `limit`.
-async fn tls_closed_within(
-    tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-    limit: Duration,
-) -> Option<Duration> {
-    use tokio::io::AsyncReadExt;
-    let started = Instant::now();
-    let mut buf = [0u8; 1024];
-    loop {
-        let left = limit.checked_sub(started.elapsed())?;
-        match tokio::time::timeout(left, tls.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => return Some(started.elapsed()),
-            Ok(Ok(_)) => {}
-            Err(_) => return None,
-        }
-    }
 }
 
 /// `GET path` (with `apikey` when given) on an HTTP/2 connection, once it has room for a stream:
@@ -74,10 +65,24 @@ async fn h2_get(
     if let Some(key) = apikey {
         request = request.header("apikey", key);
     }
-    let (response, _) = client
-        .send_request(request.body(()).expect("request"), true)
-        .expect("send");
+    let request = request.body(()).expect("request");
+    let (response, _) = client.send_request(request, true).expect("send");
     (client, response.await.expect("response"))
+}
+
+/// Every one of `connections` is closed by the gateway within 5 s.
+async fn all_closed(connections: &mut [impl tokio::io::AsyncRead + Unpin], what: &str) {
+    for (i, s) in connections.iter_mut().enumerate() {
+        let closed = h2raw::closed_within(s, Duration::from_secs(5)).await;
+        assert!(closed.is_some(), "{what} {i} is still open");
+    }
+}
+
+/// Until `done` holds (polled every 20 ms); fails naming `what` after 5 s.
+async fn within_five_seconds(what: &str, done: impl Fn() -> bool) {
+    let every = Duration::from_millis(20);
+    let held = poll_every(Duration::from_secs(5), every, async || done().then_some(()));
+    assert!(held.await.is_some(), "{what}");
 }
 
 /// Four connections at `max_connections = 4` that never start a request — two silent, two
@@ -89,11 +94,10 @@ async fn h2_get(
 async fn connections_that_never_start_a_request_are_closed_at_the_header_timeout() {
     let pki_dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new(pki_dir.path(), "listener");
-    let Started { gw, dir: _dir, .. } = start_binary(&format!(
+    let (cert, key) = (pki.server_cert.display(), pki.server_key.display());
+    let Started { gw, dir: _dir, .. } = started(format!(
         "[server]\nmax_connections = 4\nheader_read_timeout_ms = 1000\n\n\
-             [management_plane.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
-        pki.server_cert.display(),
-        pki.server_key.display()
+         [management_plane.tls]\ncert_file = \"{cert}\"\nkey_file = \"{key}\"\n",
     ));
     let data = ("127.0.0.1", gw.port);
 
@@ -108,20 +112,13 @@ async fn connections_that_never_start_a_request_are_closed_at_the_header_timeout
     // The listener's four slots are taken: a real request waits in the backlog until the
     // header timeout frees them, and is then served.
     let started = Instant::now();
-    let answer = tokio::time::timeout(
-        Duration::from_secs(10),
-        reqwest::Client::new().get(gw.data_url("/health")).send(),
-    )
-    .await
-    .expect("served within the header timeout, not held")
-    .expect("answer");
-    assert_eq!(answer.status(), StatusCode::OK);
+    let health = Call::get(gw.data_url("/health")).try_send();
+    let answer = tokio::time::timeout(Duration::from_secs(10), health).await;
+    let answer = answer.expect("served within the header timeout, not held");
+    assert_eq!(answer.expect("answer").status(), StatusCode::OK);
     let waited = started.elapsed();
     eprintln!("a request behind four silent connections was served after {waited:?}");
-    for (i, s) in held.iter_mut().enumerate() {
-        let closed = h2raw::closed_within(s, Duration::from_secs(5)).await;
-        assert!(closed.is_some(), "silent connection {i} is still open");
-    }
+    all_closed(&mut held, "silent connection").await;
     assert!(closed_count(&gw, "data", "silent").await >= 4.0);
 
     // After TLS: the handshake is done, ALPN says h2, and nothing more comes.
@@ -133,25 +130,17 @@ async fn connections_that_never_start_a_request_are_closed_at_the_header_timeout
     let mut health = tls_connection(gw.management_port, &pki, &[b"http/1.1"]).await;
     let answer = tokio::time::timeout(Duration::from_secs(10), async {
         use tokio::io::AsyncReadExt;
-        health
-            .write_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
-            .await
-            .expect("write");
+        let get = b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n";
+        health.write_all(get).await.expect("write");
         let mut out = Vec::new();
         let _ = health.read_to_end(&mut out).await;
         String::from_utf8_lossy(&out).into_owned()
-    })
-    .await
-    .expect("served within the header timeout");
+    });
+    let answer = answer.await.expect("served within the header timeout");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    eprintln!(
-        "a TLS request behind four silent TLS connections was served after {:?}",
-        started.elapsed()
-    );
-    for (i, s) in tls.iter_mut().enumerate() {
-        let closed = tls_closed_within(s, Duration::from_secs(5)).await;
-        assert!(closed.is_some(), "silent TLS connection {i} is still open");
-    }
+    let waited = started.elapsed();
+    eprintln!("a TLS request behind four silent TLS connections was served after {waited:?}");
+    all_closed(&mut tls, "silent TLS connection").await;
     assert!(closed_count(&gw, "management", "silent").await >= 4.0);
 }
 
@@ -160,7 +149,7 @@ async fn connections_that_never_start_a_request_are_closed_at_the_header_timeout
 #[tokio::test]
 async fn an_http2_connection_without_streams_is_closed_and_pings_do_not_keep_it() {
     let Started { gw, dir: _dir, .. } =
-        start_binary("[server]\nheader_read_timeout_ms = 1000\nhttp2_idle_timeout_ms = 1500\n");
+        started("[server]\nheader_read_timeout_ms = 1000\nhttp2_idle_timeout_ms = 1500\n");
     let data = ("127.0.0.1", gw.port);
 
     let mut pinging = h2raw::connect(data).await;
@@ -173,10 +162,9 @@ async fn an_http2_connection_without_streams_is_closed_and_pings_do_not_keep_it(
                     closed = Some(started.elapsed());
                     break;
                 }
-                if let Some(after) =
-                    h2raw::closed_within(&mut pinging, Duration::from_millis(150)).await
-                {
-                    closed = Some(started.elapsed() - Duration::from_millis(150) + after);
+                let quiet = Duration::from_millis(150);
+                if let Some(after) = h2raw::closed_within(&mut pinging, quiet).await {
+                    closed = Some(started.elapsed() - quiet + after);
                     break;
                 }
             }
@@ -200,15 +188,13 @@ async fn an_http2_connection_without_streams_is_closed_and_pings_do_not_keep_it(
     let (_client, response) = h2_get(client, gw.port, "/health", None).await;
     assert_eq!(response.status(), 200);
     drop(response);
-    let lived = tokio::time::timeout(Duration::from_secs(10), ended)
-        .await
+    let lived = tokio::time::timeout(Duration::from_secs(10), ended).await;
+    let lived = lived
         .expect("the idle connection was closed")
         .expect("task");
     eprintln!("an idle HTTP/2 connection lived {lived:?}");
-    assert!(
-        lived >= Duration::from_millis(1000),
-        "closed before its idle timeout: {lived:?}"
-    );
+    let early = lived < Duration::from_millis(1000);
+    assert!(!early, "closed before its idle timeout: {lived:?}");
     assert!(closed_count(&gw, "data", "idle").await >= 2.0);
 }
 
@@ -218,40 +204,20 @@ async fn an_http2_connection_without_streams_is_closed_and_pings_do_not_keep_it(
 #[tokio::test]
 async fn an_http2_client_that_stops_answering_pings_is_dropped_with_its_streams() {
     let sse = SseBackend::start().await;
-    let Started { gw, fx, dir: _dir } = start_binary(&format!(
+    let Started { gw, fx, dir: _dir } = started(format!(
         "[server]\nhttp2_keep_alive_interval_ms = 300\nhttp2_keep_alive_timeout_ms = 300\n\n\
-             [upstreams]\nrealtime_url = \"{}\"\n",
+         [upstreams]\nrealtime_url = \"{}\"\n",
         sse.url
     ));
     let mut raw = h2raw::connect(("127.0.0.1", gw.port)).await;
-    raw.write_all(&h2raw::get(
-        1,
-        "/v1/realtime/sse",
-        &[("apikey", &fx.anon_key)],
-    ))
-    .await
-    .expect("headers");
-    let started = Instant::now();
-    while sse.open() == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no stream opened"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let headers = h2raw::get(1, "/v1/realtime/sse", &[("apikey", &fx.anon_key)]);
+    raw.write_all(&headers).await.expect("headers");
+    within_five_seconds("no stream opened", || sse.open() > 0).await;
     // Never a PING ACK: the client reads what comes, and answers nothing.
-    let closed = h2raw::closed_within(&mut raw, Duration::from_secs(10))
-        .await
-        .expect("the silent client was dropped");
+    let closed = h2raw::closed_within(&mut raw, Duration::from_secs(10)).await;
+    let closed = closed.expect("the silent client was dropped");
     eprintln!("a client that answered no PING was dropped after {closed:?}");
-    let started = Instant::now();
-    while sse.open() > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the backend stream outlived its client"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    within_five_seconds("the backend stream outlived its client", || sse.open() == 0).await;
 }
 
 /// `max_connections = 2` used to let one HTTP/2 connection hold a hundred SSE streams, each a
@@ -262,21 +228,21 @@ async fn an_http2_client_that_stops_answering_pings_is_dropped_with_its_streams(
 #[tokio::test]
 async fn long_lived_streams_count_against_the_listeners_budget_whatever_the_protocol() {
     let sse = SseBackend::start().await;
-    let Started { gw, fx, dir: _dir } = start_binary(&format!(
+    let Started { gw, fx, dir: _dir } = started(format!(
         "[server]\nmax_connections = 2\n\n[upstreams]\nrealtime_url = \"{}\"\n",
         sse.url
     ));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", gw.port)).await;
+    let (client, connection) = h2::client::handshake(tcp.expect("connect"))
         .await
-        .expect("connect");
-    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        .expect("h2 handshake");
     tokio::spawn(connection);
+    let key = Some(fx.anon_key.as_str());
     let mut client = client;
     let mut open = Vec::new();
     let mut refused = 0;
     for _ in 0..100 {
-        let (next, response) =
-            h2_get(client, gw.port, "/v1/realtime/sse", Some(&fx.anon_key)).await;
+        let (next, response) = h2_get(client, gw.port, "/v1/realtime/sse", key).await;
         client = next;
         match response.status().as_u16() {
             200 => open.push(response),
@@ -293,19 +259,16 @@ async fn long_lived_streams_count_against_the_listeners_budget_whatever_the_prot
             other => panic!("unexpected {other}"),
         }
     }
+    let (opened, most) = (open.len(), sse.most());
     eprintln!(
-        "100 SSE streams on one HTTP/2 connection: {} open, {refused} refused; backend streams at most {}",
-        open.len(),
-        sse.most()
+        "100 SSE streams on one HTTP/2 connection: {opened} open, {refused} refused; backend streams at most {most}"
     );
-    assert_eq!(open.len(), 2, "the budget is max_connections");
+    assert_eq!(opened, 2, "the budget is max_connections");
     assert_eq!(refused, 98);
-    assert!(sse.most() <= 2, "{} backend streams", sse.most());
+    assert!(most <= 2, "{most} backend streams");
     let text = gw.metrics().await;
-    assert_eq!(
-        metric(&text, "aura_streams_refused_total", &["plane=\"data\""]),
-        98.0
-    );
+    let streams_refused = metric(&text, "aura_streams_refused_total", &["plane=\"data\""]);
+    assert_eq!(streams_refused, 98.0);
 
     // A WebSocket upgrade on another connection finds no place either, until a stream ends.
     let ws = format!(
@@ -319,14 +282,7 @@ async fn long_lived_streams_count_against_the_listeners_budget_whatever_the_prot
         other => panic!("a tunnel past the budget: {:?}", other.map(|_| ())),
     }
     drop(open.pop());
-    let started = Instant::now();
-    while sse.open() > 1 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the stream's place stayed taken"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let (_client, response) = h2_get(client, gw.port, "/v1/realtime/sse", Some(&fx.anon_key)).await;
+    within_five_seconds("the stream's place stayed taken", || sse.open() <= 1).await;
+    let (_client, response) = h2_get(client, gw.port, "/v1/realtime/sse", key).await;
     assert_eq!(response.status(), 200, "a place is free again");
 }

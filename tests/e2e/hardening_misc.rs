@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
+use crate::support::builder::{Gateway, Started};
+use crate::support::call::{Call, IntoCall};
+use crate::support::cli::{check_config, failed_saying, run, succeeded};
+use crate::support::config::{FLEET_SECRET, write_config};
 use crate::support::fixture::Fixture;
-use crate::support::gateway::{
-    Process, Started, binary, binary_config, serve_binary, start_binary,
-};
-use crate::support::nats_server::shared;
 use crate::support::pg_counter::PgCounter;
-use crate::support::postgres::TestDatabase;
-use crate::support::unique_prefix;
+use crate::support::postgres::{TestDatabase, control_table};
+use crate::support::raw::exchange;
 use crate::support::upstream::Recorder;
 
 const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
@@ -23,62 +23,36 @@ const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
 /// `/v1/admin/config`.
 #[tokio::test]
 async fn the_effective_configuration_never_shows_a_secret_in_a_url_query() {
-    let db = TestDatabase::create().await;
-    db.store().await;
     let fx = Fixture::new();
-    fx.seed(&db).await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (db, _store) = TestDatabase::seeded(&fx).await;
     // Trust authentication on the test server: the password is carried, not checked.
     let url = format!(
         "{}?password=hunter2-query-secret&application_name=aura",
         db.url
     );
-    let gw = serve_binary(
-        dir.path(),
-        &fx,
-        "",
-        &format!(
-            "[control]\nstore = \"postgres\"\ndatabase_url = \"{url}\"\n\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n"
-        ),
-    );
-    let r = reqwest::Client::new()
-        .get(gw.mgmt_url("/v1/admin/config"))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::OK);
-    let text = r.text().await.expect("text");
+    let store = control_table(&url);
+    let admin = format!("\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n");
+    let Started { gw, .. } = Gateway::builder()
+        .fixture(&fx)
+        .toml(store + &admin)
+        .binary();
+    let config = Call::get(gw.mgmt_url("/v1/admin/config")).bearer(ADMIN_TOKEN);
+    let text = config.expect(StatusCode::OK).await.text();
     assert!(!text.contains("hunter2-query-secret"), "{text}");
-    assert!(
-        text.contains("password=[redacted]&application_name=aura"),
-        "{text}"
-    );
-    assert!(
-        !text.contains(crate::support::gateway::FLEET_SECRET),
-        "{text}"
-    );
+    let redacted = text.contains("password=[redacted]&application_name=aura");
+    assert!(redacted, "{text}");
+    assert!(!text.contains(FLEET_SECRET), "{text}");
 }
 
 /// `wit --out DIR` used to write through a link planted at `DIR/gateway.wit`.
 #[test]
 fn wit_out_replaces_a_planted_link_and_never_writes_through_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let victim = dir.path().join("victim");
+    let (victim, out) = (dir.path().join("victim"), dir.path().join("wit"));
     std::fs::write(&victim, "precious").expect("write");
-    let out = dir.path().join("wit");
     std::fs::create_dir_all(&out).expect("dir");
     std::os::unix::fs::symlink(&victim, out.join("gateway.wit")).expect("link");
-    let run = std::process::Command::new(binary())
-        .args(["wit", "--out"])
-        .arg(&out)
-        .output()
-        .expect("wit");
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    succeeded(&run(&["wit", "--out", &out.display().to_string()], None));
     assert_eq!(std::fs::read_to_string(&victim).expect("read"), "precious");
     let written = out.join("gateway.wit");
     assert!(
@@ -86,11 +60,8 @@ fn wit_out_replaces_a_planted_link_and_never_writes_through_it() {
             .expect("meta")
             .is_symlink()
     );
-    assert!(
-        std::fs::read_to_string(&written)
-            .expect("read")
-            .contains("package aura:gateway"),
-    );
+    let wit = std::fs::read_to_string(&written).expect("read");
+    assert!(wit.contains("package aura:gateway"));
 }
 
 /// The process compiling an uploaded module used to run as the gateway's user with its files
@@ -98,17 +69,10 @@ fn wit_out_replaces_a_planted_link_and_never_writes_through_it() {
 /// it drops to `nobody`.
 #[test]
 fn the_compile_worker_can_reach_no_file_socket_or_program() {
-    let run = std::process::Command::new(binary())
-        .args(["compile-worker", "--check-sandbox"])
-        .output()
-        .expect("worker");
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let worker = run(&["compile-worker", "--check-sandbox"], None);
+    succeeded(&worker);
     let report: serde_json::Value =
-        serde_json::from_slice(&run.stdout).expect("the worker's report");
+        serde_json::from_slice(&worker.stdout).expect("the worker's report");
     eprintln!("compile worker confinement: {report}");
     assert!(report["error"].is_null(), "{report}");
     for what in ["read_file", "create_file", "socket", "execute"] {
@@ -116,10 +80,8 @@ fn the_compile_worker_can_reach_no_file_socket_or_program() {
     }
     assert_eq!(report["confinement"]["seccomp"], true);
     if rustix::process::geteuid().is_root() {
-        assert_eq!(
-            report["confinement"]["uid"],
-            aura_gateway::policy::confine::UNPRIVILEGED_ID
-        );
+        let nobody = aura_gateway::policy::confine::UNPRIVILEGED_ID;
+        assert_eq!(report["confinement"]["uid"], nobody);
     }
 }
 
@@ -127,32 +89,23 @@ fn the_compile_worker_can_reach_no_file_socket_or_program() {
 /// of store round trips. The checks are answered from the last one for a second.
 #[tokio::test]
 async fn ready_checks_reach_the_store_at_most_once_a_second() {
-    let db = TestDatabase::create().await;
-    db.store().await;
     let fx = Fixture::new();
-    fx.seed(&db).await;
+    let (db, _store) = TestDatabase::seeded(&fx).await;
     let counter = PgCounter::start(&db.url).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = binary_config(
-        dir.path(),
-        &fx,
-        "",
-        &shared().url(),
-        &unique_prefix(),
-        &format!(
-            "[control]\nstore = \"postgres\"\ndatabase_url = \"{}\"\nnotifications = false\n\n[plugins]\ntenant_refresh_secs = 3600\nmodule_gc_interval_secs = 3600\n",
-            counter.url
-        ),
-    );
-    let gw = Process::serve(&config, dir.path());
+    let store = control_table(&counter.url) + "notifications = false\n\n";
+    let plugins = "[plugins]\ntenant_refresh_secs = 3600\nmodule_gc_interval_secs = 3600\n";
+    let Started { gw, .. } = Gateway::builder()
+        .fixture(&fx)
+        .toml(store + plugins)
+        .binary();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = counter.statements();
     let started = std::time::Instant::now();
     let c = reqwest::Client::new();
     let mut answered = 0;
     while started.elapsed() < Duration::from_millis(1500) {
-        let r = c.get(gw.mgmt_url("/ready")).send().await.expect("ready");
-        assert!(matches!(r.status().as_u16(), 200 | 503));
+        let status = c.get(gw.mgmt_url("/ready")).call().status().await;
+        assert!(matches!(status.as_u16(), 200 | 503));
         answered += 1;
     }
     let pings = counter.statements() - before;
@@ -166,23 +119,10 @@ async fn ready_checks_reach_the_store_at_most_once_a_second() {
 #[test]
 fn a_redis_url_turning_off_certificate_checks_is_refused_by_check_config() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("gateway.toml");
-    std::fs::write(
-        &config,
-        "[rate_limit]\nredis_url = \"rediss://cache.internal:6380/0#insecure\"\n",
-    )
-    .expect("config");
-    let run = std::process::Command::new(binary())
-        .args(["check-config", "--config"])
-        .arg(&config)
-        .output()
-        .expect("check-config");
-    assert!(!run.status.success());
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        stderr.contains("rate_limit.redis_url") && stderr.contains("#insecure"),
-        "{stderr}"
-    );
+    let redis = "[rate_limit]\nredis_url = \"rediss://cache.internal:6380/0#insecure\"\n";
+    let out = check_config(&write_config(dir.path(), redis));
+    failed_saying(&out, "rate_limit.redis_url");
+    failed_saying(&out, "#insecure");
 }
 
 /// `..;` is `..` to backends that strip path parameters (Tomcat, Jetty, Spring); it reached
@@ -190,40 +130,36 @@ fn a_redis_url_turning_off_certificate_checks_is_refused_by_check_config() {
 #[tokio::test]
 async fn dot_segments_with_parameters_never_reach_a_backend() {
     let storage = Recorder::start().await;
-    let Started { gw, fx, dir: _dir } =
-        start_binary(&format!("[upstreams]\nstorage_url = \"{}\"\n", storage.url));
+    let upstreams = format!("[upstreams]\nstorage_url = \"{}\"\n", storage.url);
+    let Started { gw, fx, dir: _dir } = Gateway::builder().toml(upstreams).binary();
     for path in [
         "/v1/storage/object/..;/..;/admin",
         "/v1/storage/object/a/..;jsessionid=x/b",
         "/v1/storage/object/.;/b",
         "/v1/storage/object/a/..%3B/b",
     ] {
+        let key = &fx.anon_key;
         let raw = format!(
-            "GET {path} HTTP/1.1\r\nhost: gw\r\napikey: {}\r\nconnection: close\r\n\r\n",
-            fx.anon_key
+            "GET {path} HTTP/1.1\r\nhost: gw\r\napikey: {key}\r\nconnection: close\r\n\r\n"
         );
-        let answer = crate::support::gateway::raw_exchange(("127.0.0.1", gw.port), raw.as_bytes());
+        let answer = exchange(gw.port, raw).await;
         assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
         assert!(answer.contains("invalid_path"), "{path}: {answer}");
     }
     assert!(storage.seen().is_empty(), "{:?}", storage.seen());
     // A parameter that is not on a dot segment is the backend's business.
-    let r = reqwest::Client::new()
-        .get(gw.data_url("/v1/storage/object/a;v=1/b"))
-        .header("apikey", &fx.anon_key)
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::OK);
+    let object = Call::get(gw.data_url("/v1/storage/object/a;v=1/b")).key(&fx.anon_key);
+    object.expect(StatusCode::OK).await;
 }
 
 /// The management plane's own routes answered `401` on the data plane (the API key check ran
 /// first); they do not exist there: `404`, whatever the credentials.
 #[tokio::test]
 async fn management_routes_do_not_exist_on_the_data_plane() {
-    let Started { gw, fx, dir: _dir } = start_binary(&format!(
+    let admin = format!(
         "[admin]\ntoken = \"{ADMIN_TOKEN}\"\n\n[plugins]\nadmin_token = \"{ADMIN_TOKEN}\"\n"
-    ));
+    );
+    let Started { gw, fx, dir: _dir } = Gateway::builder().toml(admin).binary();
     let c = reqwest::Client::new();
     for path in [
         "/v1/admin/config",
@@ -234,22 +170,19 @@ async fn management_routes_do_not_exist_on_the_data_plane() {
         "/v1/organizations/x/projects",
     ] {
         for key in [None, Some(fx.anon_key.as_str())] {
-            let mut request = c.get(gw.data_url(path)).bearer_auth(ADMIN_TOKEN);
+            let mut request = c.get(gw.data_url(path)).call().bearer(ADMIN_TOKEN);
             if let Some(key) = key {
-                request = request.header("apikey", key);
+                request = request.key(key);
             }
-            let r = request.send().await.expect("answer");
-            assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path} with key {key:?}");
-            let body: serde_json::Value = r.json().await.expect("json");
-            assert_eq!(body["error"]["code"], "not_found", "{path}");
+            let r = request.read().await;
+            assert_eq!(r.status, StatusCode::NOT_FOUND, "{path} with key {key:?}");
+            assert_eq!(r.json()["error"]["code"], "not_found", "{path}");
         }
     }
     // Where they live, they answer.
-    let r = c
+    let status = c
         .get(gw.mgmt_url("/v1/admin/status"))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(r.status(), StatusCode::OK);
+        .call()
+        .bearer(ADMIN_TOKEN);
+    status.expect(StatusCode::OK).await;
 }

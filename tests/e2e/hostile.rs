@@ -11,8 +11,8 @@ use http::{Request, StatusCode};
 use serde_json::json;
 use tower::ServiceExt;
 
+use crate::support::config::test_config;
 use crate::support::fixture::{CountingStore, Fixture, USER_SECRET, epoch, hs256};
-use crate::support::gateway::test_config;
 
 /// A small deterministic generator (xorshift64*), so failures can be replayed.
 struct Rng(u64);

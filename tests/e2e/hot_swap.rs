@@ -3,19 +3,23 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aura_gateway::policy::builtin::{QUOTA, TESTING_PLUGIN_PATH};
 use reqwest::StatusCode;
 
-use crate::support::gateway::{InProcess, Process, TEST_KEY, e2e_control_file, test_config};
-use crate::support::nats_server::shared;
-use crate::support::responder::{Responder, reply};
-use crate::support::unique_prefix;
+use crate::support::builder::Gateway;
+use crate::support::call::{Call, IntoCall, client};
+use crate::support::config::write_config;
+use crate::support::gateway::{InProcess, Process};
+use crate::support::poll::{poll_every, poll_tries};
+use crate::support::records::e2e_control_file;
+use crate::support::responder::{Bus, reply};
 
 /// The swap's own compile competes with 8 clients for 2 cores: plugin deadlines are wall-clock
 /// (docs/operations.md, known limits), so they get room here; this test is about the swap.
-fn quota_config(nats: &str, prefix: &str, burst: u32) -> String {
+fn quota_config(bus: &Bus, burst: u32) -> String {
+    let (nats, prefix) = (&bus.url, &bus.prefix);
     format!(
         "[nats]\nurl = {nats:?}\nsubject_prefix = {prefix:?}\n[control]\nfile = \"control.toml\"\n\
          [log]\nlevel = \"warn\"\n[plugins]\nwatch = false\ncall_deadline_ms = 1000\n\
@@ -24,22 +28,20 @@ fn quota_config(nats: &str, prefix: &str, burst: u32) -> String {
     )
 }
 
+/// The `RateLimit-Limit` of an answer.
+fn limit_of(r: &reqwest::Response) -> Option<String> {
+    let limit = r.headers().get("ratelimit-limit");
+    limit.map(|v| v.to_str().unwrap_or("").to_owned())
+}
+
 #[tokio::test]
 async fn sighup_swaps_the_quota_module_under_load_without_losing_a_request() {
-    let nats = shared();
-    let prefix = unique_prefix();
+    let bus = Bus::shared();
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("control.toml"), e2e_control_file()).expect("control");
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, quota_config(&nats.url(), &prefix, 100_000)).expect("config");
+    let path = write_config(dir.path(), &quota_config(&bus, 100_000));
     let gw = Process::serve(&path, dir.path());
-    let _f = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.functions.http"),
-        Duration::ZERO,
-        |_| reply(200, &[], b"ok"),
-    )
-    .await;
+    let _f = bus.respond("functions", |_| reply(200, &[], b"ok")).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let url = gw.data_url("/v1/functions/load");
@@ -47,43 +49,29 @@ async fn sighup_swaps_the_quota_module_under_load_without_losing_a_request() {
     for _ in 0..8 {
         let (stop, url) = (stop.clone(), url.clone());
         workers.push(tokio::spawn(async move {
-            let client = crate::support::gateway::client();
+            let client = client();
             let mut seen = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let r = client.get(&url).send().await.expect("request");
-                let limit = r
-                    .headers()
-                    .get("ratelimit-limit")
-                    .map(|v| v.to_str().unwrap_or("").to_owned());
-                seen.push((r.status(), limit));
+                seen.push((r.status(), limit_of(&r)));
             }
             seen
         }));
     }
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    std::fs::write(&path, quota_config(&nats.url(), &prefix, 99_999)).expect("new config");
-    let hup = std::process::Command::new("kill")
-        .args(["-HUP", &gw.child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(hup.success());
-    let probe = crate::support::gateway::client();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = probe.get(&url).send().await.expect("request");
-        if r.headers()
-            .get("ratelimit-limit")
-            .is_some_and(|v| v == "99999")
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the new rules never applied:\n{}",
-            gw.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    write_config(dir.path(), &quota_config(&bus, 99_999));
+    gw.signal("-HUP");
+    let probe = client();
+    let applied = poll_every(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        async || {
+            let r = probe.get(&url).send().await.expect("request");
+            (limit_of(&r).as_deref() == Some("99999")).then_some(())
+        },
+    );
+    let applied = applied.await.is_some();
+    assert!(applied, "the new rules never applied:\n{}", gw.log_text());
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
@@ -91,42 +79,34 @@ async fn sighup_swaps_the_quota_module_under_load_without_losing_a_request() {
         all.extend(w.await.expect("worker"));
     }
     let failed: Vec<_> = all.iter().filter(|(s, _)| *s != StatusCode::OK).collect();
+    let (failures, total, first) = (failed.len(), all.len(), &failed[..failed.len().min(5)]);
     assert!(
         failed.is_empty(),
-        "{} of {} requests failed: {:?}",
-        failed.len(),
-        all.len(),
-        &failed[..failed.len().min(5)]
+        "{failures} of {total} requests failed: {first:?}"
     );
-    let old = all
-        .iter()
-        .filter(|(_, l)| l.as_deref() == Some("100000"))
-        .count();
-    let new = all
-        .iter()
-        .filter(|(_, l)| l.as_deref() == Some("99999"))
-        .count();
+    let under = |limit: &str| {
+        all.iter()
+            .filter(|(_, l)| l.as_deref() == Some(limit))
+            .count()
+    };
+    let (old, new) = (under("100000"), under("99999"));
     assert!(old > 0 && new > 0, "old rules {old}, new rules {new}");
-    println!(
-        "hot swap under load: {} requests, none failed ({old} before, {new} after)",
-        all.len()
-    );
-    let _ = TEST_KEY;
+    println!("hot swap under load: {total} requests, none failed ({old} before, {new} after)");
 }
 
+/// A preflight from `origin`: its status and the origin it allows.
 async fn preflight_origin(gw: &InProcess, origin: &str) -> (StatusCode, Option<String>) {
-    let r = reqwest::Client::new()
-        .request(reqwest::Method::OPTIONS, gw.data_url("/v1/db/x"))
-        .header("origin", origin)
-        .header("access-control-request-method", "GET")
+    let r = Call::preflight(gw.data_url("/v1/db/x"), origin)
         .send()
-        .await
-        .expect("preflight");
-    let allow = r
-        .headers()
-        .get("access-control-allow-origin")
-        .map(|v| v.to_str().unwrap_or("").to_owned());
+        .await;
+    let allow = r.headers().get("access-control-allow-origin");
+    let allow = allow.map(|v| v.to_str().unwrap_or("").to_owned());
     (r.status(), allow)
+}
+
+/// The origin a preflight from `https://a.example` is allowed.
+async fn allowed(gw: &InProcess) -> Option<String> {
+    preflight_origin(gw, "https://a.example").await.1
 }
 
 fn write(path: &Path, cors_module: Option<&str>) {
@@ -142,10 +122,13 @@ fn write(path: &Path, cors_module: Option<&str>) {
 async fn gateway_with_file(dir: &Path) -> (InProcess, std::path::PathBuf) {
     let path = dir.join("gateway.toml");
     write(&path, None);
-    let mut config = test_config(&shared().url(), &unique_prefix());
-    config.plugins.rollback_min_calls = 10;
-    config.plugins.rollback_failure_ratio = 0.3;
-    let gw = InProcess::start(config).await;
+    let rollback = |c: &mut aura_gateway::config::Config| {
+        (
+            c.plugins.rollback_min_calls,
+            c.plugins.rollback_failure_ratio,
+        ) = (10, 0.3)
+    };
+    let gw = Gateway::start_with(rollback).await;
     gw.state.config_path.set(path.clone()).expect("set once");
     (gw, path)
 }
@@ -158,35 +141,24 @@ async fn a_module_failing_its_checks_is_refused_and_the_old_one_keeps_serving() 
     std::fs::write(&wrong, QUOTA).expect("write");
     write(&path, Some(&wrong.display().to_string()));
     let err = gw.state.reload_policies("test").await.expect_err("refused");
-    assert!(
-        matches!(err, aura_gateway::policy::reload::ReloadError::Module(_)),
-        "a module refusal: {err}"
-    );
-    assert!(
-        err.to_string()
-            .contains("does not export the cors stage world"),
-        "{err}"
-    );
+    let module = matches!(err, aura_gateway::policy::reload::ReloadError::Module(_));
+    assert!(module, "a module refusal: {err}");
+    let named = err
+        .to_string()
+        .contains("does not export the cors stage world");
+    assert!(named, "{err}");
     let answer = err.into_gateway_error();
     assert_eq!(
         (answer.status.as_u16(), answer.code),
         (400, "policy_refused")
     );
-    assert_eq!(
-        preflight_origin(&gw, "https://a.example")
-            .await
-            .1
-            .as_deref(),
-        Some("*")
-    );
+    assert_eq!(allowed(&gw).await.as_deref(), Some("*"));
 
     write(&path, Some(TESTING_PLUGIN_PATH));
     gw.state.reload_policies("test").await.expect("applied");
+    let origin = allowed(&gw).await;
     assert_eq!(
-        preflight_origin(&gw, "https://a.example")
-            .await
-            .1
-            .as_deref(),
+        origin.as_deref(),
         Some("https://a.example"),
         "the new module answers"
     );
@@ -220,43 +192,29 @@ async fn a_swapped_in_module_that_fails_too_often_is_rolled_back() {
         (status, allow.as_deref()),
         (StatusCode::NO_CONTENT, Some("*"))
     );
-    assert!(
-        gw.state
-            .metrics
-            .render()
-            .contains(r#"aura_policy_reloads_total{result="rolled_back"} 1"#)
-    );
+    let metrics = gw.state.metrics.render();
+    assert!(metrics.contains(r#"aura_policy_reloads_total{result="rolled_back"} 1"#));
     // The history has the reload and the automatic rollback, with its reason.
+    let store = &gw.state.auth.store;
     let mut events = Vec::new();
-    for _ in 0..100 {
-        events = gw
-            .state
-            .auth
-            .store
+    let _ = poll_tries(100, Duration::from_millis(20), async || {
+        events = store
             .policy_events(None, Some("cors"), 10)
             .await
             .expect("history");
-        if events.len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (events.len() >= 2).then_some(())
+    })
+    .await;
     assert_eq!(events.len(), 2, "{events:?}");
     let (rollback, reload) = (&events[0], &events[1]);
-    assert_eq!(
-        (rollback.action.as_str(), reload.action.as_str()),
-        ("automatic_rollback", "operator_reload")
-    );
+    let actions = (rollback.action.as_str(), reload.action.as_str());
+    assert_eq!(actions, ("automatic_rollback", "operator_reload"));
     assert_eq!(rollback.actor, "operator");
     assert_eq!(rollback.digest_before, reload.digest_after);
     assert_eq!(rollback.digest_after, reload.digest_before);
-    assert!(
-        rollback
-            .reason
-            .as_deref()
-            .is_some_and(|r| r.contains("fails too often") && r.contains("trap")),
-        "{rollback:?}"
-    );
+    let reason = rollback.reason.as_deref();
+    let told = reason.is_some_and(|r| r.contains("fails too often") && r.contains("trap"));
+    assert!(told, "{rollback:?}");
 }
 
 #[tokio::test]
@@ -270,51 +228,23 @@ async fn a_module_named_by_digest_is_swapped_in_through_the_management_api() {
     store.put_module(&digest, &module).await.expect("stored");
 
     let token = "admin-token-0123456789abcdef";
-    let mut config = test_config(&shared().url(), &unique_prefix());
-    config.plugins.admin_token = Some(token.into());
-    let gw = InProcess::start_with_store(config, store).await;
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[plugins]\nwatch = false\nadmin_token = {token:?}\n\
-             [data_plane.plugins.cors]\nmodule = \"sha256:{digest}\"\n"
-        ),
-    )
-    .expect("config");
-    gw.state.config_path.set(path).expect("once");
-    assert_eq!(
-        preflight_origin(&gw, "https://a.example")
-            .await
-            .1
-            .as_deref(),
-        Some("*")
+    let gw = Gateway::with(|c| c.plugins.admin_token = Some(token.into()));
+    let gw = gw.store(store).start().await;
+    let config = format!(
+        "[plugins]\nwatch = false\nadmin_token = {token:?}\n\
+         [data_plane.plugins.cors]\nmodule = \"sha256:{digest}\"\n"
     );
+    let path = write_config(dir.path(), &config);
+    gw.state.config_path.set(path).expect("once");
+    assert_eq!(allowed(&gw).await.as_deref(), Some("*"));
 
     let client = reqwest::Client::new();
-    let r = client
-        .post(gw.mgmt_url("/v1/policies/reload"))
-        .send()
-        .await
-        .expect("r");
-    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    let r = client
-        .post(gw.mgmt_url("/v1/policies/reload"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .expect("r");
+    let reload = || client.post(gw.mgmt_url("/v1/policies/reload")).call();
+    assert_eq!(reload().status().await, StatusCode::UNAUTHORIZED);
+    reload().bearer(token).expect(StatusCode::OK).await;
+    let origin = allowed(&gw).await;
     assert_eq!(
-        r.status(),
-        StatusCode::OK,
-        "{}",
-        r.text().await.unwrap_or_default()
-    );
-    assert_eq!(
-        preflight_origin(&gw, "https://a.example")
-            .await
-            .1
-            .as_deref(),
+        origin.as_deref(),
         Some("https://a.example"),
         "the stored module is in force"
     );
@@ -323,41 +253,20 @@ async fn a_module_named_by_digest_is_swapped_in_through_the_management_api() {
 #[tokio::test]
 async fn a_changed_config_file_is_picked_up_by_itself() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, "[plugins]\nwatch = true\nwatch_interval_ms = 100\n").expect("config");
-    let mut config = test_config(&shared().url(), &unique_prefix());
-    config.plugins.watch_interval_ms = 100;
-    let gw = InProcess::start(config).await;
+    let watch = "[plugins]\nwatch = true\nwatch_interval_ms = 100\n";
+    let path = write_config(dir.path(), watch);
+    let gw = Gateway::start_with(|c| c.plugins.watch_interval_ms = 100).await;
     gw.state.config_path.set(path.clone()).expect("once");
-    aura_gateway::policy::reload::spawn_triggers(
-        &gw.state.policies,
-        gw.state.config_path.get().cloned(),
-        &gw.state.config,
-    );
-    assert_eq!(
-        preflight_origin(&gw, "https://a.example")
-            .await
-            .1
-            .as_deref(),
-        Some("*")
-    );
+    let (policies, config) = (&gw.state.policies, &gw.state.config);
+    let config_path = gw.state.config_path.get().cloned();
+    aura_gateway::policy::reload::spawn_triggers(policies, config_path, config);
+    assert_eq!(allowed(&gw).await.as_deref(), Some("*"));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    std::fs::write(
-        &path,
-        format!("[plugins]\nwatch = true\nwatch_interval_ms = 100\n[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n"),
-    )
-    .expect("new config");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if preflight_origin(&gw, "https://a.example")
-            .await
-            .1
-            .as_deref()
-            == Some("https://a.example")
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the change was never picked up");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let cors = format!("[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n");
+    std::fs::write(&path, format!("{watch}{cors}")).expect("new config");
+    let every = Duration::from_millis(100);
+    let picked = poll_every(Duration::from_secs(15), every, async || {
+        (allowed(&gw).await.as_deref() == Some("https://a.example")).then_some(())
+    });
+    assert!(picked.await.is_some(), "the change was never picked up");
 }

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use crate::support::config::binary;
 use crate::support::free_port;
-use crate::support::gateway::binary;
 
 fn podman(args: &[&str]) -> Output {
     Command::new("podman")

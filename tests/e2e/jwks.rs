@@ -8,11 +8,10 @@ use reqwest::StatusCode;
 use serde_json::json;
 use uuid::Uuid;
 
+use crate::support::builder::Gateway;
+use crate::support::call::IntoCall;
 use crate::support::fixture::{Fixture, epoch};
-use crate::support::gateway::{InProcess, test_config};
-use crate::support::nats_server::shared;
-use crate::support::responder::{Responder, reply};
-use crate::support::unique_prefix;
+use crate::support::responder::reply;
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -26,19 +25,13 @@ async fn jwks_server() -> (String, Arc<AtomicUsize>) {
     let fetches = Arc::new(AtomicUsize::new(0));
     let count = fetches.clone();
     let body = fixture("jwks.json");
-    let app = axum::Router::new().route(
-        "/jwks.json",
-        axum::routing::get(move || {
-            count.fetch_add(1, Ordering::SeqCst);
-            let body = body.clone();
-            async move { ([("content-type", "application/json")], body) }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let jwks = axum::routing::get(move || {
+        count.fetch_add(1, Ordering::SeqCst);
+        let body = body.clone();
+        async move { ([("content-type", "application/json")], body) }
+    });
+    let app = axum::Router::new().route("/jwks.json", jwks);
+    let addr = crate::support::upstream::serve_http(app).await;
     (format!("http://{addr}/jwks.json"), fetches)
 }
 
@@ -51,119 +44,87 @@ fn sign(alg: Algorithm, kid: &str, key: &EncodingKey, claims: serde_json::Value)
 #[tokio::test]
 async fn rs256_and_es256_tokens_verify_against_the_jwks_and_confusion_is_refused() {
     let (jwks_url, fetches) = jwks_server().await;
-    let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
-    let nats = shared();
-    let prefix = unique_prefix();
-    let mut config = test_config(&nats.url(), &prefix);
-    config.auth.user_jwt.hs256_secret = None;
-    config.auth.user_jwt.jwks_url = Some(jwks_url);
-    config.auth.user_jwt.jwks_refresh_cooldown_secs = Some(3);
-    let gw = InProcess::start_with_store(config, Arc::new(fx.file_store(dir.path()))).await;
-    let _auth = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.auth.http"),
-        std::time::Duration::ZERO,
-        |e| {
-            reply(
-                200,
-                &[],
-                e["actor"]["role"].as_str().unwrap_or_default().as_bytes(),
-            )
-        },
-    )
-    .await;
+    let gw = Gateway::with(|c| {
+        let jwt = &mut c.auth.user_jwt;
+        (jwt.hs256_secret, jwt.jwks_url) = (None, Some(jwks_url));
+        jwt.jwks_refresh_cooldown_secs = Some(3);
+    });
+    let gw = gw.fixture(&fx).start().await;
+    let role = |e: serde_json::Value| {
+        let role = e["actor"]["role"].as_str().unwrap_or_default().to_owned();
+        reply(200, &[], role.as_bytes())
+    };
+    let _auth = gw.bus.respond("auth", role).await;
     let client = reqwest::Client::new();
     let call = |token: String| {
-        client
+        let user = client
             .get(gw.data_url("/v1/auth/user"))
-            .header("apikey", &fx.anon_key)
-            .header("authorization", format!("Bearer {token}"))
-            .send()
+            .call()
+            .key(&fx.anon_key);
+        user.bearer(token).read()
     };
     let claims = json!({ "sub": Uuid::new_v4().to_string(), "aud": "authenticated", "ref": "alpha", "exp": epoch() + 600 });
     let rsa = EncodingKey::from_rsa_pem(&fixture("rsa_private.pem")).expect("rsa key");
     let ec = EncodingKey::from_ec_pem(&fixture("ec_private.pem")).expect("ec key");
 
-    let r = call(sign(Algorithm::RS256, "rsa-1", &rsa, claims.clone()))
-        .await
-        .expect("r");
-    assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(r.text().await.expect("body"), "authenticated");
-    let r = call(sign(Algorithm::ES256, "ec-1", &ec, claims.clone()))
-        .await
-        .expect("r");
-    assert_eq!(r.status(), StatusCode::OK);
+    let r = call(sign(Algorithm::RS256, "rsa-1", &rsa, claims.clone())).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.text(), "authenticated");
+    let r = call(sign(Algorithm::ES256, "ec-1", &ec, claims.clone())).await;
+    assert_eq!(r.status, StatusCode::OK);
     assert_eq!(fetches.load(Ordering::SeqCst), 1, "the JWKS is cached");
 
     // The classic confusion: HS256 with the RSA public key as the shared secret.
     let public_as_secret = EncodingKey::from_secret(&fixture("rsa_public.pem")).expect("secret");
     let forged = sign(Algorithm::HS256, "rsa-1", &public_as_secret, claims.clone());
-    assert_eq!(
-        call(forged).await.expect("r").status(),
-        StatusCode::UNAUTHORIZED
-    );
+    assert_eq!(call(forged).await.status, StatusCode::UNAUTHORIZED);
     // A key of one type named for the other algorithm.
     let swapped = sign(Algorithm::ES256, "rsa-1", &ec, claims.clone());
-    assert_eq!(
-        call(swapped).await.expect("r").status(),
-        StatusCode::UNAUTHORIZED
-    );
+    assert_eq!(call(swapped).await.status, StatusCode::UNAUTHORIZED);
     // alg none.
-    let none = format!(
-        "{}.{}.",
-        base64_url(br#"{"alg":"none","typ":"JWT"}"#),
-        base64_url(claims.to_string().as_bytes())
-    );
-    assert_eq!(
-        call(none).await.expect("r").status(),
-        StatusCode::UNAUTHORIZED
-    );
+    let header = base64_url(br#"{"alg":"none","typ":"JWT"}"#);
+    let none = format!("{header}.{}.", base64_url(claims.to_string().as_bytes()));
+    assert_eq!(call(none).await.status, StatusCode::UNAUTHORIZED);
 
     // Unknown kids refetch the set at most once per cooldown (3 s here). The first fetch was
     // made when the gateway started: past its cooldown, the first unknown kid refetches, and the
     // ones right after it may not. (Without the wait, the cooldown could end between the first
     // unknown kid and the next, on a loaded machine.)
     tokio::time::sleep(std::time::Duration::from_millis(3_100)).await;
-    let unknown_kid = || call(sign(Algorithm::RS256, "rsa-rotated", &rsa, claims.clone()));
-    let before = fetches.load(Ordering::SeqCst);
-    assert_eq!(
-        unknown_kid().await.expect("r").status(),
-        StatusCode::UNAUTHORIZED
-    );
-    let after_first = fetches.load(Ordering::SeqCst);
+    let unknown_kid = async || {
+        let rotated = sign(Algorithm::RS256, "rsa-rotated", &rsa, claims.clone());
+        assert_eq!(call(rotated).await.status, StatusCode::UNAUTHORIZED);
+    };
+    let fetched = || fetches.load(Ordering::SeqCst);
+    let before = fetched();
+    unknown_kid().await;
+    let after_first = fetched();
     assert_eq!(
         after_first,
         before + 1,
         "an unknown kid past the cooldown refetches"
     );
     for _ in 0..3 {
-        assert_eq!(
-            unknown_kid().await.expect("r").status(),
-            StatusCode::UNAUTHORIZED
-        );
+        unknown_kid().await;
     }
     assert_eq!(
-        fetches.load(Ordering::SeqCst),
+        fetched(),
         after_first,
         "within the cooldown of the last fetch"
     );
     tokio::time::sleep(std::time::Duration::from_millis(3_100)).await;
     for _ in 0..5 {
-        assert_eq!(
-            unknown_kid().await.expect("r").status(),
-            StatusCode::UNAUTHORIZED
-        );
+        unknown_kid().await;
     }
+    let refetched = fetched();
     assert_eq!(
-        fetches.load(Ordering::SeqCst),
+        refetched,
         after_first + 1,
         "one refetch for the unknown kid, then the cooldown"
     );
-    let r = call(sign(Algorithm::RS256, "rsa-1", &rsa, claims.clone()))
-        .await
-        .expect("r");
-    assert_eq!(r.status(), StatusCode::OK, "known keys keep working");
+    let r = call(sign(Algorithm::RS256, "rsa-1", &rsa, claims.clone())).await;
+    assert_eq!(r.status, StatusCode::OK, "known keys keep working");
 }
 
 fn base64_url(bytes: &[u8]) -> String {

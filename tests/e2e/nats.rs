@@ -7,10 +7,11 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use reqwest::StatusCode;
 
-use crate::support::gateway::{InProcess, test_config};
-use crate::support::nats_server::{NatsServer, shared};
-use crate::support::responder::{Responder, reply};
-use crate::support::unique_prefix;
+use crate::support::builder::Gateway;
+use crate::support::call::{Answer, IntoCall, client, console_client};
+use crate::support::nats_server::NatsServer;
+use crate::support::records::{TEST_CONSOLE_USER, TEST_KEY, TEST_PROJECT};
+use crate::support::responder::{header_names, reply};
 
 fn all_bytes() -> Vec<u8> {
     (0..=255u8).chain((0..=255u8).rev()).collect()
@@ -18,248 +19,147 @@ fn all_bytes() -> Vec<u8> {
 
 #[tokio::test]
 async fn the_envelope_carries_the_request_field_by_field_and_the_reply_comes_back_byte_for_byte() {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let gw = InProcess::start(test_config(&nats.url(), &prefix)).await;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let _responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.functions.http"),
-        Duration::ZERO,
-        move |envelope| {
-            let id = envelope["id"].as_str().unwrap_or_default().to_owned();
-            let _ = tx.send(envelope);
-            reply(
-                201,
-                &[
-                    ("content-type", "application/octet-stream"),
-                    ("x-echo-id", &id),
-                ],
-                &all_bytes(),
-            )
-        },
-    )
-    .await;
+    let gw = Gateway::start().await;
+    let mut envelopes = gw
+        .bus
+        .record(&["functions"], |envelope| {
+            let id = envelope["id"].as_str().unwrap_or_default();
+            let headers = [
+                ("content-type", "application/octet-stream"),
+                ("x-echo-id", id),
+            ];
+            reply(201, &headers, &all_bytes())
+        })
+        .await;
     let body: Vec<u8> = (0..=255u8).collect();
-    let response = crate::support::gateway::client()
+    let response = client()
         .post(gw.data_url("/v1/functions/hello%20world/x?a=1&b=%2F"))
-        .header("content-type", "application/octet-stream")
-        .header("x-api-key", crate::support::gateway::TEST_KEY)
-        .header("x-aura-role", "service_role")
-        .header("x-custom", "Kept")
-        .header("connection", "keep-alive, x-hop")
-        .header("x-hop", "dropped")
+        .call()
+        .headers(&[
+            ("content-type", "application/octet-stream"),
+            ("x-api-key", TEST_KEY),
+            ("x-aura-role", "service_role"),
+            ("x-custom", "Kept"),
+            ("connection", "keep-alive, x-hop"),
+            ("x-hop", "dropped"),
+        ])
         .body(body.clone())
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(response.status(), StatusCode::CREATED);
-    let request_id = response.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_owned();
-    assert_eq!(response.headers()["x-echo-id"], request_id.as_str());
-    assert_eq!(response.headers()["x-content-type-options"], "nosniff");
-    assert_eq!(
-        response.bytes().await.expect("body"),
-        Bytes::from(all_bytes())
-    );
+        .expect(StatusCode::CREATED)
+        .await;
+    let request_id = response.request_id();
+    assert_eq!(response.headers["x-echo-id"], request_id.as_str());
+    assert_eq!(response.headers["x-content-type-options"], "nosniff");
+    assert_eq!(response.body, Bytes::from(all_bytes()));
 
-    let envelope = rx.recv().await.expect("the responder saw the envelope");
+    let envelope = envelopes.next().await;
     assert_eq!(envelope["v"], 1);
     assert_eq!(envelope["id"], request_id.as_str());
     assert_eq!(envelope["plane"], "data");
     assert_eq!(envelope["method"], "POST");
     assert_eq!(envelope["path"], "/v1/functions/hello%20world/x");
     assert_eq!(envelope["query"], "a=1&b=%2F");
-    assert_eq!(
-        STANDARD
-            .decode(envelope["body"].as_str().expect("body"))
-            .expect("b64"),
-        body
-    );
-    let headers: Vec<(String, String)> = envelope["headers"]
-        .as_array()
-        .expect("headers")
-        .iter()
-        .map(|pair| {
-            (
-                pair[0].as_str().expect("name").to_owned(),
-                pair[1].as_str().expect("value").to_owned(),
-            )
-        })
-        .collect();
-    let names: Vec<&str> = headers.iter().map(|(n, _)| n.as_str()).collect();
+    let sent = STANDARD.decode(envelope["body"].as_str().expect("body"));
+    assert_eq!(sent.expect("b64"), body);
+    let headers: Vec<(String, String)> =
+        serde_json::from_value(envelope["headers"].clone()).expect("header pairs");
+    let names = header_names(&envelope);
     for stripped in ["apikey", "x-api-key", "x-aura-role", "connection", "x-hop"] {
-        assert!(
-            !names.contains(&stripped),
-            "{stripped} must not reach the backend: {names:?}"
-        );
+        let reached = names.iter().any(|n| n == stripped);
+        assert!(!reached, "{stripped} must not reach the backend: {names:?}");
     }
     assert!(headers.contains(&("x-custom".into(), "Kept".into())));
     assert!(headers.contains(&("x-request-id".into(), request_id.clone())));
     assert!(names.iter().all(|n| *n == n.to_ascii_lowercase()));
     let actor = &envelope["actor"];
     assert_eq!(actor["role"], "anon");
-    assert_eq!(actor["project"], crate::support::gateway::TEST_PROJECT);
+    assert_eq!(actor["project"], TEST_PROJECT);
     assert_eq!(actor["key_id"], "00000000-0000-4000-8000-0000000000e1");
     for field in ["user_id", "org_role"] {
         assert!(actor[field].is_null(), "actor.{field} = {}", actor[field]);
     }
-    assert!(
-        !envelope
-            .to_string()
-            .contains(crate::support::gateway::TEST_KEY)
-    );
+    assert!(!envelope.to_string().contains(TEST_KEY));
     let deadline = envelope["deadline_ms"].as_u64().expect("deadline_ms");
-    assert!(
-        deadline > 370_000 && deadline <= 380_000,
-        "functions budget: {deadline}"
-    );
+    let budget = 370_001..=380_000;
+    assert!(budget.contains(&deadline), "functions budget: {deadline}");
 }
 
 #[tokio::test]
 async fn the_management_plane_sends_its_own_plane_and_an_empty_query_is_omitted() {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let gw = InProcess::start(test_config(&nats.url(), &prefix)).await;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let _responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.control.http"),
-        Duration::ZERO,
-        move |e| {
-            let _ = tx.send(e);
-            reply(200, &[], b"")
-        },
-    )
-    .await;
-    let response = crate::support::gateway::console_client()
-        .get(gw.mgmt_url("/v1/projects/e2e"))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(response.status(), StatusCode::OK);
-    let envelope = rx.recv().await.expect("envelope");
+    let gw = Gateway::start().await;
+    let mut envelopes = gw.bus.record(&["control"], |_| reply(200, &[], b"")).await;
+    let projects = console_client().get(gw.mgmt_url("/v1/projects/e2e"));
+    projects.call().expect(StatusCode::OK).await;
+    let envelope = envelopes.next().await;
     assert_eq!(envelope["plane"], "management");
     assert_eq!(envelope["path"], "/v1/projects/e2e");
     assert!(envelope.get("query").is_none(), "{envelope}");
     assert!(envelope.get("body").is_none(), "{envelope}");
     assert_eq!(envelope["actor"]["role"], "console");
     assert_eq!(envelope["actor"]["org_role"], "owner");
-    assert_eq!(
-        envelope["actor"]["user_id"],
-        crate::support::gateway::TEST_CONSOLE_USER
-    );
+    assert_eq!(envelope["actor"]["user_id"], TEST_CONSOLE_USER);
 }
 
 #[tokio::test]
 async fn a_malformed_reply_is_a_502() {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let gw = InProcess::start(test_config(&nats.url(), &prefix)).await;
-    let _responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.ai.http"),
-        Duration::ZERO,
-        |_| Bytes::from_static(b"{\"status\": \"fine\"}"),
-    )
-    .await;
-    let response = crate::support::gateway::client()
-        .get(gw.data_url("/v1/ai/complete"))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
-    let body: serde_json::Value = response.json().await.expect("json");
-    assert_eq!(body["error"]["code"], "bad_backend_reply");
+    let gw = Gateway::start().await;
+    let _responder = gw
+        .bus
+        .respond("ai", |_| Bytes::from_static(b"{\"status\": \"fine\"}"))
+        .await;
+    let complete = client().get(gw.data_url("/v1/ai/complete")).call();
+    let answer = complete.expect(StatusCode::BAD_GATEWAY).await;
+    assert_eq!(answer.code(), "bad_backend_reply");
 }
 
 #[tokio::test]
 async fn no_responders_is_a_503_after_bounded_replays() {
-    let nats = shared();
-    let mut config = test_config(&nats.url(), &unique_prefix());
-    config.nats.no_responder_retries = 2;
-    config.nats.retry_backoff_ms = 10;
-    let gw = InProcess::start(config).await;
+    let gw = Gateway::with(|c| (c.nats.no_responder_retries, c.nats.retry_backoff_ms) = (2, 10))
+        .start()
+        .await;
     let started = Instant::now();
-    let response = crate::support::gateway::client()
-        .get(gw.data_url("/v1/notifications/send"))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(response.headers().contains_key("retry-after"));
-    let body: serde_json::Value = response.json().await.expect("json");
-    assert_eq!(body["error"]["code"], "no_responders");
+    let send = client().get(gw.data_url("/v1/notifications/send")).call();
+    let answer = send.expect(StatusCode::SERVICE_UNAVAILABLE).await;
+    assert!(answer.headers.contains_key("retry-after"));
+    assert_eq!(answer.code(), "no_responders");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 #[tokio::test]
 async fn a_slow_responder_gets_exactly_one_delivery_and_the_caller_a_504() {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let mut config = test_config(&nats.url(), &prefix);
-    config.timeouts.default_ms = 500;
-    let gw = InProcess::start(config).await;
-    let responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.auth.http"),
-        Duration::from_millis(1500),
-        |_| reply(200, &[], b"late"),
-    )
-    .await;
+    let gw = Gateway::start_with(|c| c.timeouts.default_ms = 500).await;
+    let (late, answer) = (Duration::from_millis(1500), |_| reply(200, &[], b"late"));
+    let responder = gw.bus.respond_after("auth", late, answer).await;
     let started = std::time::Instant::now();
-    let response = crate::support::gateway::client()
+    let response = client()
         .get(gw.data_url("/v1/auth/token"))
+        .call()
         .send()
-        .await
-        .expect("request");
+        .await;
     let took = started.elapsed();
-    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    let answer = Answer::of(response).await;
+    assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
     assert!(
         took >= Duration::from_millis(480) && took < Duration::from_millis(1_000),
         "the 504 came at {took:?}, not at the 500 ms budget"
     );
-    let body: serde_json::Value = response.json().await.expect("json");
-    assert!(
-        body["error"]["code"]
-            .as_str()
-            .expect("code")
-            .ends_with("timeout"),
-        "{body}"
-    );
+    let body = answer.json();
+    let code = body["error"]["code"].as_str().expect("code");
+    assert!(code.ends_with("timeout"), "{body}");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(responder.count(), 1, "a timeout is never replayed");
 }
 
 #[tokio::test]
 async fn a_responder_that_subscribes_after_the_first_attempt_gets_exactly_one_delivery() {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let mut config = test_config(&nats.url(), &prefix);
-    config.nats.no_responder_retries = 8;
-    config.nats.retry_backoff_ms = 100;
-    let gw = InProcess::start(config).await;
-    let url = gw.data_url("/v1/control/thing");
-    let request = tokio::spawn(async move {
-        crate::support::gateway::client()
-            .get(url)
-            .send()
-            .await
-            .expect("request")
-    });
+    let gw = Gateway::with(|c| (c.nats.no_responder_retries, c.nats.retry_backoff_ms) = (8, 100))
+        .start()
+        .await;
+    let request = tokio::spawn(client().get(gw.data_url("/v1/control/thing")).call().read());
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.control.http"),
-        Duration::ZERO,
-        |_| reply(200, &[], b"ok"),
-    )
-    .await;
-    let response = request.await.expect("task");
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(response.text().await.expect("body"), "ok");
+    let responder = gw.bus.respond("control", |_| reply(200, &[], b"ok")).await;
+    let answer = request.await.expect("task");
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.text(), "ok");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(responder.count(), 1);
 }
@@ -267,114 +167,75 @@ async fn a_responder_that_subscribes_after_the_first_attempt_gets_exactly_one_de
 #[tokio::test]
 async fn a_body_over_the_servers_max_payload_is_refused_before_sending() {
     let nats = NatsServer::start("max_payload: 65536");
-    let prefix = unique_prefix();
-    let mut config = test_config(&nats.url(), &prefix);
-    config.server.max_body_bytes = 1 << 20;
-    let gw = InProcess::start(config).await;
-    let responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.functions.http"),
-        Duration::ZERO,
-        |_| reply(200, &[], b""),
-    )
-    .await;
+    let gw = Gateway::builder()
+        .nats(nats.url())
+        .with(|c| c.server.max_body_bytes = 1 << 20)
+        .start()
+        .await;
+    let responder = gw.bus.respond("functions", |_| reply(200, &[], b"")).await;
+    let post = |size: usize| {
+        client()
+            .post(gw.data_url("/v1/functions/f"))
+            .body(vec![7u8; size])
+    };
     // Let the gateway's connection learn the server's limit.
-    let ok = crate::support::gateway::client()
-        .post(gw.data_url("/v1/functions/f"))
-        .body(vec![7u8; 1000])
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(ok.status(), StatusCode::OK);
-    let response = crate::support::gateway::client()
-        .post(gw.data_url("/v1/functions/f"))
-        .body(vec![7u8; 60_000])
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    let body: serde_json::Value = response.json().await.expect("json");
-    assert_eq!(body["error"]["code"], "payload_too_large");
+    post(1000).call().expect(StatusCode::OK).await;
+    let answer = post(60_000)
+        .call()
+        .expect(StatusCode::PAYLOAD_TOO_LARGE)
+        .await;
+    assert_eq!(answer.code(), "payload_too_large");
     assert_eq!(responder.count(), 1, "the oversized request was never sent");
 }
 
 #[tokio::test]
 async fn a_streamed_body_past_the_limit_is_a_413() {
-    let nats = shared();
-    let mut config = test_config(&nats.url(), &unique_prefix());
-    config.server.max_body_bytes = 1000;
-    let gw = InProcess::start(config).await;
+    let gw = Gateway::start_with(|c| c.server.max_body_bytes = 1000).await;
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         (0..10).map(|_| Ok(vec![1u8; 500])).collect();
-    let response = crate::support::gateway::client()
-        .post(gw.data_url("/v1/functions/f"))
-        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(response.headers().contains_key("x-request-id"));
+    let body = reqwest::Body::wrap_stream(futures::stream::iter(chunks));
+    let post = client().post(gw.data_url("/v1/functions/f")).body(body);
+    let answer = post.call().expect(StatusCode::PAYLOAD_TOO_LARGE).await;
+    assert!(answer.headers.contains_key("x-request-id"));
 }
 
 #[tokio::test]
 async fn backend_cors_headers_never_reach_the_client() {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let gw = InProcess::start(test_config(&nats.url(), &prefix)).await;
-    let _responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.auth.http"),
-        Duration::ZERO,
-        |_| {
-            reply(
-                200,
-                &[
-                    ("access-control-allow-origin", "https://evil.example"),
-                    ("access-control-allow-credentials", "true"),
-                    ("x-frame-options", "ALLOWALL"),
-                ],
-                b"{}",
-            )
-        },
-    )
-    .await;
-    let response = crate::support::gateway::client()
-        .get(gw.data_url("/v1/auth/user"))
-        .header("origin", "https://app.example")
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(response.headers()["access-control-allow-origin"], "*");
-    assert!(
-        !response
-            .headers()
-            .contains_key("access-control-allow-credentials")
-    );
-    assert_eq!(response.headers()["x-frame-options"], "DENY");
+    let gw = Gateway::start().await;
+    let _responder = gw
+        .bus
+        .respond("auth", |_| {
+            let headers = [
+                ("access-control-allow-origin", "https://evil.example"),
+                ("access-control-allow-credentials", "true"),
+                ("x-frame-options", "ALLOWALL"),
+            ];
+            reply(200, &headers, b"{}")
+        })
+        .await;
+    let user = client().get(gw.data_url("/v1/auth/user")).call();
+    let answer = user
+        .origin("https://app.example")
+        .expect(StatusCode::OK)
+        .await;
+    assert_eq!(answer.headers["access-control-allow-origin"], "*");
+    let credentials = answer
+        .headers
+        .contains_key("access-control-allow-credentials");
+    assert!(!credentials);
+    assert_eq!(answer.headers["x-frame-options"], "DENY");
 }
 
 #[tokio::test]
 async fn while_nats_is_unreachable_requests_fail_fast() {
     let dead = format!("nats://127.0.0.1:{}", crate::support::free_port());
-    let gw = InProcess::start(test_config(&dead, &unique_prefix())).await;
+    let gw = Gateway::builder().nats(dead).start().await;
     let started = Instant::now();
-    let response = crate::support::gateway::client()
-        .get(gw.data_url("/v1/functions/f"))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(response.headers().contains_key("retry-after"));
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
-    let health = crate::support::gateway::client()
-        .get(gw.data_url("/health"))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(health.status(), StatusCode::OK);
+    let f = client().get(gw.data_url("/v1/functions/f")).call();
+    let answer = f.expect(StatusCode::SERVICE_UNAVAILABLE).await;
+    assert!(answer.headers.contains_key("retry-after"));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let health = client().get(gw.data_url("/health")).call();
+    health.expect(StatusCode::OK).await;
 }

@@ -8,54 +8,43 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 
-use crate::support::gateway::{InProcess, client, test_config};
-use crate::support::responder::{Responder, envelope_header, reply};
+use crate::support::builder::Gateway;
+use crate::support::call::{IntoCall, client};
+use crate::support::poll::poll_every;
+use crate::support::responder::{Bus, envelope_header, reply};
 use crate::support::topology::NatsCluster;
-use crate::support::unique_prefix;
 
 #[tokio::test]
 async fn the_gateway_rides_the_loss_of_the_cluster_member_it_is_connected_to() {
     let mut cluster = NatsCluster::start().await;
-    let seeds = cluster.seeds();
-    let prefix = unique_prefix();
-    let mut config = test_config(&seeds, &prefix);
-    config.timeouts.default_ms = 3_000;
-    let gw = InProcess::start(config).await;
+    let gw = Gateway::with(|c| c.timeouts.default_ms = 3_000);
+    let gw = gw.nats(cluster.seeds()).start().await;
     let on = cluster.member_with("aura-gateway").await;
     // The backend sits on another member, and counts every delivery by request id.
     let backend_member = (on + 1) % 3;
     let deliveries: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let seen = deliveries.clone();
-    let _backend = Responder::start(
-        &cluster.url(backend_member),
-        &format!("{prefix}.auth.http"),
-        Duration::ZERO,
-        move |envelope| {
+    let backend = Bus::new(&cluster.url(backend_member), &gw.bus.prefix);
+    let _backend = backend
+        .respond("auth", move |envelope| {
             let id = envelope_header(&envelope, "x-test-id");
             *seen.lock().expect("lock").entry(id).or_default() += 1;
             reply(200, &[], b"ok")
-        },
-    )
-    .await;
+        })
+        .await;
     // The subscription must be known across the cluster before the load starts.
     let c = client();
-    let started = Instant::now();
-    loop {
-        let r = c
-            .get(gw.data_url("/v1/auth/user"))
-            .header("x-test-id", "warm-up")
-            .send()
-            .await
-            .expect("answer");
-        if r.status() == StatusCode::OK {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "no route to the backend"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let user = |id: &str| {
+        c.get(gw.data_url("/v1/auth/user"))
+            .call()
+            .header("x-test-id", id)
+    };
+    let routed = poll_every(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || (user("warm-up").status().await == StatusCode::OK).then_some(()),
+    );
+    assert!(routed.await.is_some(), "no route to the backend");
 
     let mut results: Vec<(Instant, StatusCode, Duration)> = Vec::new();
     let load_started = Instant::now();
@@ -69,29 +58,25 @@ async fn the_gateway_rides_the_loss_of_the_cluster_member_it_is_connected_to() {
         }
         n += 1;
         let sent = Instant::now();
-        let r = c
-            .get(gw.data_url("/v1/auth/user"))
-            .header("x-test-id", format!("r{n}"))
+        let r = user(&format!("r{n}"))
             .timeout(Duration::from_secs(10))
-            .send()
-            .await
-            .expect("every request is answered");
-        results.push((sent, r.status(), sent.elapsed()));
+            .try_send()
+            .await;
+        let status = r.expect("every request is answered").status();
+        results.push((sent, status, sent.elapsed()));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let killed_at = killed_at.expect("killed");
     // Within the route's budget (3 s), with the gateway's own answers while reconnecting.
     for (_, status, took) in &results {
-        assert!(
-            *took < Duration::from_millis(3_500),
-            "a request took {took:?}"
-        );
-        assert!(
-            *status == StatusCode::OK
-                || *status == StatusCode::SERVICE_UNAVAILABLE
-                || *status == StatusCode::GATEWAY_TIMEOUT,
-            "unexpected {status}"
-        );
+        let late = *took >= Duration::from_millis(3_500);
+        assert!(!late, "a request took {took:?}");
+        let answers = [
+            StatusCode::OK,
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::GATEWAY_TIMEOUT,
+        ];
+        assert!(answers.contains(status), "unexpected {status}");
     }
     // Served again through another member, and for good.
     let after: Vec<_> = results

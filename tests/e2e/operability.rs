@@ -3,46 +3,26 @@
 use aura_gateway::policy::builtin::TESTING_PLUGIN_PATH;
 use reqwest::StatusCode;
 
-use crate::support::gateway::{InProcess, client, test_config};
-use crate::support::nats_server::shared;
-use crate::support::unique_prefix;
-
-const TOKEN: &str = "test-metrics-token-0123456789";
+use crate::support::builder::Gateway;
+use crate::support::call::{Call, IntoCall, client};
+use crate::support::config::{METRICS_TOKEN, binary, binary_config};
+use crate::support::metrics::metric;
 
 #[tokio::test]
 async fn metrics_cover_requests_breakers_limits_plugins_and_nats() {
-    let mut config = test_config(&shared().url(), &unique_prefix());
-    config.data_plane.plugins.cors.module = TESTING_PLUGIN_PATH.into();
-    let gw = InProcess::start(config).await;
+    let gw = Gateway::start_with(|c| c.data_plane.plugins.cors.module = TESTING_PLUGIN_PATH.into());
+    let gw = gw.await;
     let c = client();
-    assert_eq!(
-        c.get(gw.data_url("/health"))
-            .send()
-            .await
-            .expect("r")
-            .status(),
-        StatusCode::OK
-    );
-    let r = c
-        .get(gw.data_url("/health"))
-        .header("origin", "https://trap.test")
-        .send()
-        .await
-        .expect("r");
-    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    let _ = c.get(gw.data_url("/v1/auth/user")).send().await.expect("r");
+    let health = || c.get(gw.data_url("/health")).call();
+    assert_eq!(health().status().await, StatusCode::OK);
+    let trap = health().origin("https://trap.test").status().await;
+    assert_eq!(trap, StatusCode::INTERNAL_SERVER_ERROR);
+    let _ = c.get(gw.data_url("/v1/auth/user")).call().send().await;
 
-    let unauthorized = reqwest::get(gw.data_url("/metrics")).await.expect("r");
-    assert_eq!(unauthorized.status(), StatusCode::UNAUTHORIZED);
-    let text = c
-        .get(gw.data_url("/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("r")
-        .text()
-        .await
-        .expect("body");
+    let unauthorized = Call::get(gw.data_url("/metrics")).status().await;
+    assert_eq!(unauthorized, StatusCode::UNAUTHORIZED);
+    let metrics = c.get(gw.data_url("/metrics")).call().bearer(METRICS_TOKEN);
+    let text = metrics.read().await.text();
     for needle in [
         r#"aura_http_requests_total{group="gateway",plane="data",status="200"}"#,
         "aura_http_request_duration_seconds_bucket{group=\"auth\",plane=\"data\"",
@@ -61,34 +41,29 @@ async fn metrics_cover_requests_breakers_limits_plugins_and_nats() {
 
 #[tokio::test]
 async fn ready_reports_dependencies_and_fails_while_a_required_one_is_down() {
-    let gw = InProcess::start(test_config(&shared().url(), &unique_prefix())).await;
-    let r = reqwest::get(gw.mgmt_url("/ready")).await.expect("r");
-    assert_eq!(r.status(), StatusCode::OK);
-    let body: serde_json::Value = r.json().await.expect("json");
+    let gw = Gateway::start().await;
+    let body = Call::get(gw.mgmt_url("/ready"))
+        .expect(StatusCode::OK)
+        .await
+        .json();
     assert_eq!(body["status"], "ready");
     assert_eq!(body["checks"]["nats"], "up");
     assert_eq!(body["checks"]["control_store"], "up");
     assert_eq!(body["checks"]["redis"], "not_configured");
 
     let dead_nats = format!("nats://127.0.0.1:{}", crate::support::free_port());
-    let mut config = test_config(&dead_nats, &unique_prefix());
-    config.rate_limit.redis_url = Some(format!(
-        "redis://127.0.0.1:{}/",
-        crate::support::free_port()
-    ));
-    let gw = InProcess::start(config).await;
-    let r = reqwest::get(gw.mgmt_url("/ready")).await.expect("r");
-    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let body: serde_json::Value = r.json().await.expect("json");
+    let dead_redis = format!("redis://127.0.0.1:{}/", crate::support::free_port());
+    let gw = Gateway::with(|c| c.rate_limit.redis_url = Some(dead_redis));
+    let gw = gw.nats(dead_nats).start().await;
+    let ready = Call::get(gw.mgmt_url("/ready"));
+    let r = ready.expect(StatusCode::SERVICE_UNAVAILABLE).await;
+    let body = r.json();
     assert_eq!(body["error"]["code"], "not_ready");
     assert_eq!(body["checks"]["nats"], "down");
     assert_eq!(body["checks"]["redis"], "down");
     // Liveness is not readiness.
     assert_eq!(
-        reqwest::get(gw.data_url("/health"))
-            .await
-            .expect("r")
-            .status(),
+        Call::get(gw.data_url("/health")).status().await,
         StatusCode::OK
     );
 }
@@ -102,17 +77,10 @@ async fn a_stalled_log_reader_never_stalls_requests_and_dropped_lines_are_counte
 
     let dir = tempfile::tempdir().expect("tempdir");
     let fx = crate::support::fixture::Fixture::new();
-    let config = crate::support::gateway::binary_config(
-        dir.path(),
-        &fx,
-        "",
-        "nats://127.0.0.1:1",
-        "logs",
-        "",
-    );
+    let config = binary_config(dir.path(), &fx, "", "nats://127.0.0.1:1", "logs", "");
     let (port, management) = (crate::support::free_port(), crate::support::free_port());
     // stderr is a pipe this test never reads: once its buffer is full, every write blocks.
-    let mut child = Command::new(crate::support::gateway::binary())
+    let mut child = Command::new(binary())
         .args(["serve", "--config"])
         .arg(&config)
         .env("AURA_PORT", port.to_string())
@@ -127,11 +95,9 @@ async fn a_stalled_log_reader_never_stalls_requests_and_dropped_lines_are_counte
     let _unread = child.stderr.take();
     let started = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(60)
-                && child.try_wait().ok().flatten().is_none(),
-            "gateway did not start"
-        );
+        let running = child.try_wait().ok().flatten().is_none();
+        let starting = started.elapsed() < Duration::from_secs(60) && running;
+        assert!(starting, "gateway did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let client = reqwest::Client::new();
@@ -141,24 +107,17 @@ async fn a_stalled_log_reader_never_stalls_requests_and_dropped_lines_are_counte
     let mut slowest = Duration::ZERO;
     for _ in 0..3_000 {
         let t = Instant::now();
-        let r = tokio::time::timeout(Duration::from_secs(5), client.get(&url).send())
-            .await
-            .expect("a request stalled behind the log")
-            .expect("answered");
-        assert_eq!(r.status(), StatusCode::OK);
+        let health = tokio::time::timeout(Duration::from_secs(5), client.get(&url).send());
+        let r = health.await.expect("a request stalled behind the log");
+        assert_eq!(r.expect("answered").status(), StatusCode::OK);
         slowest = slowest.max(t.elapsed());
     }
     let took = started.elapsed();
-    let text = client
+    let metrics = client
         .get(format!("http://127.0.0.1:{port}/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    let dropped = crate::support::gateway::metric(&text, "aura_log_lines_dropped_total", &[]);
+        .call();
+    let text = metrics.bearer(METRICS_TOKEN).read().await.text();
+    let dropped = metric(&text, "aura_log_lines_dropped_total", &[]);
     println!(
         "3,000 requests with an unread log pipe in {took:?} (slowest {slowest:?}); {dropped} lines dropped"
     );

@@ -32,14 +32,15 @@ fn defaults() -> Policies {
 }
 
 fn key_request(path: &str, query_keys: &[&str], headers: &[(&str, &str)]) -> KeyRequest {
+    let owned = |s: &&str| (*s).to_owned();
+    let headers = headers.iter().map(|(n, v)| (owned(n), owned(v))).collect();
+    let query_keys = query_keys.iter().map(owned).collect();
+    let (method, path) = ("GET".into(), path.into());
     KeyRequest {
-        method: "GET".into(),
-        path: path.into(),
-        query_keys: query_keys.iter().map(|s| (*s).to_owned()).collect(),
-        headers: headers
-            .iter()
-            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-            .collect(),
+        method,
+        path,
+        query_keys,
+        headers,
     }
 }
 
@@ -316,22 +317,15 @@ fn db_routing_stage_applies_the_six_rules_in_order() {
             .expect("call")
     };
     let url = Some("http://pgrst-a:3000");
-    assert_eq!(
-        decide("GET", "/v1/db/schema", Some(dedicated(url))),
-        DbRoute::Nats
-    );
-    assert_eq!(
-        decide("GET", "/v1/db/policies/x", Some(dedicated(url))),
-        DbRoute::Nats
-    );
-    assert_eq!(
-        decide("POST", "/v1/db/sql", Some(dedicated(url))),
-        DbRoute::Nats
-    );
-    assert_eq!(
-        decide("PUT", "/v1/db/todos", Some(dedicated(url))),
-        DbRoute::Nats
-    );
+    for (method, path) in [
+        ("GET", "/v1/db/schema"),
+        ("GET", "/v1/db/policies/x"),
+        ("POST", "/v1/db/sql"),
+        ("PUT", "/v1/db/todos"),
+    ] {
+        let route = decide(method, path, Some(dedicated(url)));
+        assert_eq!(route, DbRoute::Nats, "{method} {path}");
+    }
     let mongo = ProjectDb {
         engine: DbEngine::Mongodb,
         ..dedicated(url)
@@ -476,15 +470,9 @@ fn plugins_of_both_wit_versions_load_and_answer() {
         Some("0.2.0"),
         "the default plugins"
     );
-    match quota(
-        &p,
-        "GET",
-        "/v1/db/t",
-        "db",
-        &actor(Role::Anon, Some("k1"), None),
-    )
-    .expect("a 0.1.0 plugin answers")
-    {
+    let anon = actor(Role::Anon, Some("k1"), None);
+    let answered = quota(&p, "GET", "/v1/db/t", "db", &anon).expect("a 0.1.0 plugin answers");
+    match answered {
         QuotaDecision::Limit(rule) => assert!(!rule.bucket.is_empty()),
         QuotaDecision::Exempt => {}
     }

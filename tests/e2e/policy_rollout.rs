@@ -4,206 +4,53 @@
 //! its share is dropped by itself with the reason in the history; promote and abort.
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use base64::Engine as _;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::fixture::{CONSOLE_SECRET, Fixture, USER_SECRET, console_token, user_token};
-use crate::support::gateway::{METRICS_TOKEN, Process, metric};
-use crate::support::nats_server::shared;
-use crate::support::postgres::TestDatabase;
+use crate::support::builder::{Gateway, Started};
+use crate::support::call::{Answer, Call};
+use crate::support::fixture::{Fixture, console_token, user_token};
+use crate::support::gateway::Process;
+use crate::support::metrics::metric;
+use crate::support::policy::{Policies, b64, digest, testing_cors, testing_quota};
+use crate::support::poll::poll;
+use crate::support::postgres::{TestDatabase, control_table};
+use crate::support::records::file_history_lines;
 use crate::support::responder::{Responder, reply};
-use crate::support::unique_prefix;
 
 const APP: &str = "https://app.test";
 const OTHER: &str = "https://other.test";
 
-/// A gateway binary over `control` (a `[control]` table), answering functions over NATS.
-async fn gateway(dir: &Path, control: &str, plugins: &str) -> (Process, Responder) {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let config = dir.join("gateway.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"host = "127.0.0.1"
-
-[log]
-level = "info"
-
-[nats]
-url = "{nats}"
-subject_prefix = "{prefix}"
-
-{control}
-
-[metrics]
-token = "{METRICS_TOKEN}"
-
-[auth.user_jwt]
-hs256_secret = "{USER_SECRET}"
-
-[auth.console_jwt]
-hs256_secret = "{CONSOLE_SECRET}"
-
-[rate_limit.data_plane_per_ip]
-rate_per_second = 1000000
-burst = 1000000
-
-[rate_limit.management_plane_per_ip]
-rate_per_second = 1000000
-burst = 1000000
-
-[plugins]
-tenant_refresh_secs = 3600
-{plugins}
-"#,
-            nats = nats.url(),
-        ),
-    )
-    .expect("config");
-    let responder = Responder::start(
-        &nats.url(),
-        &format!("{prefix}.functions.http"),
-        Duration::ZERO,
-        |_| reply(200, &[], b"ok"),
-    )
-    .await;
-    (Process::serve(&config, dir), responder)
-}
-
-/// A gateway binary over `fx`'s records in a control file.
-async fn file_gateway(dir: &Path, fx: &Fixture, plugins: &str) -> (Process, Responder) {
-    std::fs::write(dir.join("control.toml"), fx.control_file()).expect("control file");
-    gateway(
-        dir,
-        "[control]\nfile = \"control.toml\"\nreload_interval_ms = 200",
-        plugins,
-    )
-    .await
-}
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-async fn json(r: reqwest::Response) -> (StatusCode, Value) {
-    let status = r.status();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-struct Console<'a> {
-    gw: &'a Process,
-    token: String,
-    c: reqwest::Client,
-}
-
-impl Console<'_> {
-    fn url(&self, stage: &str, tail: &str) -> String {
-        self.gw
-            .mgmt_url(&format!("/v1/projects/alpha/policies/{stage}{tail}"))
-    }
-
-    async fn put(&self, stage: &str, body: Value) -> (StatusCode, Value) {
-        json(
-            self.c
-                .put(self.url(stage, ""))
-                .bearer_auth(&self.token)
-                .json(&body)
-                .send()
-                .await
-                .expect("answer"),
-        )
-        .await
-    }
-
-    async fn get(&self, stage: &str) -> Value {
-        let (status, body) = json(
-            self.c
-                .get(self.url(stage, ""))
-                .bearer_auth(&self.token)
-                .send()
-                .await
-                .expect("answer"),
-        )
-        .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body
-    }
-
-    /// The status of `GET` on the stage.
-    async fn status(&self, stage: &str) -> StatusCode {
-        self.c
-            .get(self.url(stage, ""))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .expect("answer")
-            .status()
-    }
-
-    async fn post(&self, stage: &str, action: &str) -> (StatusCode, Value) {
-        json(
-            self.c
-                .post(self.url(stage, &format!("/{action}")))
-                .bearer_auth(&self.token)
-                .send()
-                .await
-                .expect("answer"),
-        )
-        .await
-    }
-
-    async fn history(&self, stage: &str) -> Vec<Value> {
-        let (status, body) = json(
-            self.c
-                .get(self.url(stage, "/history"))
-                .bearer_auth(&self.token)
-                .send()
-                .await
-                .expect("answer"),
-        )
-        .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["events"].as_array().cloned().unwrap_or_default()
-    }
+/// A gateway binary over `fx`'s records (`toml`: a `[control]` table of its own, or nothing for
+/// the control file), its tenant refresh out of the way, `plugins` ending its `[plugins]`
+/// table; it answers functions over NATS.
+async fn gateway(fx: &Fixture, toml: &str, plugins: &str) -> (Started, Responder) {
+    let plugins = format!("{toml}\n[plugins]\ntenant_refresh_secs = 3600\n{plugins}\n");
+    let started = Gateway::builder().fixture(fx).toml(plugins).binary();
+    let bus = started.gw.bus.clone();
+    let responder = bus.respond("functions", |_| reply(200, &[], b"ok")).await;
+    (started, responder)
 }
 
 /// `GET /v1/functions/<path>` as `user` of alpha (with the anon key), with `origin` when given.
-async fn call(
-    gw: &Process,
-    fx: &Fixture,
-    path: &str,
-    user: Uuid,
-    origin: Option<&str>,
-) -> reqwest::Response {
-    let mut request = reqwest::Client::new()
-        .get(gw.data_url(&format!("/v1/functions/{path}")))
-        .header("apikey", &fx.anon_key)
-        .bearer_auth(user_token("alpha", user));
-    if let Some(origin) = origin {
-        request = request.header("origin", origin);
+async fn call(gw: &Process, fx: &Fixture, path: &str, user: Uuid, origin: Option<&str>) -> Answer {
+    let f = Call::get(gw.data_url(&format!("/v1/functions/{path}"))).key(&fx.anon_key);
+    let f = f.bearer(user_token("alpha", user));
+    match origin {
+        Some(origin) => f.origin(origin),
+        None => f,
     }
-    request.send().await.expect("answer")
+    .read()
+    .await
 }
 
-async fn poll<T>(what: &str, gw: &Process, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(done) = check().await {
-            return done;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} never happened; log:\n{}",
-            gw.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Waits (30 s at the most) until `check` gives a value; fails naming `what`, with the log.
+async fn eventually<T>(what: &str, gw: &Process, check: impl AsyncFnMut() -> Option<T>) -> T {
+    let done = poll(Duration::from_secs(30), check).await;
+    done.unwrap_or_else(|| panic!("{what} never happened; log:\n{}", gw.log_text()))
 }
 
 /// The disagreements of a shadow compared on 20 requests of which every other one (10) has an
@@ -223,14 +70,15 @@ fn every_other_disagrees(shadow: &Value) -> u64 {
 }
 
 /// A shadow CORS module that denies an origin the enforced one allows.
-async fn shadow(gw: &Process, fx: &Fixture, console: &Console<'_>) {
+async fn shadow(gw: &Process, fx: &Fixture, console: &Policies) {
     let cors = aura_gateway::policy::builtin::CORS;
     let (status, body) = console
         .put(
             "cors",
             json!({ "module": b64(cors), "config": { "allow_origins": [APP, OTHER] } }),
         )
-        .await;
+        .await
+        .parts();
     assert_eq!(status, StatusCode::OK, "{body}");
     let digest = body["digest"].as_str().expect("digest").to_owned();
     let (status, body) = console
@@ -238,7 +86,8 @@ async fn shadow(gw: &Process, fx: &Fixture, console: &Console<'_>) {
             "cors",
             json!({ "digest": digest, "config": { "allow_origins": [APP] }, "mode": "shadow" }),
         )
-        .await;
+        .await
+        .parts();
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["mode"], "shadow");
 
@@ -248,12 +97,12 @@ async fn shadow(gw: &Process, fx: &Fixture, console: &Console<'_>) {
         let origin = if i % 2 == 0 { APP } else { OTHER };
         let r = call(gw, fx, "hello", user, Some(origin)).await;
         // The enforced decision, unchanged: both origins allowed.
-        assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(r.headers()["access-control-allow-origin"], origin);
-        ids.push(r.headers()["x-request-id"].to_str().expect("id").to_owned());
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.headers["access-control-allow-origin"], origin);
+        ids.push(r.headers["x-request-id"].to_str().expect("id").to_owned());
     }
-    let candidate = poll("twenty shadow runs accounted for", gw, async || {
-        let body = console.get("cors").await;
+    let candidate = eventually("twenty shadow runs accounted for", gw, async || {
+        let body = console.body("cors").await;
         let shadow = &body["candidate"]["shadow"];
         let runs = shadow["compared"].as_u64()? + shadow["skipped"].as_u64()?;
         (runs == 20).then(|| body["candidate"].clone())
@@ -293,9 +142,9 @@ async fn shadow(gw: &Process, fx: &Fixture, console: &Console<'_>) {
     );
 
     // Abort: the shadow goes, the module in force stays.
-    let (status, _) = console.post("cors", "abort").await;
+    let (status, _) = console.post("cors", "abort").await.parts();
     assert_eq!(status, StatusCode::NO_CONTENT);
-    let body = console.get("cors").await;
+    let body = console.body("cors").await;
     assert_eq!(body["candidate"], Value::Null);
     assert_eq!(body["digest"], digest.as_str());
     // The project's disagreement series goes with its last shadow: projects that tried a
@@ -308,7 +157,7 @@ async fn shadow(gw: &Process, fx: &Fixture, console: &Console<'_>) {
                 && l.contains("project=\"alpha\"")),
         "{metrics}"
     );
-    let (status, body) = console.post("cors", "abort").await;
+    let (status, body) = console.post("cors", "abort").await.parts();
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"]["code"], "no_candidate");
     let events = console.history("cors").await;
@@ -339,8 +188,8 @@ async fn canary_share(gw: &Process, fx: &Fixture, users: &[Uuid], burst: &str) -
     for round in 0..2 {
         for user in users {
             let r = call(gw, fx, "hello", *user, None).await;
-            assert_eq!(r.status(), StatusCode::OK);
-            let on = r.headers()["ratelimit-limit"] == burst;
+            assert_eq!(r.status, StatusCode::OK);
+            let on = r.headers["ratelimit-limit"] == burst;
             if round == 0 {
                 sides.insert(*user, on);
             } else {
@@ -352,7 +201,7 @@ async fn canary_share(gw: &Process, fx: &Fixture, users: &[Uuid], burst: &str) -
 }
 
 /// A quota canary at 10 %, a failing canary dropped by itself, promote.
-async fn canary(gw: &Process, fx: &Fixture, console: &Console<'_>) {
+async fn canary(gw: &Process, fx: &Fixture, console: &Policies) {
     let quota = std::fs::read(aura_gateway::policy::builtin::TESTING_QUOTA_PLUGIN_PATH)
         .expect("testing quota plugin");
     let users: Vec<Uuid> = (0..200).map(|_| Uuid::new_v4()).collect();
@@ -362,7 +211,7 @@ async fn canary(gw: &Process, fx: &Fixture, console: &Console<'_>) {
         "mode": "canary",
         "percent": 10,
     });
-    let (status, body) = console.put("quota", ten_percent.clone()).await;
+    let (status, body) = console.put("quota", ten_percent.clone()).await.parts();
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         (body["mode"].clone(), body["percent"].clone()),
@@ -371,7 +220,7 @@ async fn canary(gw: &Process, fx: &Fixture, console: &Console<'_>) {
     let on = canary_share(gw, fx, &users, "777").await;
     // 10 % of 200 is 20; the binomial spread stays well within this range.
     assert!((6..=40).contains(&on), "{on} of 200 actors on the canary");
-    let body = console.get("quota").await;
+    let body = console.body("quota").await;
     assert_eq!(
         body["digest"],
         Value::Null,
@@ -390,15 +239,16 @@ async fn canary(gw: &Process, fx: &Fixture, console: &Console<'_>) {
             "quota",
             json!({ "module": b64(&quota), "config": {}, "mode": "canary", "percent": 50 }),
         )
-        .await;
+        .await
+        .parts();
     assert_eq!(status, StatusCode::OK, "{body}");
     let mut failed = 0;
     for user in &users {
         let r = call(gw, fx, "spin", *user, None).await;
-        if r.status() == StatusCode::INTERNAL_SERVER_ERROR {
+        if r.status == StatusCode::INTERNAL_SERVER_ERROR {
             failed += 1;
         } else {
-            assert_eq!(r.status(), StatusCode::OK);
+            assert_eq!(r.status, StatusCode::OK);
         }
     }
     assert!(failed >= 20, "{failed} requests failed on the canary");
@@ -407,7 +257,7 @@ async fn canary(gw: &Process, fx: &Fixture, console: &Console<'_>) {
         "{failed}: the canary was not dropped in time; log:\n{}",
         gw.log_text()
     );
-    let events = poll("the canary dropped and recorded", gw, async || {
+    let events = eventually("the canary dropped and recorded", gw, async || {
         let events = console.history("quota").await;
         (events.first()?["action"] == "automatic_rollback").then_some(events)
     })
@@ -420,30 +270,26 @@ async fn canary(gw: &Process, fx: &Fixture, console: &Console<'_>) {
         "{reason}"
     );
     // Nothing of the project's own is left for the stage.
-    assert_eq!(console.status("quota").await, StatusCode::NOT_FOUND);
+    assert_eq!(console.get("quota").await.status, StatusCode::NOT_FOUND);
     for user in users.iter().take(20) {
         assert_eq!(
-            call(gw, fx, "spin", *user, None).await.status(),
+            call(gw, fx, "spin", *user, None).await.status,
             StatusCode::OK
         );
     }
 
     // A developer may not promote; an admin does, and everyone gets the module.
-    let developer = Console {
-        gw,
-        token: console_token(fx.developer),
-        c: reqwest::Client::new(),
-    };
-    let (status, body) = console.put("quota", ten_percent).await;
+    let developer = Policies::new(gw.mgmt_url(""), console_token(fx.developer));
+    let (status, body) = console.put("quota", ten_percent).await.parts();
     assert_eq!(status, StatusCode::OK, "{body}");
     let digest = body["digest"].clone();
     assert_eq!(
-        developer.post("quota", "promote").await.0,
+        developer.post("quota", "promote").await.parts().0,
         StatusCode::FORBIDDEN
     );
-    let (status, body) = console.post("quota", "promote").await;
+    let (status, body) = console.post("quota", "promote").await.parts();
     assert_eq!(status, StatusCode::OK, "{body}");
-    let body = console.get("quota").await;
+    let body = console.body("quota").await;
     assert_eq!(body["digest"], digest);
     assert_eq!(
         body["config"],
@@ -464,67 +310,46 @@ async fn canary(gw: &Process, fx: &Fixture, console: &Console<'_>) {
             "quota",
             json!({ "module": b64(aura_gateway::policy::builtin::QUOTA), "config": {} }),
         )
-        .await;
+        .await
+        .parts();
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(canary_share(gw, fx, &users[..20], "777").await, 0);
-    let (status, body) = console.post("quota", "rollback").await;
+    let (status, body) = console.post("quota", "rollback").await.parts();
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["digest"], digest);
-    assert_eq!(console.get("quota").await["config"]["burst"], 777);
+    assert_eq!(console.body("quota").await["config"]["burst"], 777);
     assert_eq!(canary_share(gw, fx, &users[..20], "777").await, 20);
 }
 
 async fn scenario(gw: &Process, fx: &Fixture) {
-    let console = Console {
-        gw,
-        token: console_token(fx.admin),
-        c: reqwest::Client::new(),
-    };
+    let console = Policies::new(gw.mgmt_url(""), console_token(fx.admin));
     shadow(gw, fx, &console).await;
     canary(gw, fx, &console).await;
 }
 
 #[tokio::test]
 async fn shadow_and_canary_through_the_binary_with_the_file_store() {
-    let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
-    let (gw, _responder) = file_gateway(dir.path(), &fx, "").await;
+    let (Started { gw, dir, .. }, _responder) = gateway(&fx, "", "").await;
     scenario(&gw, &fx).await;
     // The control file holds no candidate any more (promoted), the history file every change.
     let control = std::fs::read_to_string(dir.path().join("control.toml")).expect("file");
     assert!(!control.contains("policy_candidates"), "{control}");
-    assert_eq!(
-        crate::support::gateway::file_history_lines(dir.path()),
-        10,
-        "one history line per change"
-    );
+    let lines = file_history_lines(dir.path());
+    assert_eq!(lines, 10, "one history line per change");
 }
 
 #[tokio::test]
 async fn shadow_and_canary_through_the_binary_with_postgres() {
-    let db = TestDatabase::create().await;
-    db.store().await;
     let fx = Fixture::new();
-    fx.seed(&db).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (gw, _responder) = gateway(
-        dir.path(),
-        &format!(
-            "[control]\nstore = \"postgres\"\ndatabase_url = \"{}\"",
-            db.url
-        ),
-        "",
-    )
-    .await;
+    let (db, store) = TestDatabase::seeded(&fx).await;
+    let control = control_table(&db.url);
+    let (Started { gw, .. }, _responder) = gateway(&fx, &control, "").await;
     scenario(&gw, &fx).await;
-    let store = db.store().await;
     use aura_gateway::control::ControlStore;
     assert!(store.policy_candidates().await.expect("read").is_empty());
-    let events = store
-        .policy_events(Some("alpha"), None, 100)
-        .await
-        .expect("read");
-    assert_eq!(events.len(), 10);
+    let events = store.policy_events(Some("alpha"), None, 100).await;
+    assert_eq!(events.expect("read").len(), 10);
 }
 
 /// A hostile shadow — it spins to the deadline on every call — never slows or changes a
@@ -532,53 +357,33 @@ async fn shadow_and_canary_through_the_binary_with_postgres() {
 /// refused naming the field, and change nothing.
 #[tokio::test]
 async fn a_spinning_shadow_changes_no_response_and_is_skipped_when_busy() {
-    let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
-    let (gw, _responder) = file_gateway(dir.path(), &fx, "call_deadline_ms = 300").await;
-    let console = Console {
-        gw: &gw,
-        token: console_token(fx.admin),
-        c: reqwest::Client::new(),
-    };
-    let testing =
-        std::fs::read(aura_gateway::policy::builtin::TESTING_PLUGIN_PATH).expect("plugin");
-    for (body, field) in [
-        (
-            json!({ "module": b64(&testing), "mode": "dry-run" }),
-            "mode",
-        ),
-        (
-            json!({ "module": b64(&testing), "mode": "canary" }),
-            "percent",
-        ),
-        (
-            json!({ "module": b64(&testing), "mode": "canary", "percent": 0 }),
-            "percent",
-        ),
-        (
-            json!({ "module": b64(&testing), "mode": "shadow", "percent": 5 }),
-            "percent",
-        ),
-        (
-            json!({ "module": b64(&testing), "mode": "canary", "percent": 250 }),
-            "percent",
-        ),
+    let (Started { gw, .. }, _responder) = gateway(&fx, "", "call_deadline_ms = 300").await;
+    let console = Policies::new(gw.mgmt_url(""), console_token(fx.admin));
+    let testing = b64(&testing_cors());
+    for (trial, field) in [
+        (json!({ "mode": "dry-run" }), "mode"),
+        (json!({ "mode": "canary" }), "percent"),
+        (json!({ "mode": "canary", "percent": 0 }), "percent"),
+        (json!({ "mode": "shadow", "percent": 5 }), "percent"),
+        (json!({ "mode": "canary", "percent": 250 }), "percent"),
     ] {
-        let (status, answer) = console.put("cors", body).await;
+        let mut body = trial;
+        body["module"] = json!(testing);
+        let (status, answer) = console.put("cors", body).await.parts();
         assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
         assert_eq!(answer["error"]["code"], "invalid_body");
         let message = answer["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(field), "{message}");
     }
     assert_eq!(
-        console.status("cors").await,
+        console.get("cors").await.status,
         StatusCode::NOT_FOUND,
         "nothing was installed"
     );
 
-    let (status, body) = console
-        .put("cors", json!({ "module": b64(&testing), "mode": "shadow" }))
-        .await;
+    let shadow = json!({ "module": testing, "mode": "shadow" });
+    let (status, body) = console.put("cors", shadow).await.parts();
     assert_eq!(status, StatusCode::OK, "{body}");
     let user = Uuid::new_v4();
     let answers = futures::future::join_all(
@@ -587,11 +392,11 @@ async fn a_spinning_shadow_changes_no_response_and_is_skipped_when_busy() {
     .await;
     for r in &answers {
         // The plane's module decides, as before the shadow.
-        assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(r.headers()["access-control-allow-origin"], "*");
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.headers["access-control-allow-origin"], "*");
     }
-    let shadow = poll("every shadow run accounted for", &gw, async || {
-        let body = console.get("cors").await;
+    let shadow = eventually("every shadow run accounted for", &gw, async || {
+        let body = console.body("cors").await;
         let s = &body["candidate"]["shadow"];
         let done = s["compared"].as_u64()? + s["skipped"].as_u64()?;
         (done == 40).then(|| s.clone())
@@ -617,15 +422,8 @@ async fn a_spinning_shadow_changes_no_response_and_is_skipped_when_busy() {
         "{metrics}"
     );
     // A delete takes the candidate with it (here the stage's only module of the project's).
-    let r = console
-        .c
-        .delete(console.url("cors", ""))
-        .bearer_auth(&console.token);
-    assert_eq!(
-        r.send().await.expect("answer").status(),
-        StatusCode::NO_CONTENT
-    );
-    assert_eq!(console.status("cors").await, StatusCode::NOT_FOUND);
+    assert_eq!(console.delete("cors").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(console.get("cors").await.status, StatusCode::NOT_FOUND);
     let events = console.history("cors").await;
     assert_eq!(events[0]["action"], "abort", "{events:?}");
     assert_eq!(events[0]["mode"], "shadow");
@@ -654,15 +452,29 @@ module = {path:?}
     )
 }
 
+/// `method /v1/admin/policies{path}` with the admin token: the status and the JSON body.
 async fn admin(gw: &Process, method: reqwest::Method, path: &str) -> (StatusCode, Value) {
-    json(
-        reqwest::Client::new()
-            .request(method, gw.mgmt_url(path))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .expect("answer"),
-    )
+    let url = gw.mgmt_url(&format!("/v1/admin/policies{path}"));
+    Call::new(method, url)
+        .bearer(ADMIN_TOKEN)
+        .read()
+        .await
+        .parts()
+}
+
+/// The body of `GET /v1/admin/policies{path}`.
+async fn admin_get(gw: &Process, path: &str) -> Value {
+    admin(gw, reqwest::Method::GET, path).await.1
+}
+
+/// The events of the operator's history once it has `at_least` of them.
+async fn operator_history(gw: &Process, what: &str, at_least: usize) -> Vec<Value> {
+    eventually(what, gw, async || {
+        let events = admin_get(gw, "/history").await["events"]
+            .as_array()?
+            .clone();
+        (events.len() >= at_least).then_some(events)
+    })
     .await
 }
 
@@ -671,33 +483,27 @@ async fn admin(gw: &Process, method: reqwest::Method, path: &str) -> (StatusCode
 /// itself; every change in the operator's history.
 #[tokio::test]
 async fn the_operators_shadow_and_canary_from_the_configuration() {
-    let dir = tempfile::tempdir().expect("tempdir");
     let fx = Fixture::new();
     let ten_percent =
         "config = { rate_per_second = 100, burst = 777 }\nmode = \"canary\"\npercent = 10";
     // The `[plugins]` table of the helper's configuration ends the file: the operator's tables
     // come after a line of their own. Reloads come from SIGHUP alone (one per change).
-    let (gw, _responder) = file_gateway(
-        dir.path(),
-        &fx,
-        &format!("watch = false\n{}", operator_plugins(ten_percent)),
-    )
-    .await;
+    let plugins = format!("watch = false\n{}", operator_plugins(ten_percent));
+    let (Started { gw, dir, .. }, _responder) = gateway(&fx, "", &plugins).await;
 
     // The shadow: compared on the requests the plane's module decides, nothing changed.
     let user = Uuid::new_v4();
     for i in 0..20 {
         let origin = if i % 2 == 0 { APP } else { OTHER };
         let r = call(&gw, &fx, "hello", user, Some(origin)).await;
-        assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(r.headers()["access-control-allow-origin"], origin);
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.headers["access-control-allow-origin"], origin);
     }
-    let shadow = poll(
+    let shadow = eventually(
         "the operator's shadow runs accounted for",
         &gw,
         async || {
-            let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies").await;
-            let shadow = body["candidates"]["data"]["cors"]["shadow"].clone();
+            let shadow = admin_get(&gw, "").await["candidates"]["data"]["cors"]["shadow"].clone();
             let runs = shadow["compared"].as_u64()? + shadow["skipped"].as_u64()?;
             (runs == 20).then_some(shadow)
         },
@@ -706,14 +512,9 @@ async fn the_operators_shadow_and_canary_from_the_configuration() {
     let disagreements = every_other_disagrees(&shadow);
     assert_eq!(shadow["sample"][0]["shadow"], "deny");
     let metrics = gw.metrics().await;
-    assert_eq!(
-        metric(
-            &metrics,
-            "aura_policy_shadow_disagreements_total",
-            &["project=\"-\"", "stage=\"cors\""]
-        ),
-        disagreements as f64
-    );
+    let labels = ["project=\"-\"", "stage=\"cors\""];
+    let counted = metric(&metrics, "aura_policy_shadow_disagreements_total", &labels);
+    assert_eq!(counted, disagreements as f64);
 
     // The canary on about 10 % of actors, always the same ones.
     let users: Vec<Uuid> = (0..200).map(|_| Uuid::new_v4()).collect();
@@ -721,45 +522,24 @@ async fn the_operators_shadow_and_canary_from_the_configuration() {
     assert!((6..=40).contains(&on), "{on} of 200 actors on the canary");
 
     // Abort the shadow, promote the canary: on this instance, until the next reload.
-    let (status, body) = admin(
-        &gw,
-        reqwest::Method::POST,
-        "/v1/admin/policies/data/cors/abort",
-    )
-    .await;
+    let post = |path: &'static str| admin(&gw, reqwest::Method::POST, path);
+    let (status, body) = post("/data/cors/abort").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = admin(
-        &gw,
-        reqwest::Method::POST,
-        "/v1/admin/policies/data/cors/abort",
-    )
-    .await;
+    let (status, body) = post("/data/cors/abort").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"]["code"], "no_candidate");
-    let (status, body) = admin(
-        &gw,
-        reqwest::Method::POST,
-        "/v1/admin/policies/data/quota/promote",
-    )
-    .await;
+    let (status, body) = post("/data/quota/promote").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(canary_share(&gw, &fx, &users[..20], "777").await, 20);
-    let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies").await;
+    let body = admin_get(&gw, "").await;
     assert_eq!(body["candidates"]["data"]["cors"]["tried"], false, "{body}");
     assert_eq!(body["candidates"]["data"]["quota"], Value::Null, "{body}");
-    let quota_digest = aura_gateway::policy::tenants::digest_of(
-        &std::fs::read(aura_gateway::policy::builtin::TESTING_QUOTA_PLUGIN_PATH).expect("plugin"),
-    );
+    let quota_digest = digest(&testing_quota());
     assert_eq!(
         body["planes"]["data"]["quota"]["digest"],
         quota_digest.as_str()
     );
-    let history = poll("the operator's changes recorded", &gw, async || {
-        let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies/history").await;
-        let events = body["events"].as_array()?.clone();
-        (events.len() >= 2).then_some(events)
-    })
-    .await;
+    let history = operator_history(&gw, "the operator's changes recorded", 2).await;
     assert_eq!(history[0]["action"], "promote", "{history:?}");
     assert_eq!(history[0]["mode"], "enforce");
     assert_eq!(history[0]["digest_after"], quota_digest.as_str());
@@ -767,69 +547,47 @@ async fn the_operators_shadow_and_canary_from_the_configuration() {
     assert_eq!(history[1]["mode"], "shadow");
     assert_eq!(history[1]["project"], Value::Null);
     // The operator's rollback puts the set before the promote back.
-    let (status, _) = admin(&gw, reqwest::Method::POST, "/v1/admin/policies/rollback").await;
-    assert_eq!(status, StatusCode::OK);
+    assert_eq!(post("/rollback").await.0, StatusCode::OK);
     let back = canary_share(&gw, &fx, &users, "777").await;
     assert_eq!(back, on, "the canary's share is back as it was");
     // The rollback is recorded for the module in force and for the candidate that came back.
-    let history = poll("the rollback recorded", &gw, async || {
-        let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies/history").await;
-        let events = body["events"].as_array()?.clone();
-        (events.len() >= 4).then_some(events)
-    })
-    .await;
-    let rolled: Vec<(&str, &str)> = history
-        .iter()
-        .filter(|e| e["action"] == "rollback")
-        .map(|e| {
-            (
-                e["mode"].as_str().unwrap_or(""),
-                e["digest_after"].as_str().unwrap_or(""),
-            )
-        })
+    let history = operator_history(&gw, "the rollback recorded", 4).await;
+    let rollbacks = history.iter().filter(|e| e["action"] == "rollback");
+    let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+    let rolled: Vec<(String, String)> = rollbacks
+        .map(|e| (text(&e["mode"]), text(&e["digest_after"])))
         .collect();
-    assert!(
-        rolled.contains(&("canary", quota_digest.as_str())),
-        "{history:?}"
-    );
+    let canary_back = ("canary".to_owned(), quota_digest.clone());
+    assert!(rolled.contains(&canary_back), "{history:?}");
     assert_eq!(rolled.len(), 2, "{history:?}");
 
     // A canary failing on its share, after a reload, is dropped by itself.
-    std::fs::write(
-        dir.path().join("gateway.toml"),
-        std::fs::read_to_string(dir.path().join("gateway.toml"))
-            .expect("config")
-            .replace(ten_percent, "mode = \"canary\"\npercent = 50"),
-    )
-    .expect("config");
-    let hup = std::process::Command::new("kill")
-        .args(["-HUP", &gw.child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(hup.success());
-    poll("the reload", &gw, async || {
-        let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies").await;
+    let config = dir.path().join("gateway.toml");
+    let toml = std::fs::read_to_string(&config).expect("config");
+    let toml = toml.replace(ten_percent, "mode = \"canary\"\npercent = 50");
+    std::fs::write(&config, toml).expect("config");
+    gw.signal("-HUP");
+    eventually("the reload", &gw, async || {
+        let body = admin_get(&gw, "").await;
         (body["candidates"]["data"]["quota"]["percent"] == 50).then_some(())
     })
     .await;
     let mut failed = 0;
     for user in &users {
-        if call(&gw, &fx, "spin", *user, None).await.status() == StatusCode::INTERNAL_SERVER_ERROR {
-            failed += 1;
-        }
+        let status = call(&gw, &fx, "spin", *user, None).await.status;
+        failed += usize::from(status == StatusCode::INTERNAL_SERVER_ERROR);
     }
-    assert!(
-        (20..=30).contains(&failed),
-        "{failed} requests failed on the canary"
-    );
-    let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies").await;
+    let share = (20..=30).contains(&failed);
+    assert!(share, "{failed} requests failed on the canary");
+    let body = admin_get(&gw, "").await;
     assert_eq!(
         body["candidates"]["data"]["quota"]["tried"], false,
         "{body}"
     );
-    let dropped = poll("the drop recorded", &gw, async || {
-        let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies/history").await;
-        let events = body["events"].as_array()?.clone();
+    let dropped = eventually("the drop recorded", &gw, async || {
+        let events = admin_get(&gw, "/history").await["events"]
+            .as_array()?
+            .clone();
         events
             .into_iter()
             .find(|e| e["action"] == "automatic_rollback")
@@ -840,14 +598,11 @@ async fn the_operators_shadow_and_canary_from_the_configuration() {
     let reason = dropped["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("deadline"), "{reason}");
     // Judged alone: the canary's failures never rolled back the modules in force.
-    let (_, body) = admin(&gw, reqwest::Method::GET, "/v1/admin/policies/history").await;
+    let body = admin_get(&gw, "/history").await;
     let events = body["events"].as_array().cloned().unwrap_or_default();
-    assert_eq!(
-        events
-            .iter()
-            .filter(|e| e["action"] == "automatic_rollback")
-            .count(),
-        1,
-        "{events:?}"
-    );
+    let automatic = events
+        .iter()
+        .filter(|e| e["action"] == "automatic_rollback")
+        .count();
+    assert_eq!(automatic, 1, "{events:?}");
 }

@@ -15,11 +15,13 @@ use governor::clock::FakeRelativeClock;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 
+use crate::support::builder::Gateway;
+use crate::support::call::{Call, IntoCall, client};
+use crate::support::config::test_config;
 use crate::support::fixture::{CountingStore, Fixture};
-use crate::support::gateway::{InProcess, client, test_config};
-use crate::support::nats_server::shared;
+use crate::support::gateway::InProcess;
+use crate::support::poll::poll_every;
 use crate::support::redis_server::RedisServer;
-use crate::support::unique_prefix;
 
 fn from(peer: &str, request: http::request::Builder) -> Request<Body> {
     let peer: SocketAddr = peer.parse().expect("addr");
@@ -128,68 +130,86 @@ async fn forwarded_for_counts_only_from_trusted_proxies() {
 
 #[tokio::test]
 async fn the_quota_stage_rule_is_enforced_per_key() {
-    let nats = shared();
-    let prefix = unique_prefix();
-    let mut config = test_config(&nats.url(), &prefix);
-    config.data_plane.plugins.quota.config =
-        serde_json::json!({ "rate_per_second": 1, "burst": 5 });
-    let gw = InProcess::start(config).await;
+    let rule = serde_json::json!({ "rate_per_second": 1, "burst": 5 });
+    let gw = Gateway::start_with(|c| c.data_plane.plugins.quota.config = rule).await;
     let c = client();
+    let user = || c.get(gw.data_url("/v1/auth/user")).call().read();
     let mut remaining = Vec::new();
     for _ in 0..5 {
-        let r = c.get(gw.data_url("/v1/auth/user")).send().await.expect("r");
-        assert_ne!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-        remaining.push(
-            r.headers()["ratelimit-remaining"]
-                .to_str()
-                .expect("ascii")
-                .to_owned(),
-        );
+        let r = user().await;
+        assert_ne!(r.status, StatusCode::TOO_MANY_REQUESTS);
+        remaining.push(r.header("ratelimit-remaining").to_owned());
     }
     assert_eq!(remaining, ["4", "3", "2", "1", "0"]);
-    let r = c.get(gw.data_url("/v1/auth/user")).send().await.expect("r");
-    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert!(r.headers().contains_key("retry-after"));
-    let body: serde_json::Value = r.json().await.expect("json");
-    assert_eq!(body["error"]["code"], "rate_limited");
+    let r = user().await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(r.code(), "rate_limited");
     // Public paths without a key are exempt from the actor quota.
-    let r = reqwest::get(gw.data_url("/health")).await.expect("r");
-    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        Call::get(gw.data_url("/health")).status().await,
+        StatusCode::OK
+    );
 }
 
 /// Sends quota-checked requests until the gateway has used Redis once; returns how many of them
 /// Redis admitted (the last one).
 async fn wait_shared(gw: &InProcess, c: &reqwest::Client) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let r = c.get(gw.data_url("/v1/storage/x")).send().await.expect("r");
-        if gw.state.quotas.is_shared() {
-            return u32::from(r.status() == StatusCode::SERVICE_UNAVAILABLE);
-        }
-        assert!(Instant::now() < deadline, "Redis mode not reached");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let shared = poll_every(
+        Duration::from_secs(15),
+        Duration::from_millis(50),
+        async || {
+            let r = c.get(gw.data_url("/v1/storage/x")).send().await.expect("r");
+            let passed = u32::from(r.status() == StatusCode::SERVICE_UNAVAILABLE);
+            gw.state.quotas.is_shared().then_some(passed)
+        },
+    );
+    shared.await.expect("Redis mode not reached")
 }
 
-fn shared_config(redis: &RedisServer, burst: u32) -> aura_gateway::config::Config {
-    let mut config = test_config(&shared().url(), &unique_prefix());
-    config.rate_limit.redis_url = Some(redis.url());
-    config.rate_limit.redis_retry_ms = 500;
-    config.data_plane.plugins.quota.config =
-        serde_json::json!({ "rate_per_second": 1, "burst": burst });
-    config
+/// A Redis server, and a gateway sharing its quotas through it (the quota stage's rule at
+/// `burst` and 1/s) once it does; a client sending the test key.
+async fn sharing_at_once(burst: u32) -> (RedisServer, InProcess, reqwest::Client) {
+    let redis = RedisServer::start();
+    let gw = sharing(&redis, burst, false).await;
+    let c = client();
+    wait_shared(&gw, &c).await;
+    (redis, gw, c)
+}
+
+/// Quotas are shared through Redis again within 10 s (Redis `what` just before).
+async fn shared_again(gw: &InProcess, c: &reqwest::Client, what: &str) {
+    let since = Instant::now();
+    wait_shared(gw, c).await;
+    let took = since.elapsed();
+    println!(
+        "shared again {:.2} s after Redis {what}",
+        took.as_secs_f64()
+    );
+    assert!(took < Duration::from_secs(10));
+}
+
+/// A gateway sharing its quotas through `redis`, the quota stage's rule at `burst` and 1/s;
+/// `patient`: Redis gets 2 s to answer.
+async fn sharing(redis: &RedisServer, burst: u32, patient: bool) -> InProcess {
+    let url = redis.url();
+    Gateway::start_with(move |c| {
+        (c.rate_limit.redis_url, c.rate_limit.redis_retry_ms) = (Some(url), 500);
+        c.data_plane.plugins.quota.config =
+            serde_json::json!({ "rate_per_second": 1, "burst": burst });
+        if patient {
+            c.rate_limit.redis_timeout_ms = 2_000;
+        }
+    })
+    .await
 }
 
 #[tokio::test]
 async fn two_instances_share_one_quota_through_redis() {
     let redis = RedisServer::start();
     // This test is about sharing, not the fallback: a loaded machine must not push it local.
-    let patient = |mut c: aura_gateway::config::Config| {
-        c.rate_limit.redis_timeout_ms = 2_000;
-        c
-    };
-    let a = InProcess::start(patient(shared_config(&redis, 200))).await;
-    let b = InProcess::start(patient(shared_config(&redis, 200))).await;
+    let a = sharing(&redis, 200, true).await;
+    let b = sharing(&redis, 200, true).await;
     let c = client();
     let mut accepted = wait_shared(&a, &c).await + wait_shared(&b, &c).await;
     accepted += round_robin(&[&a, &b], &c, 600).await;
@@ -218,13 +238,9 @@ async fn round_robin(fleet: &[&InProcess], c: &reqwest::Client, requests: usize)
 #[tokio::test]
 async fn three_instances_share_one_quota_within_five_percent_before_and_after_a_redis_outage() {
     let redis = RedisServer::start();
-    let patient = |mut c: aura_gateway::config::Config| {
-        c.rate_limit.redis_timeout_ms = 2_000;
-        c
-    };
-    let a = InProcess::start(patient(shared_config(&redis, 300))).await;
-    let b = InProcess::start(patient(shared_config(&redis, 300))).await;
-    let d = InProcess::start(patient(shared_config(&redis, 300))).await;
+    let a = sharing(&redis, 300, true).await;
+    let b = sharing(&redis, 300, true).await;
+    let d = sharing(&redis, 300, true).await;
     let fleet = [&a, &b, &d];
     let c = client();
     let mut accepted = 0;
@@ -263,10 +279,7 @@ async fn three_instances_share_one_quota_within_five_percent_before_and_after_a_
 
 #[tokio::test]
 async fn a_frozen_redis_falls_back_to_local_limits_and_sharing_resumes() {
-    let redis = RedisServer::start();
-    let gw = InProcess::start(shared_config(&redis, 100_000)).await;
-    let c = client();
-    wait_shared(&gw, &c).await;
+    let (redis, gw, c) = sharing_at_once(100_000).await;
     redis.freeze();
     let started = Instant::now();
     let mut worst = Duration::ZERO;
@@ -275,14 +288,10 @@ async fn a_frozen_redis_falls_back_to_local_limits_and_sharing_resumes() {
         let r = c.get(gw.data_url("/health")).send().await.expect("r");
         worst = worst.max(t.elapsed());
         assert_eq!(r.status(), StatusCode::OK, "no error caused by Redis");
-        let r = c.get(gw.data_url("/v1/storage/x")).send().await.expect("r");
-        assert_eq!(
-            r.status(),
-            StatusCode::SERVICE_UNAVAILABLE,
-            "past the quota, no Redis error"
-        );
-        let body: serde_json::Value = r.json().await.expect("json");
-        assert_eq!(body["error"]["code"], "backend_not_configured");
+        let r = c.get(gw.data_url("/v1/storage/x")).call().read().await;
+        let past = r.status == StatusCode::SERVICE_UNAVAILABLE;
+        assert!(past, "past the quota, no Redis error: {}", r.status);
+        assert_eq!(r.code(), "backend_not_configured");
     }
     assert!(
         !gw.state.quotas.is_shared(),
@@ -294,21 +303,12 @@ async fn a_frozen_redis_falls_back_to_local_limits_and_sharing_resumes() {
         worst.as_secs_f64() * 1000.0
     );
     redis.resume();
-    let resumed = Instant::now();
-    wait_shared(&gw, &c).await;
-    println!(
-        "shared again {:.2} s after Redis resumed",
-        resumed.elapsed().as_secs_f64()
-    );
-    assert!(resumed.elapsed() < Duration::from_secs(10));
+    shared_again(&gw, &c, "resumed").await;
 }
 
 #[tokio::test]
 async fn a_killed_redis_under_load_limits_locally_without_errors_and_sharing_resumes() {
-    let redis = RedisServer::start();
-    let gw = InProcess::start(shared_config(&redis, 100)).await;
-    let c = client();
-    wait_shared(&gw, &c).await;
+    let (redis, gw, c) = sharing_at_once(100).await;
     let port = redis.kill();
     // Eight clients at once, 400 requests: the local bucket (burst 100, 1/s) admits about 100.
     let statuses: Vec<StatusCode> = futures::future::join_all((0..8).map(|_| {
@@ -326,37 +326,22 @@ async fn a_killed_redis_under_load_limits_locally_without_errors_and_sharing_res
     .into_iter()
     .flatten()
     .collect();
-    let limited = statuses
-        .iter()
-        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
-        .count();
-    let passed = statuses
-        .iter()
-        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
-        .count();
+    let counted = |status: StatusCode| statuses.iter().filter(|s| **s == status).count();
+    let limited = counted(StatusCode::TOO_MANY_REQUESTS);
+    let passed = counted(StatusCode::SERVICE_UNAVAILABLE);
     println!("redis killed: of 400 requests {passed} passed the quota, {limited} limited locally");
     assert_eq!(
         limited + passed,
         400,
         "only 429 or the route's own 503: {statuses:?}"
     );
-    assert!(
-        limited >= 250,
-        "limiting went on locally: {limited} limited"
-    );
-    assert!(
-        passed >= 50,
-        "the local bucket admitted its burst: {passed}"
-    );
+    let local = limited >= 250;
+    assert!(local, "limiting went on locally: {limited} limited");
+    let burst = passed >= 50;
+    assert!(burst, "the local bucket admitted its burst: {passed}");
     assert!(!gw.state.quotas.is_shared());
     let _redis = RedisServer::start_on(port);
-    let back = Instant::now();
-    wait_shared(&gw, &c).await;
-    println!(
-        "shared again {:.2} s after Redis restarted",
-        back.elapsed().as_secs_f64()
-    );
-    assert!(back.elapsed() < Duration::from_secs(10));
+    shared_again(&gw, &c, "restarted").await;
 }
 
 /// A reference token bucket: `burst` tokens, `rate` per second, continuous refill.

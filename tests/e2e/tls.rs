@@ -3,9 +3,8 @@
 //! management plane, and what a client that does not speak TLS gets.
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 use rustls::pki_types::ServerName;
@@ -14,9 +13,13 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-use crate::support::fixture::Fixture;
-use crate::support::gateway::{METRICS_TOKEN, Process, metric, serve_binary};
+use crate::support::builder::{Gateway, Started};
+use crate::support::call::{Call, IntoCall};
+use crate::support::config::METRICS_TOKEN;
+use crate::support::gateway::Process;
+use crate::support::metrics::metric;
 use crate::support::pki::Pki;
+use crate::support::poll::{eventually, poll_every};
 
 fn listener_tls(section: &str, pki: &Pki, client_ca: Option<&Path>) -> String {
     let mut out = format!(
@@ -31,6 +34,15 @@ fn listener_tls(section: &str, pki: &Pki, client_ca: Option<&Path>) -> String {
     out
 }
 
+/// A gateway binary with a PKI of its own (CA `gw`, in its folder) and the configuration
+/// `toml` makes of it.
+fn tls_gateway(toml: impl FnOnce(&Pki) -> String) -> (Process, Pki) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(&dir.path().join("pki"), "gw");
+    let Started { gw, .. } = Gateway::builder().toml(toml(&pki)).keep_dir(dir).binary();
+    (gw, pki)
+}
+
 fn https(port: u16, path: &str) -> String {
     format!("https://localhost:{port}{path}")
 }
@@ -42,11 +54,15 @@ async fn connect(port: u16, config: rustls::ClientConfig) -> std::io::Result<Tls
         .await
 }
 
+/// A TLS connection to `port` offering `alpn`.
+async fn handshake(port: u16, pki: &Pki, alpn: &[&[u8]]) -> TlsStream<TcpStream> {
+    let config = pki.rustls_client(alpn, false);
+    connect(port, config).await.expect("handshake")
+}
+
 /// The certificate a new handshake is served, as DER.
 async fn served_certificate(port: u16, pki: &Pki) -> Vec<u8> {
-    let tls = connect(port, pki.rustls_client(&[b"http/1.1"], false))
-        .await
-        .expect("handshake");
+    let tls = handshake(port, pki, &[b"http/1.1"]).await;
     tls.get_ref().1.peer_certificates().expect("certificate")[0].to_vec()
 }
 
@@ -89,6 +105,15 @@ async fn get_health(tls: &mut TlsStream<TcpStream>) -> String {
     }
 }
 
+/// HTTP/2 `GET /health` over `tls`: the response, or `None` when it was not served.
+async fn h2_health(tls: TlsStream<TcpStream>, port: u16) -> Option<http::Response<h2::RecvStream>> {
+    let (mut h2, connection) = h2::client::handshake(tls).await.ok()?;
+    tokio::spawn(connection);
+    let request = http::Request::get(format!("https://localhost:{port}/health"));
+    let (response, _) = h2.send_request(request.body(()).ok()?, true).ok()?;
+    response.await.ok()
+}
+
 /// Replaces the listener's certificate and key files at once (rename), with a new pair.
 fn rotate(pki: &Pki, cn: &str) -> String {
     let (cert, key) = pki.server_pair(cn);
@@ -102,164 +127,94 @@ fn rotate(pki: &Pki, cn: &str) -> String {
 }
 
 async fn wait_for_certificate(port: u16, pki: &Pki, want: &[u8], within: Duration) -> bool {
-    let started = Instant::now();
-    while started.elapsed() < within {
-        if served_certificate(port, pki).await == want {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+    eventually(within, async || served_certificate(port, pki).await == want).await
 }
 
 async fn metrics_over_tls(gw: &Process, pki: &Pki) -> String {
-    pki.client()
-        .get(https(gw.port, "/metrics"))
-        .bearer_auth(METRICS_TOKEN)
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
+    let metrics = pki.client().get(https(gw.port, "/metrics")).call();
+    metrics.bearer(METRICS_TOKEN).read().await.text()
 }
 
 #[tokio::test]
 async fn both_planes_serve_https_and_http2_is_negotiated_by_alpn() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fx = Fixture::new();
-    let pki = Pki::new(&dir.path().join("pki"), "gw");
-    let gw = serve_binary(
-        dir.path(),
-        &fx,
-        "",
-        &format!(
-            "{}{}",
-            listener_tls("data_plane", &pki, None),
-            listener_tls("management_plane", &pki, None)
-        ),
-    );
+    let (gw, pki) = tls_gateway(|pki| {
+        let data = listener_tls("data_plane", pki, None);
+        data + &listener_tls("management_plane", pki, None)
+    });
     let client = pki.client();
     for port in [gw.port, gw.management_port] {
         let r = client
             .get(https(port, "/health"))
-            .send()
-            .await
-            .expect("https");
-        assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(r.version(), reqwest::Version::HTTP_11);
+            .call()
+            .expect(StatusCode::OK)
+            .await;
+        assert_eq!(r.version, reqwest::Version::HTTP_11);
     }
     // The whole chain runs behind TLS: a key-less request gets the contract's 401.
-    let r = client
-        .get(https(gw.port, "/v1/db/rest/v1/todos"))
-        .send()
-        .await
-        .expect("https");
-    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    let body: serde_json::Value = r.json().await.expect("json");
-    assert!(
-        body["error"].is_object() || body["code"].is_string(),
-        "{body}"
-    );
+    let todos = client.get(https(gw.port, "/v1/db/rest/v1/todos")).call();
+    let body = todos.expect(StatusCode::UNAUTHORIZED).await.json();
+    let contract = body["error"].is_object() || body["code"].is_string();
+    assert!(contract, "{body}");
 
     // ALPN: a client offering h2 gets HTTP/2 on both planes.
     for port in [gw.port, gw.management_port] {
-        let tls = connect(port, pki.rustls_client(&[b"h2", b"http/1.1"], false))
-            .await
-            .expect("handshake");
+        let tls = handshake(port, &pki, &[b"h2", b"http/1.1"]).await;
         assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-        let (mut h2, connection) = h2::client::handshake(tls).await.expect("h2 handshake");
-        tokio::spawn(connection);
-        let request = http::Request::get(format!("https://localhost:{port}/health"))
-            .body(())
-            .expect("request");
-        let (response, _) = h2.send_request(request, true).expect("send");
-        let response = response.await.expect("response");
+        let response = h2_health(tls, port).await.expect("HTTP/2 response");
         assert_eq!(response.status(), http::StatusCode::OK);
         assert!(response.headers().contains_key("x-request-id"));
     }
     // A client offering only HTTP/1.1 gets it; TLS 1.2 is accepted, 1.3 preferred.
-    let tls = connect(gw.port, pki.rustls_client(&[b"http/1.1"], false))
-        .await
-        .expect("handshake");
+    let tls = handshake(gw.port, &pki, &[b"http/1.1"]).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
-    assert_eq!(
-        tls.get_ref().1.protocol_version(),
-        Some(rustls::ProtocolVersion::TLSv1_3)
-    );
+    let version = tls.get_ref().1.protocol_version();
+    assert_eq!(version, Some(rustls::ProtocolVersion::TLSv1_3));
     let mut tls12 = pki.rustls_client(&[b"http/1.1"], false);
     tls12 = {
-        let roots = {
-            let mut r = rustls::RootCertStore::empty();
-            use rustls::pki_types::pem::PemObject as _;
-            r.add(
-                rustls::pki_types::CertificateDer::from_pem_slice(pki.ca_pem.as_bytes())
-                    .expect("CA"),
-            )
-            .expect("root");
-            r
-        };
-        let mut c =
-            rustls::ClientConfig::builder_with_protocol_versions(&[&rustls::version::TLS12])
-                .with_root_certificates(roots)
-                .with_no_client_auth();
+        let versions =
+            rustls::ClientConfig::builder_with_protocol_versions(&[&rustls::version::TLS12]);
+        let mut c = versions
+            .with_root_certificates(pki.roots())
+            .with_no_client_auth();
         c.alpn_protocols = tls12.alpn_protocols.clone();
         c
     };
     let mut tls = connect(gw.port, tls12).await.expect("TLS 1.2 handshake");
-    assert_eq!(
-        tls.get_ref().1.protocol_version(),
-        Some(rustls::ProtocolVersion::TLSv1_2)
-    );
+    let version = tls.get_ref().1.protocol_version();
+    assert_eq!(version, Some(rustls::ProtocolVersion::TLSv1_2));
     assert_eq!(get_health(&mut tls).await, "HTTP/1.1 200 OK");
 
     // Plain HTTP to a TLS listener is not served, and it is counted.
-    let plain = reqwest::Client::new()
-        .get(gw.data_url("/health"))
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await;
-    assert!(
-        plain.is_err() || plain.as_ref().is_ok_and(|r| r.status() != StatusCode::OK),
-        "plain HTTP was served over a TLS listener"
-    );
+    let plain = Call::get(gw.data_url("/health")).timeout(Duration::from_secs(5));
+    let plain = plain.try_send().await;
+    let served = plain.as_ref().is_ok_and(|r| r.status() == StatusCode::OK);
+    assert!(!served, "plain HTTP was served over a TLS listener");
     let text = metrics_over_tls(&gw, &pki).await;
-    assert!(
-        metric(
-            &text,
-            "aura_tls_handshake_failures_total",
-            &["plane=\"data\""]
-        ) >= 1.0,
-        "{text}"
+    let failures = metric(
+        &text,
+        "aura_tls_handshake_failures_total",
+        &["plane=\"data\""],
     );
+    assert!(failures >= 1.0, "{text}");
 }
 
 #[tokio::test]
 async fn a_certificate_changed_on_disk_is_served_to_the_next_handshake_without_dropping_connections()
  {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fx = Fixture::new();
-    let pki = Pki::new(&dir.path().join("pki"), "gw");
-    let gw = serve_binary(
-        dir.path(),
-        &fx,
-        "",
-        &format!(
-            "[server]\ntls_watch_interval_ms = 200\n\n{}",
-            listener_tls("data_plane", &pki, None)
-        ),
-    );
+    let (gw, pki) = tls_gateway(|pki| {
+        let data = listener_tls("data_plane", pki, None);
+        format!("[server]\ntls_watch_interval_ms = 200\n\n{data}")
+    });
     let original = der_of(&std::fs::read_to_string(&pki.server_cert).expect("cert"));
     assert_eq!(served_certificate(gw.port, &pki).await, original);
     // A keep-alive connection opened under the first certificate.
-    let mut open = connect(gw.port, pki.rustls_client(&[b"http/1.1"], false))
-        .await
-        .expect("handshake");
+    let mut open = handshake(gw.port, &pki, &[b"http/1.1"]).await;
     assert_eq!(get_health(&mut open).await, "HTTP/1.1 200 OK");
 
     let rotated = der_of(&rotate(&pki, "rotated"));
+    let served = wait_for_certificate(gw.port, &pki, &rotated, Duration::from_secs(10)).await;
     assert!(
-        wait_for_certificate(gw.port, &pki, &rotated, Duration::from_secs(10)).await,
+        served,
         "the new certificate was not served; log:\n{}",
         gw.log_text()
     );
@@ -268,17 +223,20 @@ async fn a_certificate_changed_on_disk_is_served_to_the_next_handshake_without_d
 
     // A broken replacement is refused: the certificate in force stays, and it is counted.
     std::fs::write(&pki.server_cert, "not a certificate").expect("write");
-    let started = Instant::now();
-    let mut refused = 0.0;
-    while started.elapsed() < Duration::from_secs(10) && refused < 1.0 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        refused = metric(
-            &metrics_over_tls(&gw, &pki).await,
-            "aura_tls_reloads_total",
-            &["plane=\"data\"", "result=\"refused\""],
-        );
-    }
-    assert!(refused >= 1.0, "the broken certificate was not refused");
+    let labels = ["plane=\"data\"", "result=\"refused\""];
+    let refused = poll_every(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let text = metrics_over_tls(&gw, &pki).await;
+            (metric(&text, "aura_tls_reloads_total", &labels) >= 1.0).then_some(())
+        },
+    );
+    assert!(
+        refused.await.is_some(),
+        "the broken certificate was not refused"
+    );
     assert_eq!(served_certificate(gw.port, &pki).await, rotated);
     assert!(gw.log_text().contains("TLS reload refused"));
     assert_eq!(get_health(&mut open).await, "HTTP/1.1 200 OK");
@@ -286,131 +244,69 @@ async fn a_certificate_changed_on_disk_is_served_to_the_next_handshake_without_d
 
 #[tokio::test]
 async fn sighup_reloads_the_certificate_at_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fx = Fixture::new();
-    let pki = Pki::new(&dir.path().join("pki"), "gw");
     // The files are not polled within this test: only the signal can reload them.
-    let gw = serve_binary(
-        dir.path(),
-        &fx,
-        "",
-        &format!(
-            "[server]\ntls_watch_interval_ms = 3600000\n\n{}",
-            listener_tls("management_plane", &pki, None)
-        ),
-    );
+    let (gw, pki) = tls_gateway(|pki| {
+        let management = listener_tls("management_plane", pki, None);
+        format!("[server]\ntls_watch_interval_ms = 3600000\n\n{management}")
+    });
     let original = der_of(&std::fs::read_to_string(&pki.server_cert).expect("cert"));
     // The listener has read its files (the port may accept before it has).
     assert_eq!(served_certificate(gw.management_port, &pki).await, original);
     let rotated = der_of(&rotate(&pki, "after-sighup"));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(served_certificate(gw.management_port, &pki).await, original);
-    let hup = Command::new("kill")
-        .args(["-HUP", &gw.child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(hup.success());
-    assert!(
-        wait_for_certificate(gw.management_port, &pki, &rotated, Duration::from_secs(5)).await,
-        "SIGHUP did not reload; log:\n{}",
-        gw.log_text()
-    );
+    gw.signal("-HUP");
+    let within = Duration::from_secs(5);
+    let reloaded = wait_for_certificate(gw.management_port, &pki, &rotated, within).await;
+    assert!(reloaded, "SIGHUP did not reload; log:\n{}", gw.log_text());
     // The plain-text data plane is untouched.
-    let r = reqwest::get(gw.data_url("/health")).await.expect("http");
-    assert_eq!(r.status(), StatusCode::OK);
+    Call::get(gw.data_url("/health"))
+        .expect(StatusCode::OK)
+        .await;
 }
 
 #[tokio::test]
 async fn the_management_plane_can_require_client_certificates() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fx = Fixture::new();
-    let pki = Pki::new(&dir.path().join("pki"), "gw");
-    let stranger = Pki::new(&dir.path().join("other"), "stranger");
-    let gw = serve_binary(
-        dir.path(),
-        &fx,
-        "",
-        &format!(
-            "{}{}",
-            listener_tls("data_plane", &pki, None),
-            listener_tls("management_plane", &pki, Some(&pki.ca))
-        ),
-    );
+    let (gw, pki) = tls_gateway(|pki| {
+        let data = listener_tls("data_plane", pki, None);
+        data + &listener_tls("management_plane", pki, Some(&pki.ca))
+    });
+    let stranger = Pki::new(&pki.dir.join("other"), "stranger");
+    let health = https(gw.management_port, "/health");
     // Without a client certificate: no handshake.
-    let bare = pki
-        .client()
-        .get(https(gw.management_port, "/health"))
-        .send()
-        .await;
+    let bare = pki.client().get(&health).send().await;
     assert!(bare.is_err(), "served without a client certificate");
     // A certificate from another CA: refused too.
-    let foreign = pki
-        .client_builder()
-        .identity(stranger.client_identity())
-        .build()
-        .expect("client")
-        .get(https(gw.management_port, "/health"))
-        .send()
-        .await;
+    let with = |identity| {
+        pki.client_builder()
+            .identity(identity)
+            .build()
+            .expect("client")
+    };
+    let foreign = with(stranger.client_identity()).get(&health).send().await;
     assert!(foreign.is_err(), "served a certificate from an unknown CA");
     // The console's backend, with its certificate.
-    let r = pki
-        .client_builder()
-        .identity(pki.client_identity())
-        .build()
-        .expect("client")
-        .get(https(gw.management_port, "/health"))
-        .send()
-        .await
-        .expect("mTLS");
-    assert_eq!(r.status(), StatusCode::OK);
+    let console = with(pki.client_identity()).get(&health).call();
+    console.expect(StatusCode::OK).await;
     // The data plane asks for none.
-    let r = pki
-        .client()
-        .get(https(gw.port, "/health"))
-        .send()
-        .await
-        .expect("https");
-    assert_eq!(r.status(), StatusCode::OK);
+    let data = pki.client().get(https(gw.port, "/health")).call();
+    data.expect(StatusCode::OK).await;
     assert!(gw.log_text().contains("client_certificates=true"));
 }
 
 #[tokio::test]
 async fn with_http2_off_a_tls_listener_speaks_http11_only() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fx = Fixture::new();
-    let pki = Pki::new(&dir.path().join("pki"), "gw");
-    let gw = serve_binary(
-        dir.path(),
-        &fx,
-        "",
-        &format!(
-            "[server]\nhttp2 = false\n\n{}",
-            listener_tls("data_plane", &pki, None)
-        ),
-    );
+    let (gw, pki) = tls_gateway(|pki| {
+        let data = listener_tls("data_plane", pki, None);
+        format!("[server]\nhttp2 = false\n\n{data}")
+    });
     // ALPN: h2 is not offered back.
-    let mut tls = connect(gw.port, pki.rustls_client(&[b"h2", b"http/1.1"], false))
-        .await
-        .expect("handshake");
+    let mut tls = handshake(gw.port, &pki, &[b"h2", b"http/1.1"]).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
     assert_eq!(get_health(&mut tls).await, "HTTP/1.1 200 OK");
     // The HTTP/2 preface sent anyway is not served.
-    let tls = connect(gw.port, pki.rustls_client(&[b"http/1.1"], false))
-        .await
-        .expect("handshake");
-    let served = async {
-        let (mut h2, connection) = h2::client::handshake(tls).await.ok()?;
-        tokio::spawn(connection);
-        let request = http::Request::get(format!("https://localhost:{}/health", gw.port))
-            .body(())
-            .ok()?;
-        let (response, _) = h2.send_request(request, true).ok()?;
-        response.await.ok()
-    };
-    let served = tokio::time::timeout(Duration::from_secs(5), served)
-        .await
-        .ok()
-        .flatten();
+    let tls = handshake(gw.port, &pki, &[b"http/1.1"]).await;
+    let served = tokio::time::timeout(Duration::from_secs(5), h2_health(tls, gw.port));
+    let served = served.await.ok().flatten();
     assert!(served.is_none(), "HTTP/2 was served with server.http2 off");
 }

@@ -10,10 +10,11 @@ use futures::StreamExt;
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::fixture::Fixture;
-use crate::support::gateway::{Process, binary_config, metric};
-use crate::support::nats_server::shared;
-use crate::support::unique_prefix;
+use crate::support::builder::{Gateway, Started};
+use crate::support::call::Call;
+use crate::support::gateway::Process;
+use crate::support::metrics::metric;
+use crate::support::poll::poll_every;
 
 /// A raw HTTP/1.1 backend, so that it can misbehave in ways a framework would not allow. By
 /// path: `/keep` answers `keep` and keeps the connection; `/close-after` answers the same and
@@ -137,106 +138,79 @@ async fn serve_connection(mut stream: tokio::net::TcpStream) {
 }
 
 /// The gateway binary in front of `backend`, and an API key it knows.
-fn start_gateway(
-    dir: &std::path::Path,
-    backend: &RawBackend,
-    pool_max_idle: usize,
-) -> (Process, String) {
-    let fx = Fixture::new();
-    let config = binary_config(
-        dir,
-        &fx,
-        "",
-        &shared().url(),
-        &unique_prefix(),
-        &format!(
-            "[upstreams]\nstorage_url = \"{}\"\npool_max_idle_per_host = {pool_max_idle}\n",
-            backend.url
-        ),
+fn start_gateway(backend: &RawBackend, pool_max_idle: usize) -> (Started, String) {
+    let upstreams = format!(
+        "[upstreams]\nstorage_url = \"{}\"\npool_max_idle_per_host = {pool_max_idle}\n",
+        backend.url
     );
-    (Process::serve(&config, dir), fx.anon_key)
+    let started = Gateway::builder().toml(upstreams).binary();
+    let key = started.fx.anon_key.clone();
+    (started, key)
 }
 
 async fn get(gw: &Process, key: &str, path: &str) -> (StatusCode, String) {
-    let r = reqwest::Client::new()
-        .get(gw.data_url(path))
-        .header("apikey", key)
-        .send()
-        .await
-        .expect("answered");
+    let r = Call::get(gw.data_url(path)).key(key).send().await;
     let status = r.status();
     (status, r.text().await.unwrap_or_default())
+}
+
+/// `GET /v1/storage/object/keep`, answered `keep` by the backend.
+async fn keep(gw: &Process, key: &str) -> (StatusCode, String) {
+    get(gw, key, "/v1/storage/object/keep").await
+}
+
+fn kept() -> (StatusCode, String) {
+    (StatusCode::OK, "keep".to_owned())
 }
 
 #[tokio::test]
 async fn backend_connections_are_reused_and_never_after_a_close_an_abandoned_or_a_cut_answer() {
     let backend = RawBackend::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (gw, key) = start_gateway(dir.path(), &backend, 8);
+    let (Started { gw, .. }, key) = start_gateway(&backend, 8);
 
     // One client at a time: one backend connection, whatever the client does with its own.
     for _ in 0..20 {
-        assert_eq!(
-            get(&gw, &key, "/v1/storage/object/keep").await,
-            (StatusCode::OK, "keep".to_owned())
-        );
+        assert_eq!(keep(&gw, &key).await, kept());
     }
-    let head = reqwest::Client::new()
-        .head(gw.data_url("/v1/storage/object/keep"))
-        .header("apikey", &key)
-        .send()
-        .await
-        .expect("head");
-    assert_eq!(head.status(), StatusCode::OK);
-    assert_eq!(
-        get(&gw, &key, "/v1/storage/object/keep").await,
-        (StatusCode::OK, "keep".to_owned())
+    let head = Call::new(
+        reqwest::Method::HEAD,
+        gw.data_url("/v1/storage/object/keep"),
     );
+    assert_eq!(head.key(&key).status().await, StatusCode::OK);
+    assert_eq!(keep(&gw, &key).await, kept());
     assert_eq!(backend.accepted(), 1, "the connection was reused");
     let metrics = gw.metrics().await;
-    assert_eq!(
-        metric(
-            &metrics,
-            "aura_upstream_connections_opened_total",
-            &["backend=\"storage\""]
-        ),
-        1.0,
-        "{metrics}"
-    );
+    let labels = ["backend=\"storage\""];
+    let opened = metric(&metrics, "aura_upstream_connections_opened_total", &labels);
+    assert_eq!(opened, 1.0, "{metrics}");
 
     // The backend closes the connection after answering (its keep-alive ran out), without a
     // `Connection: close`: the next request sees the close and takes a new connection.
     for _ in 0..5 {
-        assert_eq!(
-            get(&gw, &key, "/v1/storage/object/close-after").await,
-            (StatusCode::OK, "keep".to_owned())
-        );
+        let closing = get(&gw, &key, "/v1/storage/object/close-after").await;
+        assert_eq!(closing, kept());
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(
-            get(&gw, &key, "/v1/storage/object/keep").await,
-            (StatusCode::OK, "keep".to_owned())
-        );
+        assert_eq!(keep(&gw, &key).await, kept());
     }
     assert_eq!(backend.accepted(), 6);
 
     // A client abandons an 8 MiB answer after its first bytes: that connection still holds the
     // rest, and is closed rather than reused.
     let accepted = backend.accepted();
-    let big = reqwest::Client::new()
-        .get(gw.data_url("/v1/storage/object/big"))
-        .header("apikey", &key)
+    let big = Call::get(gw.data_url("/v1/storage/object/big"))
+        .key(&key)
         .send()
-        .await
-        .expect("big");
+        .await;
     assert_eq!(big.status(), StatusCode::OK);
     let mut stream = big.bytes_stream();
     let first = stream.next().await.expect("a chunk").expect("bytes");
     assert_eq!(first[0], b'B');
     drop(stream);
     for _ in 0..5 {
+        let clean = keep(&gw, &key).await;
         assert_eq!(
-            get(&gw, &key, "/v1/storage/object/keep").await,
-            (StatusCode::OK, "keep".to_owned()),
+            clean,
+            kept(),
             "no byte of the abandoned answer reached another request"
         );
     }
@@ -244,10 +218,9 @@ async fn backend_connections_are_reused_and_never_after_a_close_an_abandoned_or_
 
     // An answer cut short: the client's exchange fails (at its head or its body, depending on
     // what was flushed), and the next request is served cleanly.
-    let short = reqwest::Client::new()
-        .get(gw.data_url("/v1/storage/object/short"))
-        .header("apikey", &key)
-        .send()
+    let short = Call::get(gw.data_url("/v1/storage/object/short"))
+        .key(&key)
+        .try_send()
         .await;
     let complete = match short {
         Ok(r) => r.bytes().await.is_ok(),
@@ -255,10 +228,7 @@ async fn backend_connections_are_reused_and_never_after_a_close_an_abandoned_or_
     };
     assert!(!complete, "a body cut short is not passed off as complete");
     for _ in 0..3 {
-        assert_eq!(
-            get(&gw, &key, "/v1/storage/object/keep").await,
-            (StatusCode::OK, "keep".to_owned())
-        );
+        assert_eq!(keep(&gw, &key).await, kept());
     }
 
     // A backend switching protocols on a plain request: the contract's JSON 502, that
@@ -268,23 +238,16 @@ async fn backend_connections_are_reused_and_never_after_a_close_an_abandoned_or_
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     let body: serde_json::Value = serde_json::from_str(&body).expect("json error");
     assert_eq!(body["error"]["code"], "upstream_error", "{body}");
-    assert_eq!(
-        get(&gw, &key, "/v1/storage/object/keep").await,
-        (StatusCode::OK, "keep".to_owned())
-    );
+    assert_eq!(keep(&gw, &key).await, kept());
     assert_eq!(backend.accepted(), accepted + 1);
-    assert_eq!(
-        get(&gw, &key, "/health").await.0,
-        StatusCode::OK,
-        "still serving"
-    );
+    let health = get(&gw, &key, "/health").await.0;
+    assert_eq!(health, StatusCode::OK, "still serving");
 }
 
 #[tokio::test]
 async fn a_burst_opens_connections_as_needed_and_keeps_at_most_the_idle_limit() {
     let backend = RawBackend::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (gw, key) = start_gateway(dir.path(), &backend, 4);
+    let (Started { gw, .. }, key) = start_gateway(&backend, 4);
     // Concurrent answers that take a while: each needs a connection of its own.
     let calls = (0..24).map(|_| get(&gw, &key, "/v1/storage/object/big"));
     let answers = futures::future::join_all(calls).await;
@@ -292,28 +255,23 @@ async fn a_burst_opens_connections_as_needed_and_keeps_at_most_the_idle_limit() 
         assert_eq!(*status, StatusCode::OK);
         assert_eq!(body.len(), 8 << 20);
     }
+    let accepted = backend.accepted();
     assert!(
-        backend.accepted() > 4,
-        "{} connections for 24 concurrent answers",
-        backend.accepted()
+        accepted > 4,
+        "{accepted} connections for 24 concurrent answers"
     );
     // Back to idle: the pool keeps four; the others were closed.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while backend.open() > 4 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let every = Duration::from_millis(20);
+    let _ = poll_every(Duration::from_secs(5), every, async || {
+        (backend.open() <= 4).then_some(())
+    })
+    .await;
     assert_eq!(backend.open(), 4, "idle connections kept past the limit");
     // And they serve the next requests.
     let accepted = backend.accepted();
     for _ in 0..8 {
-        assert_eq!(
-            get(&gw, &key, "/v1/storage/object/keep").await,
-            (StatusCode::OK, "keep".to_owned())
-        );
+        assert_eq!(keep(&gw, &key).await, kept());
     }
-    assert_eq!(
-        backend.accepted(),
-        accepted,
-        "the idle connections were used"
-    );
+    let reused = backend.accepted() == accepted;
+    assert!(reused, "the idle connections were used");
 }

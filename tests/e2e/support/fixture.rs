@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use aura_gateway::auth::keys::hash_key;
 use aura_gateway::control::file::FileStore;
 use aura_gateway::control::{
-    ApiKeyRecord, ControlStore, KeyRole, OrgRole, ProjectPolicyRecord, ProjectRecord, StoreError,
+    ApiKeyRecord, ControlStore, KeyRole, OrgRole, PolicyCandidateRecord as Candidate,
+    PolicyEventRecord as Event, ProjectPolicyRecord, ProjectRecord, StoreError,
 };
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use uuid::Uuid;
@@ -168,25 +169,16 @@ impl Fixture {
             a = self.org_a,
             b = self.org_b
         );
-        for (org, user, role) in self.members() {
-            sql += &format!(
-                "INSERT INTO aura_control.organization_members VALUES ('{org}', '{user}', '{}');\n",
-                role.as_str()
-            );
-        }
-        for (id, project, role, key, revoked) in self.keys() {
-            sql += &format!(
-                "INSERT INTO aura_control.api_keys VALUES ('{id}', '{project}', '{}', '{}', {});\n",
-                role.as_str(),
-                hash_key(key),
-                if revoked {
-                    "'2020-01-01T00:00:00Z'"
-                } else {
-                    "NULL"
-                }
-            );
-        }
-        sql
+        let members = self.members().into_iter().map(|(org, user, role)| {
+            let role = role.as_str();
+            format!("INSERT INTO aura_control.organization_members VALUES ('{org}', '{user}', '{role}');\n")
+        });
+        let keys = self.keys().into_iter().map(|(id, project, role, key, revoked)| {
+            let (role, hash) = (role.as_str(), hash_key(key));
+            let revoked_at = if revoked { "'2020-01-01T00:00:00Z'" } else { "NULL" };
+            format!("INSERT INTO aura_control.api_keys VALUES ('{id}', '{project}', '{role}', '{hash}', {revoked_at});\n")
+        });
+        sql + &members.chain(keys).collect::<String>()
     }
 }
 
@@ -231,6 +223,9 @@ pub fn console_token_with(claims: serde_json::Value) -> String {
 pub fn epoch() -> u64 {
     now()
 }
+
+/// What a store answers.
+type Found<T> = Result<T, StoreError>;
 
 /// A store wrapper counting key lookups per hash, and able to hold a refresh of the project
 /// policies between reading them and answering.
@@ -286,7 +281,7 @@ impl CountingStore {
 
 #[async_trait]
 impl ControlStore for CountingStore {
-    async fn api_key_by_hash(&self, h: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+    async fn api_key_by_hash(&self, h: &str) -> Found<Option<ApiKeyRecord>> {
         self.total.fetch_add(1, Ordering::SeqCst);
         *self
             .key_lookups
@@ -296,68 +291,31 @@ impl ControlStore for CountingStore {
             .or_default() += 1;
         self.inner.api_key_by_hash(h).await
     }
-    async fn project(&self, r: &str) -> Result<Option<ProjectRecord>, StoreError> {
+    async fn project(&self, r: &str) -> Found<Option<ProjectRecord>> {
         self.inner.project(r).await
     }
-    async fn organization_exists(&self, id: Uuid) -> Result<bool, StoreError> {
+    async fn organization_exists(&self, id: Uuid) -> Found<bool> {
         self.inner.organization_exists(id).await
     }
-    async fn membership(&self, o: Uuid, u: Uuid) -> Result<Option<OrgRole>, StoreError> {
+    async fn membership(&self, o: Uuid, u: Uuid) -> Found<Option<OrgRole>> {
         self.inner.membership(o, u).await
     }
-    async fn create_api_key(
-        &self,
-        p: &str,
-        r: KeyRole,
-        h: &str,
-    ) -> Result<ApiKeyRecord, StoreError> {
+    async fn create_api_key(&self, p: &str, r: KeyRole, h: &str) -> Found<ApiKeyRecord> {
         self.inner.create_api_key(p, r, h).await
     }
-    async fn revoke_api_key(&self, id: Uuid) -> Result<bool, StoreError> {
+    async fn revoke_api_key(&self, id: Uuid) -> Found<bool> {
         self.inner.revoke_api_key(id).await
     }
-    async fn put_module(&self, d: &str, m: &[u8]) -> Result<(), StoreError> {
+    async fn put_module(&self, d: &str, m: &[u8]) -> Found<()> {
         self.inner.put_module(d, m).await
     }
-    async fn module(&self, d: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    async fn module(&self, d: &str) -> Found<Option<Vec<u8>>> {
         self.inner.module(d).await
     }
-    async fn set_project_policy(&self, p: &ProjectPolicyRecord) -> Result<(), StoreError> {
+    async fn set_project_policy(&self, p: &ProjectPolicyRecord) -> Found<()> {
         self.inner.set_project_policy(p).await
     }
-    async fn project_policy(
-        &self,
-        r: &str,
-        s: &str,
-    ) -> Result<Option<ProjectPolicyRecord>, StoreError> {
-        self.inner.project_policy(r, s).await
-    }
-    async fn delete_project_policy(&self, r: &str, s: &str) -> Result<bool, StoreError> {
-        self.inner.delete_project_policy(r, s).await
-    }
-    async fn append_policy_event(
-        &self,
-        event: &aura_gateway::control::PolicyEventRecord,
-    ) -> Result<(), StoreError> {
-        self.inner.append_policy_event(event).await
-    }
-    async fn policy_events(
-        &self,
-        project_ref: Option<&str>,
-        stage: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<aura_gateway::control::PolicyEventRecord>, StoreError> {
-        self.inner.policy_events(project_ref, stage, limit).await
-    }
-    async fn policy_event_of(
-        &self,
-        project_ref: Option<&str>,
-        stage: &str,
-        digest: &str,
-    ) -> Result<Option<aura_gateway::control::PolicyEventRecord>, StoreError> {
-        self.inner.policy_event_of(project_ref, stage, digest).await
-    }
-    async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
+    async fn project_policies(&self) -> Found<Vec<ProjectPolicyRecord>> {
         let records = self.inner.project_policies().await;
         let hold = self.hold.lock().expect("lock").take();
         if let Some(hold) = hold {
@@ -366,34 +324,40 @@ impl ControlStore for CountingStore {
         }
         records
     }
-    async fn set_policy_candidate(
-        &self,
-        c: &aura_gateway::control::PolicyCandidateRecord,
-    ) -> Result<(), StoreError> {
+    async fn project_policy(&self, r: &str, s: &str) -> Found<Option<ProjectPolicyRecord>> {
+        self.inner.project_policy(r, s).await
+    }
+    async fn delete_project_policy(&self, r: &str, s: &str) -> Found<bool> {
+        self.inner.delete_project_policy(r, s).await
+    }
+    async fn append_policy_event(&self, event: &Event) -> Found<()> {
+        self.inner.append_policy_event(event).await
+    }
+    async fn policy_events(&self, p: Option<&str>, s: Option<&str>, n: usize) -> Found<Vec<Event>> {
+        self.inner.policy_events(p, s, n).await
+    }
+    async fn policy_event_of(&self, p: Option<&str>, s: &str, d: &str) -> Found<Option<Event>> {
+        self.inner.policy_event_of(p, s, d).await
+    }
+    async fn set_policy_candidate(&self, c: &Candidate) -> Found<()> {
         self.inner.set_policy_candidate(c).await
     }
-    async fn policy_candidate(
-        &self,
-        r: &str,
-        s: &str,
-    ) -> Result<Option<aura_gateway::control::PolicyCandidateRecord>, StoreError> {
+    async fn policy_candidate(&self, r: &str, s: &str) -> Found<Option<Candidate>> {
         self.inner.policy_candidate(r, s).await
     }
-    async fn delete_policy_candidate(&self, r: &str, s: &str) -> Result<bool, StoreError> {
-        self.inner.delete_policy_candidate(r, s).await
-    }
-    async fn policy_candidates(
-        &self,
-    ) -> Result<Vec<aura_gateway::control::PolicyCandidateRecord>, StoreError> {
+    async fn policy_candidates(&self) -> Found<Vec<Candidate>> {
         self.inner.policy_candidates().await
     }
-    async fn touch_modules(&self, digests: &[String]) -> Result<(), StoreError> {
+    async fn delete_policy_candidate(&self, r: &str, s: &str) -> Found<bool> {
+        self.inner.delete_policy_candidate(r, s).await
+    }
+    async fn touch_modules(&self, digests: &[String]) -> Found<()> {
         self.inner.touch_modules(digests).await
     }
-    async fn collect_modules(&self, grace: std::time::Duration) -> Result<Vec<String>, StoreError> {
+    async fn collect_modules(&self, grace: std::time::Duration) -> Found<Vec<String>> {
         self.inner.collect_modules(grace).await
     }
-    async fn ping(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Found<()> {
         self.inner.ping().await
     }
     fn kind(&self) -> &'static str {

@@ -53,7 +53,7 @@ pub fn get(stream: u32, path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
 /// Reads from `stream` until it is closed, or `limit` passes; the time it took to close, or
 /// `None` when it stayed open.
 pub async fn closed_within(
-    stream: &mut tokio::net::TcpStream,
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
     limit: Duration,
 ) -> Option<Duration> {
     let started = std::time::Instant::now();

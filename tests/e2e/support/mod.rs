@@ -1,17 +1,26 @@
-//! Test support: a real `nats-server` on a free port, an in-process gateway on ephemeral
-//! ports, and the gateway binary.
+//! Test support: a real `nats-server` on a free port, the gateway in process or as the binary
+//! (started by [`builder::Gateway::builder`]), requests to it, and what the tests run against.
 
 #![allow(dead_code)]
 
+pub mod builder;
+pub mod call;
+pub mod cli;
+pub mod config;
 pub mod fixture;
 pub mod gateway;
 pub mod h2raw;
+pub mod metrics;
 pub mod nats_server;
 pub mod otlp;
 pub mod outage;
 pub mod pg_counter;
 pub mod pki;
+pub mod policy;
+pub mod poll;
 pub mod postgres;
+pub mod raw;
+pub mod records;
 pub mod redis_server;
 pub mod responder;
 pub mod tls_servers;
@@ -28,6 +37,15 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
+}
+
+/// Waits until 127.0.0.1:`port` accepts connections; fails naming `what` after `within`.
+pub fn wait_for_port(port: u16, within: std::time::Duration, what: &str) {
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(started.elapsed() < within, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// A subject prefix no other test uses.

@@ -120,17 +120,18 @@ impl Pki {
             .timeout(std::time::Duration::from_secs(10))
     }
 
+    /// Root certificates holding only this CA.
+    pub fn roots(&self) -> rustls::RootCertStore {
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = rustls::pki_types::CertificateDer::from_pem_slice(self.ca_pem.as_bytes());
+        roots.add(ca.expect("CA")).expect("root");
+        roots
+    }
+
     /// A rustls client configuration trusting only this CA, offering `alpn`.
     pub fn rustls_client(&self, alpn: &[&[u8]], client_cert: bool) -> rustls::ClientConfig {
         aura_gateway::tls::install_crypto_provider();
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(
-                rustls::pki_types::CertificateDer::from_pem_slice(self.ca_pem.as_bytes())
-                    .expect("CA"),
-            )
-            .expect("root");
-        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+        let builder = rustls::ClientConfig::builder().with_root_certificates(self.roots());
         let mut config = if client_cert {
             let chain = rustls::pki_types::CertificateDer::pem_file_iter(&self.client_cert)
                 .expect("cert")
@@ -163,15 +164,8 @@ impl Pki {
         let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&self.server_key).expect("key");
         let builder = rustls::ServerConfig::builder();
         let builder = if client_auth {
-            let mut roots = rustls::RootCertStore::empty();
-            roots
-                .add(
-                    rustls::pki_types::CertificateDer::from_pem_slice(self.ca_pem.as_bytes())
-                        .expect("CA"),
-                )
-                .expect("root");
             builder.with_client_cert_verifier(
-                rustls::server::WebPkiClientVerifier::builder(std::sync::Arc::new(roots))
+                rustls::server::WebPkiClientVerifier::builder(std::sync::Arc::new(self.roots()))
                     .build()
                     .expect("verifier"),
             )

@@ -13,6 +13,23 @@ pub fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
+/// The `[control]` table of a gateway whose store is the database at `url`.
+pub fn control_table(url: &str) -> String {
+    format!("[control]\nstore = \"postgres\"\ndatabase_url = \"{url}\"\n")
+}
+
+/// The configuration of a gateway over the database at `url` (with PostgreSQL's notifications
+/// on or off) whose caches and tenant refresh are set long: only change events make it ask the
+/// store again. Its `[plugins]` table comes last.
+pub fn long_cached(url: &str, notifications: bool) -> String {
+    let control = control_table(url);
+    format!(
+        "{control}notifications = {notifications}\n\n\
+         [auth]\nkey_cache_ttl_secs = 30\nproject_cache_ttl_secs = 30\n\n\
+         [plugins]\ntenant_refresh_secs = 3600\n"
+    )
+}
+
 /// A database that exists for one test.
 pub struct TestDatabase {
     pub name: String,
@@ -61,6 +78,14 @@ impl TestDatabase {
         let store = PostgresStore::from_pool(pool);
         store.migrate().await.expect("migrations apply");
         store
+    }
+
+    /// A new database with `fx`'s records, and a migrated store on it.
+    pub async fn seeded(fx: &super::fixture::Fixture) -> (Self, PostgresStore) {
+        let db = Self::create().await;
+        let store = db.store().await;
+        fx.seed(&db).await;
+        (db, store)
     }
 
     /// Runs SQL statements on this database.

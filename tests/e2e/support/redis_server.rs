@@ -2,7 +2,7 @@
 //! (SIGSTOP) and resumed (SIGCONT).
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::free_port;
 
@@ -36,14 +36,7 @@ impl RedisServer {
             .spawn()
             .expect("redis-server must be installed (the test command installs it)");
         let server = Self { child, port };
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        super::wait_for_port(port, Duration::from_secs(10), "redis-server did not start");
         server
     }
 

@@ -72,6 +72,116 @@ impl Drop for Responder {
     }
 }
 
+/// Where a gateway's NATS backends subscribe: its server and its subject prefix.
+#[derive(Debug, Clone, Default)]
+pub struct Bus {
+    pub url: String,
+    pub prefix: String,
+}
+
+impl Bus {
+    pub fn new(url: &str, prefix: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The shared NATS server under a prefix no other test uses.
+    pub fn shared() -> Self {
+        Self::new(&super::nats_server::shared().url(), &super::unique_prefix())
+    }
+
+    /// The subject of `service` (`{prefix}.{service}.http`).
+    pub fn subject(&self, service: &str) -> String {
+        format!("{}.{service}.http", self.prefix)
+    }
+
+    /// A responder for `service` answering at once.
+    pub async fn respond(
+        &self,
+        service: &str,
+        reply: impl Fn(serde_json::Value) -> Bytes + Send + Sync + 'static,
+    ) -> Responder {
+        self.respond_after(service, Duration::ZERO, reply).await
+    }
+
+    /// A responder for `service` answering after `delay`.
+    pub async fn respond_after(
+        &self,
+        service: &str,
+        delay: Duration,
+        reply: impl Fn(serde_json::Value) -> Bytes + Send + Sync + 'static,
+    ) -> Responder {
+        Responder::start(&self.url, &self.subject(service), delay, reply).await
+    }
+
+    /// Responders for `services` answering `reply` at once and keeping every envelope.
+    pub async fn record(
+        &self,
+        services: &[&str],
+        reply: impl Fn(&serde_json::Value) -> Bytes + Clone + Send + Sync + 'static,
+    ) -> Envelopes {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let seen: Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Arc::default();
+        let mut responders = Vec::new();
+        for service in services {
+            let (tx, seen, reply) = (tx.clone(), seen.clone(), reply.clone());
+            let responder = self.respond(service, move |e| {
+                let answer = reply(&e);
+                seen.lock().expect("lock").push(e.clone());
+                let _ = tx.send(e);
+                answer
+            });
+            responders.push(responder.await);
+        }
+        Envelopes {
+            rx,
+            seen,
+            responders,
+        }
+    }
+}
+
+/// The envelopes recording responders received.
+pub struct Envelopes {
+    rx: tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+    seen: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    pub responders: Vec<Responder>,
+}
+
+impl Envelopes {
+    /// The next envelope, in the order they came (waits for it).
+    pub async fn next(&mut self) -> serde_json::Value {
+        self.rx.recv().await.expect("envelope")
+    }
+
+    /// Every envelope received so far.
+    pub fn seen(&self) -> Vec<serde_json::Value> {
+        self.seen.lock().expect("lock").clone()
+    }
+
+    /// The last envelope received.
+    pub fn last(&self) -> serde_json::Value {
+        self.seen().pop().expect("envelope")
+    }
+}
+
+/// `reply(200, &[("content-type", "application/json")], b"{}")`, for any envelope.
+pub fn json_ok(_: &serde_json::Value) -> Bytes {
+    reply(200, &[("content-type", "application/json")], b"{}")
+}
+
+/// The header names of a request envelope, in order (it must have its headers).
+pub fn header_names(envelope: &serde_json::Value) -> Vec<String> {
+    envelope["headers"]
+        .as_array()
+        .expect("headers")
+        .iter()
+        .map(|p| p[0].as_str().expect("name").to_owned())
+        .collect()
+}
+
 /// The value of header `name` in a request envelope (empty when absent).
 pub fn envelope_header(envelope: &serde_json::Value, name: &str) -> String {
     envelope["headers"]

@@ -4,7 +4,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::free_port;
 use super::pki::Pki;
@@ -23,6 +23,16 @@ fn postgres_bin() -> PathBuf {
         .collect();
     versions.sort();
     versions.pop().expect("an initdb")
+}
+
+/// `program` of `bin` run as the `postgres` user on the data directory `data` (`-D data`).
+fn as_postgres(bin: &Path, program: &str, data: &Path) -> Command {
+    let mut command = Command::new("runuser");
+    command
+        .args(["-u", "postgres", "--"])
+        .arg(bin.join(program));
+    command.arg("-D").arg(data).current_dir("/");
+    command
 }
 
 fn run(command: &mut Command, what: &str) {
@@ -59,16 +69,9 @@ impl TlsPostgres {
             "create the data directory",
         );
         let bin = postgres_bin();
-        run(
-            Command::new("runuser")
-                .args(["-u", "postgres", "--"])
-                .arg(bin.join("initdb"))
-                .arg("-D")
-                .arg(&data)
-                .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"])
-                .current_dir("/"),
-            "initdb",
-        );
+        let mut initdb = as_postgres(&bin, "initdb", &data);
+        initdb.args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]);
+        run(&mut initdb, "initdb");
         for (from, to, mode) in [
             (&pki.server_key, "server.key", "0600"),
             (&pki.server_cert, "server.crt", "0644"),
@@ -101,18 +104,9 @@ impl TlsPostgres {
             root.display()
         )
         .expect("write conf");
-        run(
-            Command::new("runuser")
-                .args(["-u", "postgres", "--"])
-                .arg(bin.join("pg_ctl"))
-                .arg("-D")
-                .arg(&data)
-                .arg("-l")
-                .arg(root.join("server.log"))
-                .args(["-w", "-t", "30", "start"])
-                .current_dir("/"),
-            "pg_ctl start",
-        );
+        let mut start = as_postgres(&bin, "pg_ctl", &data);
+        start.arg("-l").arg(root.join("server.log"));
+        run(start.args(["-w", "-t", "30", "start"]), "pg_ctl start");
         Self {
             port,
             data,
@@ -128,16 +122,9 @@ impl TlsPostgres {
 
 impl Drop for TlsPostgres {
     fn drop(&mut self) {
-        let _ = Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(postgres_bin().join("pg_ctl"))
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-m", "immediate", "-w", "stop"])
-            .current_dir("/")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let mut stop = as_postgres(&postgres_bin(), "pg_ctl", &self.data);
+        stop.args(["-m", "immediate", "-w", "stop"]);
+        let _ = stop.stdout(Stdio::null()).stderr(Stdio::null()).status();
     }
 }
 
@@ -179,14 +166,8 @@ impl TlsRedis {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (the test command installs it)");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server (TLS) did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let what = "redis-server (TLS) did not start";
+        super::wait_for_port(port, Duration::from_secs(10), what);
         Self {
             child,
             port,

@@ -1,0 +1,109 @@
+//! The configurations of the gateways under test: the in-process one as a [`Config`], the
+//! binary's as a file.
+
+use std::path::{Path, PathBuf};
+
+use aura_gateway::config::Config;
+
+use super::fixture::{CONSOLE_SECRET, Fixture, USER_SECRET};
+
+/// The fleet secret of the test configurations (change events on NATS are signed with it).
+pub const FLEET_SECRET: &str = "test-fleet-secret-0123456789abcdef0123456789";
+
+/// The metrics token of the test configurations.
+pub const METRICS_TOKEN: &str = "test-metrics-token-0123456789";
+
+/// The gateway binary built by cargo for these tests.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_aura-gateway"))
+}
+
+/// A test configuration: quiet logs, NATS at `nats_url` with the subject prefix `prefix`.
+pub fn test_config(nats_url: &str, prefix: &str) -> Config {
+    let mut config = Config::default();
+    config.nats.url = nats_url.to_owned();
+    config.nats.subject_prefix = prefix.to_owned();
+    config.nats.fleet_secret = Some(FLEET_SECRET.into());
+    config.log.level = "warn".into();
+    config.metrics.token = Some(METRICS_TOKEN.into());
+    config.plugins.call_deadline_ms = 2_000;
+    // Tests send bursts from one address; the rate-limit tests set their own limits.
+    for per_ip in [
+        &mut config.rate_limit.data_plane_per_ip,
+        &mut config.rate_limit.management_plane_per_ip,
+    ] {
+        per_ip.rate_per_second = 1_000_000;
+        per_ip.burst = 1_000_000;
+    }
+    // Uploaded modules are compiled by the gateway binary's worker (this test process is not
+    // the gateway executable).
+    config.plugins.tenant_compile_worker = Some(binary().display().to_string());
+    config.upstreams.postgrest_allowed_targets = vec!["127.0.0.0/8".into()];
+    config.auth.user_jwt.hs256_secret = Some(USER_SECRET.into());
+    config.auth.console_jwt.hs256_secret = Some(CONSOLE_SECRET.into());
+    config
+}
+
+/// Writes `fx`'s control file (plus `extra_records`) and a configuration for the gateway binary
+/// in `dir`: loopback, NATS at `nats_url` under `prefix`, the test secrets, per-IP limits out of
+/// the way, then `extra_toml` (tables of its own; when it has a `[control]` table, that one is
+/// the store's instead of the control file). Returns the config path.
+pub fn binary_config(
+    dir: &Path,
+    fx: &Fixture,
+    extra_records: &str,
+    nats_url: &str,
+    prefix: &str,
+    extra_toml: &str,
+) -> PathBuf {
+    std::fs::write(
+        dir.join("control.toml"),
+        format!("{}\n{extra_records}", fx.control_file()),
+    )
+    .expect("control file");
+    let config = format!(
+        r#"host = "127.0.0.1"
+
+[log]
+level = "info"
+
+[nats]
+url = "{nats_url}"
+subject_prefix = "{prefix}"
+fleet_secret = "{FLEET_SECRET}"
+
+{control}
+[metrics]
+token = "{METRICS_TOKEN}"
+
+[auth.user_jwt]
+hs256_secret = "{USER_SECRET}"
+
+[auth.console_jwt]
+hs256_secret = "{CONSOLE_SECRET}"
+
+[rate_limit.data_plane_per_ip]
+rate_per_second = 1000000
+burst = 1000000
+
+[rate_limit.management_plane_per_ip]
+rate_per_second = 1000000
+burst = 1000000
+
+{extra_toml}
+"#,
+        control = if extra_toml.contains("[control]") {
+            ""
+        } else {
+            "[control]\nfile = \"control.toml\"\nreload_interval_ms = 200\n"
+        },
+    );
+    write_config(dir, &config)
+}
+
+/// Writes `toml` as `dir/gateway.toml`; returns its path.
+pub fn write_config(dir: &Path, toml: &str) -> PathBuf {
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, toml).expect("write config");
+    path
+}
