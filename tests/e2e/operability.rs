@@ -5,7 +5,7 @@ use reqwest::StatusCode;
 
 use crate::support::builder::Gateway;
 use crate::support::call::{Call, IntoCall, client};
-use crate::support::config::{METRICS_TOKEN, binary, binary_config};
+use crate::support::config::{METRICS_TOKEN, binary, binary_config, compile_cache};
 use crate::support::metrics::metric;
 
 #[tokio::test]
@@ -88,6 +88,7 @@ async fn a_stalled_log_reader_never_stalls_requests_and_dropped_lines_are_counte
         .env("AURA_LOG__BUFFER_LINES", "100")
         // About logs, not plugin deadlines: a loaded test machine must not fail a call.
         .env("AURA_PLUGINS__CALL_DEADLINE_MS", "2000")
+        .env("AURA_PLUGINS__COMPILE_CACHE_DIR", compile_cache())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -1,7 +1,9 @@
 //! The configurations of the gateways under test: the in-process one as a [`Config`], the
-//! binary's as a file.
+//! binary's as a file, and the compile cache every gateway of a test run shares.
 
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use aura_gateway::config::Config;
 
@@ -18,6 +20,52 @@ pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_aura-gateway"))
 }
 
+/// Where every gateway of this test run keeps the modules named in its configuration compiled
+/// (`plugins.compile_cache_dir`), unless its test names a folder of its own: the default modules
+/// are compiled once per run instead of once per gateway. Emptied when the run starts, and
+/// filled once then (by `check-config`) so that gateways starting together find it complete.
+pub fn compile_cache() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-compile-cache");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .expect("compile cache folder");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        fill_compile_cache(&dir);
+        dir
+    })
+}
+
+/// Compiles the default modules and the testing CORS module into `dir`. Best effort: a gateway compiles
+/// what it does not find there.
+fn fill_compile_cache(dir: &Path) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let config = work.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[plugins]\ncompile_cache_dir = {dir:?}\n\n[data_plane.plugins.cors]\nmodule = {:?}\n",
+            aura_gateway::policy::builtin::TESTING_PLUGIN_PATH,
+        ),
+    )
+    .expect("config");
+    let out = std::process::Command::new(binary())
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run check-config");
+    if !out.status.success() {
+        eprintln!(
+            "the compile cache was not filled: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// A test configuration: quiet logs, NATS at `nats_url` with the subject prefix `prefix`.
 pub fn test_config(nats_url: &str, prefix: &str) -> Config {
     let mut config = Config::default();
@@ -27,6 +75,7 @@ pub fn test_config(nats_url: &str, prefix: &str) -> Config {
     config.log.level = "warn".into();
     config.metrics.token = Some(METRICS_TOKEN.into());
     config.plugins.call_deadline_ms = 2_000;
+    config.plugins.compile_cache_dir = Some(compile_cache().display().to_string());
     // Tests send bursts from one address; the rate-limit tests set their own limits.
     for per_ip in [
         &mut config.rate_limit.data_plane_per_ip,

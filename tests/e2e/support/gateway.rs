@@ -13,7 +13,7 @@ use aura_gateway::server;
 use aura_gateway::state::AppState;
 use tokio::sync::oneshot;
 
-use super::config::{METRICS_TOKEN, binary};
+use super::config::{METRICS_TOKEN, binary, compile_cache};
 use super::responder::Bus;
 
 /// A gateway served in this process on two ephemeral ports.
@@ -127,9 +127,16 @@ impl Process {
     /// Runs `aura-gateway serve --config {config}` with its ports from AURA_PORT and
     /// AURA_MANAGEMENT_PORT, and waits for both planes to answer `/health`. A port taken by
     /// another test between being picked and being bound is picked again (up to five times);
-    /// any other exit fails at once with the gateway's log.
+    /// any other exit fails at once with the gateway's log. Unless `config` names a compile cache
+    /// of its own, the gateway uses the test run's ([`compile_cache`]).
     pub fn serve(config: &Path, dir: &Path) -> Self {
-        Self::serve_with(config, dir, |_| {})
+        let own_cache =
+            std::fs::read_to_string(config).is_ok_and(|text| text.contains("compile_cache_dir"));
+        Self::serve_with(config, dir, |command| {
+            if !own_cache {
+                command.env("AURA_PLUGINS__COMPILE_CACHE_DIR", compile_cache());
+            }
+        })
     }
 
     /// [`Process::serve`], with `command` adjusted by `adjust` before each start.
