@@ -154,7 +154,7 @@ async fn the_body_limit_runs_before_metrics_and_auth_and_still_gets_an_id() {
 
 #[tokio::test]
 async fn metrics_need_the_bearer_token() {
-    let (_, router) = data_plane().await;
+    let (_state, router) = data_plane().await;
     let with_token = |token: &str| {
         let bearer = format!("Bearer {token}");
         get("/metrics", &[("authorization", bearer.as_str())])

@@ -109,8 +109,9 @@ async fn told(gw: &Process, source: &str, kind: &str) {
 async fn a_tenant_module_installed_on_one_instance_is_in_force_on_all_within_a_second() {
     let fx = Fixture::new();
     // PostgreSQL's notifications off: only the instances' own NATS events carry the change.
-    let Fleet { gws, .. } = fleet(&fx, false).await;
-    for gw in &gws {
+    let fleet = fleet(&fx, false).await;
+    let gws = &fleet.gws;
+    for gw in gws {
         assert!(!alphas_module_answers(gw, &fx).await);
     }
     let on = |i: usize| Policies::new(gws[i].mgmt_url(""), console_token(fx.admin));
@@ -119,9 +120,9 @@ async fn a_tenant_module_installed_on_one_instance_is_in_force_on_all_within_a_s
     // Every instance compiles the module itself: the change must reach them within a second
     // plus the longest of those compilations (each instance's own, from its metrics).
     let answers = async |gw: &Process| alphas_module_answers(gw, &fx).await;
-    let took = until_all(&gws, Duration::from_secs(10), answers).await;
+    let took = until_all(gws, Duration::from_secs(10), answers).await;
     let took = took.expect("the module reached every instance");
-    let compile = longest_compilation(&gws).await;
+    let compile = longest_compilation(gws).await;
     eprintln!(
         "tenant module in force on 3 instances after {took:?} (longest compilation: {compile:?})"
     );
@@ -133,7 +134,7 @@ async fn a_tenant_module_installed_on_one_instance_is_in_force_on_all_within_a_s
     // And removed everywhere.
     assert_eq!(on(1).delete("cors").await.status, StatusCode::NO_CONTENT);
     let gone = async |gw: &Process| !alphas_module_answers(gw, &fx).await;
-    let took = until_all(&gws, Duration::from_secs(10), gone).await;
+    let took = until_all(gws, Duration::from_secs(10), gone).await;
     let took = took.expect("the module left every instance");
     assert!(took < Duration::from_secs(1), "took {took:?}");
 }
@@ -153,9 +154,10 @@ async fn within_a_second_on_all(
 #[tokio::test]
 async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a_second() {
     let fx = Fixture::new();
-    let Fleet { gws, db, .. } = fleet(&fx, true).await;
+    let fleet = fleet(&fx, true).await;
+    let (gws, db) = (&fleet.gws, &fleet.db);
     // Every instance has the key cached as valid (30 s).
-    for gw in &gws {
+    for gw in gws {
         let status = status_with_key(gw, &fx.anon_key).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     }
@@ -168,7 +170,7 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
     assert!(all_listening.await.is_some(), "not listening");
     // A key created in the database while every instance has it cached as unknown (30 s).
     let new_key = format!("aura_pk_{}", uuid::Uuid::new_v4().simple());
-    for gw in &gws {
+    for gw in gws {
         assert_eq!(
             status_with_key(gw, &new_key).await,
             StatusCode::UNAUTHORIZED
@@ -185,7 +187,7 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
     // Accepted: past authentication, to the storage route (no backend configured here).
     let accepted =
         async |gw: &Process| status_with_key(gw, &new_key).await == StatusCode::SERVICE_UNAVAILABLE;
-    within_a_second_on_all(&gws, "key created", accepted).await;
+    within_a_second_on_all(gws, "key created", accepted).await;
     // The control service revokes it, in the database, without telling the gateways.
     let id = fx.anon_key_id;
     db.execute(&format!(
@@ -194,7 +196,7 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
     .await;
     let refused =
         async |gw: &Process| status_with_key(gw, &fx.anon_key).await == StatusCode::UNAUTHORIZED;
-    within_a_second_on_all(&gws, "key revoked", refused).await;
+    within_a_second_on_all(gws, "key revoked", refused).await;
     // A membership removed in the database: the console user is refused everywhere at once
     // (roles are read on every request).
     let console = console_token(fx.developer);
@@ -204,7 +206,7 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
             .status()
             .await
     };
-    for gw in &gws {
+    for gw in gws {
         assert_ne!(as_developer(gw).await, StatusCode::FORBIDDEN);
     }
     let member = fx.developer;
@@ -213,7 +215,7 @@ async fn a_key_revoked_in_postgres_by_someone_else_stops_working_on_all_within_a
     ))
     .await;
     let forbidden = async |gw: &Process| as_developer(gw).await == StatusCode::FORBIDDEN;
-    within_a_second_on_all(&gws, "membership removed", forbidden).await;
+    within_a_second_on_all(gws, "membership removed", forbidden).await;
     told(&gws[0], "postgres", "api_key").await;
 }
 

@@ -73,11 +73,6 @@ impl Call {
         self.header("apikey", key)
     }
 
-    /// [`TEST_KEY`] as `apikey`.
-    pub fn test_key(self) -> Self {
-        self.key(TEST_KEY)
-    }
-
     /// `Origin: origin`.
     pub fn origin(self, origin: impl AsRef<str>) -> Self {
         self.header("origin", origin)
@@ -96,11 +91,6 @@ impl Call {
     /// A console token of `user`.
     pub fn console(self, user: Uuid) -> Self {
         self.bearer(console_token(user))
-    }
-
-    /// A console token of [`TEST_CONSOLE_USER`].
-    pub fn test_console(self) -> Self {
-        self.console(Uuid::parse_str(TEST_CONSOLE_USER).expect("uuid"))
     }
 
     pub fn json(self, body: &Value) -> Self {

@@ -56,20 +56,3 @@ pub async fn wait_until(what: &str, within: Duration, check: impl AsyncFnMut() -
         "{what}: not within {within:?}"
     );
 }
-
-/// Waits until `check` gives a value and returns it; fails the test naming `what` when it does
-/// not within `within`.
-pub async fn wait_for<T>(what: &str, within: Duration, check: impl AsyncFnMut() -> Option<T>) -> T {
-    poll(within, check)
-        .await
-        .unwrap_or_else(|| panic!("{what}: not within {within:?}"))
-}
-
-/// A blocking [`wait_until`] for code outside an async runtime.
-pub fn wait_until_blocking(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !check() {
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
