@@ -673,3 +673,32 @@ async fn a_put_or_delete_made_during_a_refresh_is_never_reverted_by_it() {
         "the stale refresh did not bring the deleted module back: {origin:?}"
     );
 }
+
+/// A project's module that runs out its deadline on every call is refused at upload: a
+/// conformance vector stopped by its deadline is tried again (a loaded machine may deschedule
+/// one call), never forgiven when every attempt overran. The upload answers in bounded time and
+/// the gateway keeps serving.
+#[tokio::test]
+async fn a_module_that_always_overruns_its_deadline_is_refused_at_upload() {
+    let gw = offline("overrun", "[plugins]\ncall_deadline_ms = 50\n");
+    let Started { gw, fx, .. } = gw;
+    let admin = admin(gw.mgmt_url(""), &fx);
+    let started = Instant::now();
+    let config = json!({ "spin_always": true });
+    let (status, body) = admin.install("cors", &testing_cors(), config).await.parts();
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "policy_refused");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("conformance") && message.contains("deadline"),
+        "{body}"
+    );
+    assert!(took < Duration::from_secs(30), "refused in {took:?}");
+    let r = cors_probe(gw.data_url("/health"), &fx.anon_key).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.headers["access-control-allow-origin"], "*",
+        "the plane's module"
+    );
+}

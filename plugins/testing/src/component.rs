@@ -19,6 +19,15 @@ struct Component;
 
 static TRAP_ALWAYS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static ECHO_ALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static SPIN_ALWAYS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Loops until the host stops the call.
+fn spin() -> ! {
+    let mut n: u64 = 0;
+    loop {
+        n = black_box(n.wrapping_add(1));
+    }
+}
 
 fn recurse(depth: u64, pad: [u64; 32]) -> u64 {
     let mut next = black_box(pad);
@@ -37,6 +46,8 @@ impl Guest for Component {
         TRAP_ALWAYS.store(trap, std::sync::atomic::Ordering::Relaxed);
         let echo = value.get("echo_all") == Some(&serde_json::Value::Bool(true));
         ECHO_ALL.store(echo, std::sync::atomic::Ordering::Relaxed);
+        let spin = value.get("spin_always") == Some(&serde_json::Value::Bool(true));
+        SPIN_ALWAYS.store(spin, std::sync::atomic::Ordering::Relaxed);
         // Set up slowly from a moment on: every instance made after it spins in `configure`.
         if let Some(after) = value
             .get("spin_configure_after_ms")
@@ -59,17 +70,15 @@ impl Guest for Component {
         if TRAP_ALWAYS.load(std::sync::atomic::Ordering::Relaxed) {
             std::process::abort();
         }
+        if SPIN_ALWAYS.load(std::sync::atomic::Ordering::Relaxed) {
+            spin();
+        }
         if ECHO_ALL.load(std::sync::atomic::Ordering::Relaxed) {
             return echo(request.origin);
         }
         match behaviour(&request.origin) {
             Behaviour::Trap => std::process::abort(),
-            Behaviour::Loop => {
-                let mut n: u64 = 0;
-                loop {
-                    n = black_box(n.wrapping_add(1));
-                }
-            }
+            Behaviour::Loop => spin(),
             Behaviour::Grow => {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
                 loop {

@@ -19,7 +19,7 @@
 //!   tell this module's answers from the default plugin's.
 //!
 //! `configure` refuses a configuration containing `"refuse": true`; with `"trap_always": true`
-//! every call traps; with `"echo_all": true` every origin is echoed (none is hostile); with
+//! every call traps; with `"spin_always": true` every call loops until its deadline; with `"echo_all": true` every origin is echoed (none is hostile); with
 //! `"spin_configure_after_ms": T` (milliseconds since the epoch) every
 //! instance set up from `T` on spins in `configure` (a module that sets up slowly once in
 //! force).
