@@ -23,6 +23,8 @@ mod stage;
 const TEST_PLUGINS: &[(&str, &str)] = &[
     ("aura-plugin-testing", "testing.wasm"),
     ("aura-plugin-testing-quota", "testing_quota.wasm"),
+    ("aura-plugin-testing-legacy", "testing_legacy.wasm"),
+    ("aura-plugin-testing-db", "testing_db.wasm"),
 ];
 
 /// Every plugin built: (package, file name in OUT_DIR), the default plugins first.

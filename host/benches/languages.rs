@@ -16,10 +16,11 @@ use aura_gateway::actor::{Actor, Role};
 use aura_gateway::config::{Config, InstanceReuse, StageConfig};
 use aura_gateway::plane::Plane;
 use aura_gateway::policy::stages::{
-    ApiKey, Cors, CorsInput, DbEngine, DbInput, DbRouting, KeyRequest, ProjectDb, Quota,
+    ApiKey, Cors, CorsInput, DbEngine, DbInput, DbRouting, KeyHeaders, KeyInput, ProjectDb, Quota,
     QuotaInput, Topology,
 };
 use aura_gateway::policy::{Policies, PolicyEngine, Stage};
+use aura_gateway::routes::{RouteGroup, Service};
 
 const STAGES: [(&str, Stage); 4] = [
     ("api-key", Stage::ApiKey),
@@ -101,24 +102,26 @@ fn call(stage: Stage, p: &Policies) {
     let data = p.plane(Plane::Data);
     match stage {
         Stage::ApiKey => {
-            let request = KeyRequest {
-                method: "GET".into(),
-                path: "/v1/db/todos".into(),
-                query_keys: Vec::new(),
-                headers: vec![(
-                    "apikey".into(),
-                    "aura_pk_7Hq2v9XbN4mK8pR3sT6wY1zA5cE0fG2hJ".into(),
-                )],
+            let headers = [(
+                "apikey".to_owned(),
+                "aura_pk_7Hq2v9XbN4mK8pR3sT6wY1zA5cE0fG2hJ".to_owned(),
+            )];
+            let input = KeyInput {
+                method: "GET",
+                path: "/v1/db/todos",
+                query_keys: &[],
+                headers: KeyHeaders::Listed(&headers),
+                client: None,
             };
             data.module::<ApiKey>()
                 .expect("stage")
-                .extract(None, request)
+                .decide_uncached(None, input)
                 .expect("call");
         }
         Stage::Cors => {
             data.module::<Cors>()
                 .expect("stage")
-                .decide(
+                .decide_uncached(
                     None,
                     CorsInput {
                         method: "GET",
@@ -139,13 +142,14 @@ fn call(stage: Stage, p: &Policies) {
             actor.plan = Some("pro".into());
             data.module::<Quota>()
                 .expect("stage")
-                .decide(
+                .decide_uncached(
                     None,
                     QuotaInput {
                         method: "GET",
                         path: "/v1/db/todos",
-                        route_group: "db",
+                        route_group: RouteGroup::Service(Service::Db),
                         actor: &actor,
+                        headers: None,
                     },
                 )
                 .expect("call");
@@ -155,15 +159,17 @@ fn call(stage: Stage, p: &Policies) {
                 engine: DbEngine::Postgres,
                 topology: Topology::Dedicated,
                 postgrest_url: Some("http://pgrst-abcd1234.internal:3000".into()),
+                replicas: Vec::new(),
             };
             data.module::<DbRouting>()
                 .expect("stage")
-                .decide(
+                .decide_uncached(
                     None,
                     DbInput {
                         method: "GET",
                         path: "/v1/db/todos",
                         project: Some(&project),
+                        client_region: None,
                         actor: None,
                     },
                 )

@@ -11,9 +11,11 @@ use aura_gateway::actor::{Actor, Role};
 use aura_gateway::config::{Config, InstanceReuse};
 use aura_gateway::plane::Plane;
 use aura_gateway::policy::stages::{
-    ApiKey, Cors, CorsInput, DbEngine, DbInput, DbRouting, ProjectDb, Quota, QuotaInput, Topology,
+    ApiKey, Cors, CorsInput, DbEngine, DbInput, DbRouting, KeyHeaders, KeyInput, ProjectDb, Quota,
+    QuotaInput, Topology,
 };
 use aura_gateway::policy::{Policies, PolicyEngine};
+use aura_gateway::routes::{RouteGroup, Service};
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
@@ -77,24 +79,42 @@ fn bench_wasm(c: &mut Criterion) {
         ("fresh", InstanceReuse::Fresh),
     ] {
         let p = policies(reuse);
-        let mut group = c.benchmark_group(format!("wasm-{label}"));
         let api_key = p.data.module::<ApiKey>().expect("api-key stage");
         let cors = p.data.module::<Cors>().expect("cors stage");
         let quota = p.data.module::<Quota>().expect("quota stage");
         let db = p.data.module::<DbRouting>().expect("db-routing stage");
+        let query_keys: Vec<String> = Vec::new();
+        let key_input = KeyInput {
+            method: "GET",
+            path: uri.path(),
+            query_keys: &query_keys,
+            headers: KeyHeaders::Head(&headers),
+            client: None,
+        };
+        let quota_input = QuotaInput {
+            method: "GET",
+            path: uri.path(),
+            route_group: RouteGroup::Service(Service::Db),
+            actor: &actor,
+            headers: Some(&headers),
+        };
+        // A decision kept for the declared inputs: the cache's hit, no call.
+        let mut group = c.benchmark_group(format!("cached-{label}"));
         group.bench_function("api_key", |b| {
-            b.iter(|| {
-                black_box(
-                    api_key
-                        .extract_head(None, "GET", &uri, &headers)
-                        .expect("call"),
-                )
-            })
+            b.iter(|| black_box(api_key.decide(None, key_input).expect("hit")))
+        });
+        group.bench_function("quota", |b| {
+            b.iter(|| black_box(quota.decide(None, quota_input).expect("hit")))
+        });
+        group.finish();
+        let mut group = c.benchmark_group(format!("wasm-{label}"));
+        group.bench_function("api_key", |b| {
+            b.iter(|| black_box(api_key.decide_uncached(None, key_input).expect("call")))
         });
         group.bench_function("cors", |b| {
             b.iter(|| {
                 black_box(
-                    cors.decide(
+                    cors.decide_uncached(
                         None,
                         CorsInput {
                             method: "GET",
@@ -110,21 +130,7 @@ fn bench_wasm(c: &mut Criterion) {
             })
         });
         group.bench_function("quota", |b| {
-            b.iter(|| {
-                black_box(
-                    quota
-                        .decide(
-                            None,
-                            QuotaInput {
-                                method: "GET",
-                                path: uri.path(),
-                                route_group: "db",
-                                actor: &actor,
-                            },
-                        )
-                        .expect("call"),
-                )
-            })
+            b.iter(|| black_box(quota.decide_uncached(None, quota_input).expect("call")))
         });
         group.bench_function("db_routing", |b| {
             b.iter(|| {
@@ -132,14 +138,16 @@ fn bench_wasm(c: &mut Criterion) {
                     engine: DbEngine::Postgres,
                     topology: Topology::Dedicated,
                     postgrest_url: Some("http://pgrst-abcd1234.internal:3000".into()),
+                    replicas: Vec::new(),
                 };
                 black_box(
-                    db.decide(
+                    db.decide_uncached(
                         None,
                         DbInput {
                             method: "GET",
                             path: uri.path(),
                             project: Some(&project),
+                            client_region: None,
                             actor: None,
                         },
                     )
@@ -183,11 +191,12 @@ fn bench_native(c: &mut Criterion) {
                 "db",
                 quota::Actor {
                     role: quota::Role::Authenticated,
-                    project: Some("abcd1234"),
-                    key_id: Some("5f0c8a0e-9a55-4c0f-9d55-6f3c2d1b7e11"),
-                    user_id: Some("0b7e9f3a-2c1d-4e5f-8a9b-c0d1e2f3a4b5"),
+                    has_key: true,
+                    has_user: true,
                     plan: Some("free"),
                 },
+                None,
+                &[],
             ))
         })
     });
@@ -200,7 +209,9 @@ fn bench_native(c: &mut Criterion) {
                     engine: aura_plugin_db_routing::policy::Engine::Postgres,
                     topology: aura_plugin_db_routing::policy::Topology::Dedicated,
                     postgrest_url: Some("http://pgrst-abcd1234.internal:3000"),
+                    replicas: &[],
                 }),
+                None,
             ))
         })
     });

@@ -50,6 +50,10 @@ pub struct Actor {
     /// The project's plan (for quota rules; not part of the envelope).
     #[serde(skip)]
     pub plan: Option<String>,
+    /// The claims of the user's verified token (for the quota stage's named claims; not part of
+    /// the envelope).
+    #[serde(skip)]
+    pub claims: Option<std::sync::Arc<serde_json::Value>>,
 }
 
 impl Actor {
@@ -68,6 +72,23 @@ impl Actor {
             org_role: None,
             client_ip: None,
             plan: None,
+            claims: None,
+        }
+    }
+}
+
+/// A client address as one caller: the address, an IPv6 one by its /64 (one host commonly holds
+/// a whole /64); `-` when unknown. Names the decision cache's partitions before a project is
+/// known and the `client_ip` scope of quota buckets.
+pub fn client_prefix(client: Option<std::net::IpAddr>) -> std::borrow::Cow<'static, str> {
+    use std::borrow::Cow;
+    use std::net::IpAddr;
+    match client {
+        None => Cow::Borrowed("-"),
+        Some(IpAddr::V4(v4)) => Cow::Owned(v4.to_string()),
+        Some(IpAddr::V6(v6)) => {
+            let s = v6.segments();
+            Cow::Owned(format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]))
         }
     }
 }

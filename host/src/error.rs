@@ -52,7 +52,13 @@ pub struct GatewayError {
 }
 
 impl GatewayError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>, side: Side) -> Self {
+    /// An error with its status, code, message and the side that failed.
+    pub fn new(
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+        side: Side,
+    ) -> Self {
         Self {
             status,
             code,

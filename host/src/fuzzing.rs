@@ -296,13 +296,18 @@ pub fn forwarded_for(data: &[u8]) {
 }
 
 /// The default `db-routing` decision: a PostgREST target only for a dedicated Postgres
-/// project with that URL, never for management paths or `PUT`, and never a fallback.
+/// project with that URL, a replica only of that project and only for a read, never for
+/// management paths or `PUT`, and never a fallback.
 pub fn db_routing(data: &[u8]) {
-    use aura_plugin_db_routing::policy::{Engine, Policy, Project, Route, Topology};
+    use aura_plugin_db_routing::policy::{Engine, Policy, Project, Replica, Route, Topology};
     static POLICY: OnceLock<Policy> = OnceLock::new();
-    let policy = POLICY.get_or_init(|| Policy::configure("{}").expect("default config"));
-    let f = fields(data, 4);
+    let policy = POLICY.get_or_init(|| Policy::configure(r#"{"replicas":"any"}"#).expect("config"));
+    let f = fields(data, 5);
     let flags = f[3].bytes().next().unwrap_or(0);
+    let replicas = [Replica {
+        url: f[4].as_str(),
+        region: Some("r1"),
+    }];
     let project = (flags & 1 == 1).then(|| Project {
         engine: if flags & 2 == 0 {
             Engine::Postgres
@@ -315,8 +320,19 @@ pub fn db_routing(data: &[u8]) {
             Topology::Dedicated
         },
         postgrest_url: (flags & 8 == 0).then_some(f[2].as_str()),
+        replicas: if flags & 16 == 0 { &[] } else { &replicas },
     });
-    match policy.decide(&f[0], &f[1], project) {
+    let region = (flags & 32 == 0).then_some("r1");
+    match policy.decide(&f[0], &f[1], project, region) {
+        Route::Replica(url) => {
+            let p = project.expect("a replica without a project");
+            assert_eq!(p.topology, Topology::Dedicated);
+            assert!(f[0] == "GET" || f[0] == "HEAD", "a write sent to a replica");
+            assert!(
+                p.replicas.iter().any(|r| r.url == url),
+                "not the project's replica"
+            );
+        }
         Route::Postgrest(url) => {
             let p = project.expect("a target without a project");
             assert_eq!(p.engine, Engine::Postgres);
@@ -480,11 +496,15 @@ mod tests {
             engine: Engine::Postgres,
             topology: Topology::Dedicated,
             postgrest_url: Some("http://pgrst.internal:3000"),
+            replicas: &[],
         };
         assert_eq!(
-            policy.decide("GET", "/v1/db/todos", Some(project)),
+            policy.decide("GET", "/v1/db/todos", Some(project), None),
             Route::Postgrest("http://pgrst.internal:3000".into())
         );
         db_routing(b"GET\x00/v1/db/todos\x00http://pgrst.internal:3000\x00\x05");
+        // A read of a dedicated project with a replica goes to it, a write never does.
+        db_routing(b"GET\x00/v1/db/todos\x00http://pgrst.internal:3000\x00\x15\x00http://r:3000");
+        db_routing(b"POST\x00/v1/db/todos\x00http://pgrst.internal:3000\x00\x15\x00http://r:3000");
     }
 }

@@ -68,8 +68,8 @@ enum Command {
     },
     /// Print the plugin API: the WIT package `aura:gateway` of a version the gateway accepts.
     Wit {
-        /// 0.2.0 (the current one) or 0.1.0.
-        #[arg(long, default_value = "0.2.0", value_parser = ["0.2.0", "0.1.0"])]
+        /// 0.3.0 (the current one), 0.2.0 or 0.1.0.
+        #[arg(long, default_value = "0.3.0", value_parser = ["0.3.0", "0.2.0", "0.1.0"])]
         version: String,
         /// Write it to DIR/gateway.wit instead (DIR is created), ready for a bindings generator.
         #[arg(long, value_name = "DIR")]
@@ -371,7 +371,7 @@ async fn keys(command: KeysCommand, path: Option<PathBuf>) -> anyhow::Result<()>
 
 fn print_wit(version: &str, out: Option<&std::path::Path>) -> anyhow::Result<()> {
     let text = authoring::wit(version)
-        .ok_or_else(|| anyhow::anyhow!("--version: {version} is not 0.2.0 or 0.1.0"))?;
+        .ok_or_else(|| anyhow::anyhow!("--version: {version} is not 0.3.0, 0.2.0 or 0.1.0"))?;
     match out {
         None => print!("{text}"),
         Some(dir) => {
@@ -488,6 +488,35 @@ fn plugin_check(
             .and_then(|p| policies.wit_version(p, stage))
             .unwrap_or("?")
     );
+    let module = aura_gateway::plane::Plane::parse(plane)
+        .and_then(|p| policies.plane(p).any_slot(stage))
+        .map(|slot| slot.module());
+    if let Some(module) = module {
+        match (module.declared_inputs(), module.report().cache) {
+            (Some(inputs), cache) => println!(
+                "declared inputs: {} ({})",
+                if inputs.is_empty() {
+                    "none".to_owned()
+                } else {
+                    inputs.join(", ")
+                },
+                cache.map_or_else(
+                    || "decisions not kept".to_owned(),
+                    |c| format!("decisions kept up to {} ms", c.max_age_ms)
+                )
+            ),
+            (None, _) => println!("declared inputs: not declared (called on every request)"),
+        }
+        match module.schema() {
+            Some(schema) => println!(
+                "configuration schema:\n{}",
+                serde_json::from_str::<serde_json::Value>(schema)
+                    .and_then(|v| serde_json::to_string_pretty(&v))
+                    .unwrap_or_else(|_| schema.to_owned())
+            ),
+            None => println!("configuration schema: none exported"),
+        }
+    }
     if let (Some(v), Some(path)) = (&vectors, vectors_file) {
         let outcomes = v.run(stage, &policies);
         let (table, all_passed) = aura_gateway::policy::vectors::table(&outcomes);

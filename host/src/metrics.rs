@@ -17,6 +17,7 @@ pub struct Metrics {
     pub plugin_calls: IntCounterVec,
     /// Policy plugin failures by plane, stage, kind and module digest.
     pub plugin_failures: IntCounterVec,
+    pub decision_cache: IntCounterVec,
     /// Plugin log lines (from `log` and captured stdout/stderr) dropped by plane, stage and
     /// reason (`per_call`: over the lines a call may keep, `rate`: over the module's rate,
     /// `bytes`: output over the capture size).
@@ -46,6 +47,7 @@ pub struct Metrics {
     pub paths_refused: IntCounterVec,
     /// Dedicated PostgREST targets refused by the allow-list, by plane.
     pub postgrest_targets_refused: IntCounterVec,
+    pub db_routes_refused: IntCounterVec,
     /// Connections opened to HTTP backends, by backend (`storage`, `realtime`, `postgrest`):
     /// with keep-alive, far fewer than requests.
     pub upstream_connections_opened: IntCounterVec,
@@ -54,6 +56,7 @@ pub struct Metrics {
     pub quota_rules_clamped: IntCounterVec,
     /// Quota decisions refused (the request fails closed), by plane, source and reason.
     pub quota_rules_refused: IntCounterVec,
+    pub quota_denials: IntCounterVec,
     /// Tenant module calls not run because the project's concurrency cap or the tenant pool was
     /// saturated, by stage.
     pub tenant_calls_shed: IntCounterVec,
@@ -136,6 +139,14 @@ impl Metrics {
                 "Policy plugin failures by plane, stage, kind (trap, deadline, memory, refused) and module digest",
             ),
             &["plane", "stage", "kind", "digest"],
+        )
+        .expect("valid metric");
+        let decision_cache = IntCounterVec::new(
+            Opts::new(
+                "decision_cache_total",
+                "Decision cache lookups and evictions by plane, stage, owner (operator, candidate, tenant) and outcome (hit, miss, evicted)",
+            ),
+            &["plane", "stage", "owner", "outcome"],
         )
         .expect("valid metric");
         let plugin_log_dropped = IntCounterVec::new(
@@ -222,6 +233,11 @@ impl Metrics {
             "Request paths refused by normalisation (400 invalid_path), by plane and reason",
             &["plane", "reason"],
         );
+        let db_routes_refused = counter(
+            "db_routes_refused_total",
+            "db-routing decisions the host refused (503 db_route_refused), by plane and reason (write_to_replica, unknown_replica)",
+            &["plane", "reason"],
+        );
         let postgrest_targets_refused = counter(
             "postgrest_targets_refused_total",
             "Dedicated PostgREST targets outside upstreams.postgrest_allowed_targets, by plane",
@@ -241,6 +257,11 @@ impl Metrics {
             "quota_rules_refused_total",
             "Quota decisions refused (request failed closed), by plane, source and reason",
             &["plane", "source", "reason"],
+        );
+        let quota_denials = counter(
+            "quota_denials_total",
+            "Requests a quota module denied (403 or 429), by plane, source and code",
+            &["plane", "source", "code"],
         );
         let tenant_calls_shed = counter(
             "tenant_calls_shed_total",
@@ -341,9 +362,11 @@ impl Metrics {
             Box::new(tls_handshake_failures.clone()),
             Box::new(paths_refused.clone()),
             Box::new(postgrest_targets_refused.clone()),
+            Box::new(db_routes_refused.clone()),
             Box::new(upstream_connections_opened.clone()),
             Box::new(quota_rules_clamped.clone()),
             Box::new(quota_rules_refused.clone()),
+            Box::new(quota_denials.clone()),
             Box::new(tenant_calls_shed.clone()),
             Box::new(tenant_compiles.clone()),
             Box::new(tenant_compile_seconds.clone()),
@@ -357,6 +380,7 @@ impl Metrics {
             Box::new(latency.clone()),
             Box::new(plugin_calls.clone()),
             Box::new(plugin_failures.clone()),
+            Box::new(decision_cache.clone()),
             Box::new(plugin_log_dropped.clone()),
             Box::new(shadow_disagreements.clone()),
             Box::new(shadow_runs.clone()),
@@ -391,6 +415,7 @@ impl Metrics {
             latency,
             plugin_calls,
             plugin_failures,
+            decision_cache,
             plugin_log_dropped,
             shadow_disagreements,
             shadow_runs,
@@ -404,9 +429,11 @@ impl Metrics {
             errors,
             paths_refused,
             postgrest_targets_refused,
+            db_routes_refused,
             upstream_connections_opened,
             quota_rules_clamped,
             quota_rules_refused,
+            quota_denials,
             tenant_calls_shed,
             tenant_compiles,
             tenant_compile_seconds,

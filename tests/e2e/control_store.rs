@@ -37,6 +37,17 @@ async fn contract(store: &dyn ControlStore, fx: &Fixture) {
     let gamma = project("gamma").await.expect("gamma");
     assert_eq!(gamma.topology, Topology::Dedicated);
     assert_eq!(gamma.postgrest_url, None);
+    let replicas: Vec<(&str, Option<&str>)> = gamma
+        .replicas
+        .iter()
+        .map(|r| (r.url.as_str(), r.region.as_deref()))
+        .collect();
+    let expected: Vec<(&str, Option<&str>)> = crate::support::fixture::GAMMA_REPLICAS
+        .iter()
+        .map(|(url, region)| (*url, Some(*region)))
+        .collect();
+    assert_eq!(replicas, expected, "the project's read replicas");
+    assert!(project("alpha").await.expect("alpha").replicas.is_empty());
     assert!(project("missing").await.is_none());
 
     assert!(store.organization_exists(fx.org_a).await.expect("lookup"));
@@ -203,8 +214,25 @@ async fn the_file_store_honours_the_contract() {
 #[tokio::test]
 async fn the_postgres_store_honours_the_contract() {
     let fx = Fixture::new();
-    let (_db, store) = TestDatabase::seeded(&fx).await;
+    let (db, store) = TestDatabase::seeded(&fx).await;
     contract(&store, &fx).await;
+    // A change of a project's replicas is logged as a change of the project (the fleet's
+    // project caches drop it), and the store reads the new set.
+    db.execute(
+        "DELETE FROM aura_control.change_log;
+         DELETE FROM aura_control.project_replicas WHERE url LIKE '%gamma-us%';",
+    )
+    .await;
+    let gamma = store
+        .project("gamma")
+        .await
+        .expect("lookup")
+        .expect("gamma");
+    assert_eq!(gamma.replicas.len(), 1);
+    let logged: Vec<(String, Option<String>)> = db
+        .query("SELECT kind, project_ref FROM aura_control.change_log")
+        .await;
+    assert_eq!(logged, [("project".to_owned(), Some("gamma".to_owned()))]);
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ mod backends;
 mod binary;
 mod chain;
 mod control_store;
+mod decisions;
 mod edge;
 mod examples;
 mod fleet;

@@ -8,6 +8,7 @@ use aura_gateway::actor::{Actor, Role};
 use aura_gateway::config::{Config, InstanceReuse};
 use aura_gateway::plane::Plane;
 use aura_gateway::policy::builtin::TESTING_PLUGIN_PATH;
+use aura_gateway::policy::stages::quota::BucketScope;
 use aura_gateway::policy::stages::{
     ApiKey, Cors, CorsDecision, CorsInput, DbEngine, DbInput, DbRoute, DbRouting, KeyDecision,
     KeyRequest, KeyRole, KeySource, ProjectDb, Quota, QuotaDecision, QuotaInput, Topology,
@@ -117,7 +118,7 @@ fn api_key_stage_reads_a_request_head_borrowed_and_passes_bytes_that_are_not_utf
     let uri: http::Uri = "/v1/db/todos?select=*".parse().expect("uri");
     let extract = |headers: &http::HeaderMap| {
         stage
-            .extract_head(None, "GET", &uri, headers)
+            .extract_head(None, "GET", &uri, headers, None)
             .expect("call")
     };
     // Headers the stage did not ask for are not passed: a key there is not found.
@@ -214,6 +215,9 @@ fn quota(
     route_group: &str,
     actor: &Actor,
 ) -> Result<QuotaDecision, PluginError> {
+    let route_group = aura_gateway::routes::RouteGroup::all()
+        .find(|g| g.as_str() == route_group)
+        .expect("a route group");
     p.data.module::<Quota>().expect("quota stage").decide(
         None,
         QuotaInput {
@@ -221,6 +225,7 @@ fn quota(
             path,
             route_group,
             actor,
+            headers: None,
         },
     )
 }
@@ -248,8 +253,8 @@ fn quota_stage_defaults_and_configuration() {
     {
         QuotaDecision::Limit(r) => {
             assert_eq!(
-                (r.bucket.as_str(), r.rate_per_second, r.burst, r.cost),
-                ("key:k1", 100, 1000, 1)
+                (r.scope, r.rate_per_second, r.burst, r.cost),
+                (BucketScope::Key, 100, 1000, 1)
             );
         }
         other => panic!("unexpected {other:?}"),
@@ -263,7 +268,7 @@ fn quota_stage_defaults_and_configuration() {
     )
     .expect("call")
     {
-        QuotaDecision::Limit(r) => assert_eq!(r.bucket, "user:proj:u1"),
+        QuotaDecision::Limit(r) => assert_eq!(r.scope, BucketScope::User),
         other => panic!("unexpected {other:?}"),
     }
     let keyless = Actor::unauthenticated(Plane::Data);
@@ -300,6 +305,7 @@ fn db_routing_stage_applies_the_six_rules_in_order() {
         engine: DbEngine::Postgres,
         topology: Topology::Dedicated,
         postgrest_url: url.map(str::to_owned),
+        replicas: Vec::new(),
     };
     let decide = |method: &str, path: &str, project: Option<ProjectDb>| {
         p.data
@@ -311,6 +317,7 @@ fn db_routing_stage_applies_the_six_rules_in_order() {
                     method,
                     path,
                     project: project.as_ref(),
+                    client_region: None,
                     actor: None,
                 },
             )
@@ -453,31 +460,35 @@ fn calls_from_many_threads_share_one_module_safely() {
     }
 }
 
-/// Plugins of both WIT versions load side by side and are called through the same types: the
-/// hostile quota plugin is written against `aura:gateway@0.1.0`, the others against `0.2.0`.
+/// Plugins of every WIT version load side by side, the older ones lifted into the current
+/// decisions: the hostile quota plugin is written against `aura:gateway@0.1.0`, the legacy cors
+/// plugin against `0.2.0`, the default plugins against `0.3.0`.
 #[test]
-fn plugins_of_both_wit_versions_load_and_answer() {
+fn plugins_of_every_wit_version_load_and_answer() {
     use aura_gateway::policy::Stage;
-    use aura_gateway::policy::builtin::TESTING_QUOTA_PLUGIN_PATH;
+    use aura_gateway::policy::builtin::{TESTING_LEGACY_PLUGIN_PATH, TESTING_QUOTA_PLUGIN_PATH};
     let mut config = config();
     config.data_plane.plugins.quota.module = TESTING_QUOTA_PLUGIN_PATH.into();
-    config.data_plane.plugins.cors.module = TESTING_PLUGIN_PATH.into();
-    let p = load(&config).expect("both load");
+    config.data_plane.plugins.cors.module = TESTING_LEGACY_PLUGIN_PATH.into();
+    let p = load(&config).expect("all load");
     assert_eq!(p.wit_version(Plane::Data, Stage::Quota), Some("0.1.0"));
     assert_eq!(p.wit_version(Plane::Data, Stage::Cors), Some("0.2.0"));
     assert_eq!(
         p.wit_version(Plane::Data, Stage::ApiKey),
-        Some("0.2.0"),
+        Some("0.3.0"),
         "the default plugins"
     );
     let anon = actor(Role::Anon, Some("k1"), None);
     let answered = quota(&p, "GET", "/v1/db/t", "db", &anon).expect("a 0.1.0 plugin answers");
     match answered {
-        QuotaDecision::Limit(rule) => assert!(!rule.bucket.is_empty()),
-        QuotaDecision::Exempt => {}
+        // A legacy module's bucket is its own name, kept in the host's namespace.
+        QuotaDecision::Limit(rule) => {
+            assert!(matches!(&rule.scope, BucketScope::Named(n) if !n.is_empty()))
+        }
+        other => panic!("unexpected {other:?}"),
     }
-    assert!(matches!(
-        cors_call(&p, "https://ok.test").expect("a 0.2.0 plugin answers"),
-        CorsDecision::Allow(_)
-    ));
+    match cors_call(&p, "https://ok.test").expect("a 0.2.0 plugin answers") {
+        CorsDecision::Allow(a) => assert_eq!(a.expose_headers, ["x-testing-legacy"]),
+        other => panic!("unexpected {other:?}"),
+    }
 }

@@ -229,6 +229,7 @@ pub async fn authenticate(
             }
             actor.role = Role::Authenticated;
             actor.user_id = Some(claims.subject);
+            actor.claims = Some(claims.claims);
         }
     }
     strip_client_credentials(parts, stage.headers());

@@ -35,6 +35,8 @@ pub struct Verified {
     pub subject: String,
     /// The `ref` claim, when present.
     pub project_ref: Option<String>,
+    /// Every claim of the token.
+    pub claims: std::sync::Arc<serde_json::Value>,
 }
 
 /// Verifies one kind of token.
@@ -136,6 +138,7 @@ impl JwtVerifier {
         Ok(Verified {
             subject,
             project_ref,
+            claims: std::sync::Arc::new(claims),
         })
     }
 

@@ -39,8 +39,8 @@ pub use self::control::{ControlConfig, StoreKind};
 pub use self::nats::NatsConfig;
 pub use self::planes::{DataPlaneConfig, ListenerTlsConfig, ManagementPlaneConfig};
 pub use self::plugins::{
-    BUILTIN, DataPlaneStages, InstanceReuse, ManagementPlaneStages, PluginRuntimeConfig,
-    STORE_PREFIX, StageConfig, is_sha256_hex,
+    BUILTIN, DataPlaneStages, DecisionCacheConfig, InstanceReuse, ManagementPlaneStages,
+    PluginRuntimeConfig, STORE_PREFIX, StageConfig, is_sha256_hex,
 };
 pub use self::rate_limit::{BucketConfig, RateLimitConfig, RuleCeilings};
 pub use self::server::ServerConfig;

@@ -96,6 +96,75 @@ pub struct PluginRuntimeConfig {
     /// A stored module is collected once no project references it and no instance has used it
     /// for this long, in seconds.
     pub module_gc_grace_secs: u64,
+    /// The decisions kept for modules that declare their inputs (`aura:gateway@0.3.0`).
+    pub decision_cache: DecisionCacheConfig,
+}
+
+/// `plugins.decision_cache`: the bounds of each module's decision cache.
+///
+/// A module that declares the inputs its decisions depend on is called once per distinct
+/// declared inputs within its maximum age; its decisions are kept per loaded module and per
+/// partition (the caller's project, or address before authentication).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct DecisionCacheConfig {
+    /// Keep decisions at all (`false`: every module is called on every request).
+    pub enabled: bool,
+    /// Decisions kept per module (a stage's module in force, a candidate, a project's module).
+    pub entries: usize,
+    /// Bytes kept per module (keys and decisions, estimated).
+    pub bytes: usize,
+    /// Decisions kept per partition of a module: one project's (or address's) unique inputs
+    /// evict only its own decisions past this.
+    pub partition_entries: usize,
+    /// Bytes kept per partition of a module.
+    pub partition_bytes: usize,
+    /// The longest a decision is kept, in milliseconds, whatever a module declares.
+    pub max_age_ms: u64,
+}
+
+impl Default for DecisionCacheConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            entries: 16_384,
+            bytes: 8 << 20,
+            partition_entries: 1_024,
+            partition_bytes: 512 << 10,
+            max_age_ms: 300_000,
+        }
+    }
+}
+
+impl DecisionCacheConfig {
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        for (field, value, max) in [
+            ("entries", self.entries, 1 << 24),
+            ("bytes", self.bytes, 1 << 32),
+            ("partition_entries", self.partition_entries, 1 << 24),
+            ("partition_bytes", self.partition_bytes, 1 << 32),
+        ] {
+            if !(1..=max).contains(&value) {
+                return Err(problem(
+                    &format!("{key}.{field}"),
+                    format!("must be between 1 and {max}"),
+                ));
+            }
+        }
+        if self.partition_entries > self.entries || self.partition_bytes > self.bytes {
+            return Err(problem(
+                key,
+                "partition_entries and partition_bytes must not exceed entries and bytes",
+            ));
+        }
+        if self.max_age_ms > 86_400_000 {
+            return Err(problem(
+                &format!("{key}.max_age_ms"),
+                "must be at most 86400000 (a day)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for PluginRuntimeConfig {
@@ -128,6 +197,7 @@ impl Default for PluginRuntimeConfig {
             tenant_queue_timeout_ms: 100,
             module_gc_interval_secs: 3_600,
             module_gc_grace_secs: 7 * 24 * 3_600,
+            decision_cache: DecisionCacheConfig::default(),
         }
     }
 }
@@ -236,6 +306,8 @@ impl PluginRuntimeConfig {
                 "module_gc_interval_secs and tenant_refused_retry_secs must be at least 1",
             ));
         }
+        self.decision_cache
+            .validate(&format!("{key}.decision_cache"))?;
         Ok(())
     }
 }

@@ -32,7 +32,15 @@ pub struct UpstreamsConfig {
     /// certificate. `http://` backends stay allowed (`check-config` warns when one that
     /// receives credentials is not on loopback).
     pub tls: Option<ClientTlsConfig>,
+    /// The request header that names the client's region (`x-client-region`, a CDN's country
+    /// header, …), passed to the db-routing stage to pick a read replica. The edge in front of
+    /// the gateway must set it (a client could send it): it only ever picks among the project's
+    /// own replicas. A value over 64 bytes or not visible ASCII is ignored. None: no region.
+    pub client_region_header: Option<String>,
 }
+
+/// The longest client region taken from `upstreams.client_region_header`, in bytes.
+pub const MAX_REGION_BYTES: usize = 64;
 
 impl Default for UpstreamsConfig {
     fn default() -> Self {
@@ -45,6 +53,7 @@ impl Default for UpstreamsConfig {
             pool_max_idle_per_host: 64,
             postgrest_allowed_targets: Vec::new(),
             tls: None,
+            client_region_header: None,
         }
     }
 }
@@ -79,8 +88,27 @@ impl UpstreamsConfig {
             .collect()
     }
 
+    /// The client's region, from `client_region_header`, when set and within bounds.
+    pub fn client_region<'a>(&self, headers: &'a http::HeaderMap) -> Option<&'a str> {
+        let name = self.client_region_header.as_deref()?;
+        let value = headers.get(name)?.to_str().ok()?;
+        (!value.is_empty()
+            && value.len() <= MAX_REGION_BYTES
+            && value.bytes().all(|b| b.is_ascii_graphic()))
+        .then_some(value)
+    }
+
     /// Checks the section, `key` naming it.
     pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if let Some(name) = &self.client_region_header
+            && http::HeaderName::from_bytes(name.as_bytes())
+                .map_or(true, |n| n.as_str() != name.as_str())
+        {
+            return Err(problem(
+                &format!("{key}.client_region_header"),
+                format!("{name:?} is not a lower-case header name"),
+            ));
+        }
         if let Some(tls) = &self.tls {
             tls.validate(&format!("{key}.tls"))?;
         }

@@ -13,6 +13,7 @@
 //! topology = "shared"         # or "dedicated"
 //! # postgrest_url = "http://…"
 //! # plan = "free"
+//! # replicas = [{ url = "http://…", region = "eu-west" }]   # read replicas, at most 16
 //!
 //! [[organization_members]]
 //! organization_id = "6f1c…"
@@ -42,7 +43,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{
-    ApiKeyRecord, ControlStore, KeyRole, MemberRecord, OrgRole, OrganizationRecord,
+    ApiKeyRecord, ControlStore, KeyRole, MAX_REPLICAS, MemberRecord, OrgRole, OrganizationRecord,
     PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, StoreError,
 };
 use crate::config::is_sha256_hex;
@@ -110,6 +111,7 @@ impl ControlFile {
                     p.project_ref, p.organization_id
                 ));
             }
+            check_replicas(p)?;
         }
         let mut members = HashSet::new();
         for m in &self.organization_members {
@@ -723,4 +725,31 @@ impl ControlStore for FileStore {
     fn reloads(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         Some(self.reloads.subscribe())
     }
+}
+
+/// A project's read replicas as the Postgres store bounds them: `http(s)` URLs of at most 2048
+/// bytes, each once, regions of 1 to 64 bytes, at most [`MAX_REPLICAS`].
+fn check_replicas(project: &ProjectRecord) -> Result<(), String> {
+    let key = format!("projects.{}.replicas", project.project_ref);
+    if project.replicas.len() > MAX_REPLICAS {
+        return Err(format!("{key}: at most {MAX_REPLICAS} replicas"));
+    }
+    let mut urls = HashSet::new();
+    for (i, r) in project.replicas.iter().enumerate() {
+        if !(r.url.starts_with("http://") || r.url.starts_with("https://")) || r.url.len() > 2048 {
+            return Err(format!(
+                "{key}[{i}].url: must be an http(s) URL of at most 2048 bytes"
+            ));
+        }
+        if !urls.insert(r.url.as_str()) {
+            return Err(format!("{key}[{i}].url: {:?} appears twice", r.url));
+        }
+        if r.region
+            .as_ref()
+            .is_some_and(|g| g.is_empty() || g.len() > 64)
+        {
+            return Err(format!("{key}[{i}].region: must be 1 to 64 bytes"));
+        }
+    }
+    Ok(())
 }

@@ -14,8 +14,9 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use records::{
-    ApiKeyRecord, DbEngine, KeyRole, MemberRecord, OrgRole, OrganizationRecord,
-    PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, Topology,
+    ApiKeyRecord, DbEngine, KeyRole, MAX_REPLICAS, MemberRecord, OrgRole, OrganizationRecord,
+    PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, ReplicaRecord,
+    Topology,
 };
 
 use crate::config::{self, ControlConfig, StoreKind};

@@ -11,8 +11,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use uuid::Uuid;
 
 use super::{
-    ApiKeyRecord, ControlStore, DbEngine, KeyRole, OrgRole, PolicyCandidateRecord,
-    PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, StoreError, Topology,
+    ApiKeyRecord, ControlStore, DbEngine, KeyRole, MAX_REPLICAS, OrgRole, PolicyCandidateRecord,
+    PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, ReplicaRecord, StoreError, Topology,
 };
 use crate::config::ControlConfig;
 
@@ -106,6 +106,23 @@ impl ControlStore for PostgresStore {
         .fetch_optional(&self.pool)
         .await
         .map_err(unavailable)?;
+        let replicas: Vec<(String, Option<String>)> = if row.is_some() {
+            sqlx::query_as(
+                "SELECT url, region FROM aura_control.project_replicas \
+                 WHERE project_ref = $1 ORDER BY url LIMIT $2",
+            )
+            .bind(project_ref)
+            .bind(MAX_REPLICAS as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(unavailable)?
+        } else {
+            Vec::new()
+        };
+        let replicas = replicas
+            .into_iter()
+            .map(|(url, region)| ReplicaRecord { url, region })
+            .collect();
         row.map(
             |(project_ref, organization_id, engine, topology, postgrest_url, plan)| {
                 Ok(ProjectRecord {
@@ -123,6 +140,7 @@ impl ControlStore for PostgresStore {
                     organization_id,
                     postgrest_url,
                     plan,
+                    replicas,
                 })
             },
         )

@@ -141,6 +141,23 @@ pub struct ProjectRecord {
     pub postgrest_url: Option<String>,
     #[serde(default = "free")]
     pub plan: String,
+    /// `aura_control.project_replicas`: the read replicas of a dedicated database (at most
+    /// [`MAX_REPLICAS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaRecord>,
+}
+
+/// At most this many read replicas of a project are passed to the db-routing stage.
+pub const MAX_REPLICAS: usize = 16;
+
+/// `aura_control.project_replicas`: a read replica (a PostgREST base URL over it) and its
+/// region.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaRecord {
+    pub url: String,
+    #[serde(default)]
+    pub region: Option<String>,
 }
 
 /// `aura_control.organization_members`.

@@ -10,20 +10,25 @@ use super::per_ip::{Limiter, count, too_many};
 use crate::actor::Actor;
 use crate::error::GatewayError;
 use crate::policy::registry::{Source, StageCall};
+use crate::policy::stages::quota::{BucketScope, deny_code, deny_status};
 use crate::policy::stages::{Quota, QuotaDecision, QuotaInput};
 use crate::ratelimit::Decision;
-use crate::ratelimit::rules::{self, Answered, RuleSource};
+use crate::ratelimit::rules::{self, Answered, RuleSource, Scope};
 use crate::state::AppState;
 
+/// The longest `Retry-After` of a module's `429` denial, in seconds.
+const MAX_DENY_RETRY_AFTER_SECS: u32 = 3_600;
+
 /// Takes the request's tokens for `actor` (phase 9's): `Ok(None)` when exempt, the decision (for
-/// the response's `RateLimit-*` headers) when admitted, the answer when refused or when the
-/// stage failed.
+/// the response's `RateLimit-*` headers) when admitted, the answer when refused (by the bucket or
+/// the module's denial) or when the stage failed.
 pub async fn check(
     state: &AppState,
     cx: &RequestContext,
     actor: &Actor,
     method: &Method,
     path: &str,
+    headers: &http::HeaderMap,
 ) -> Phase<Option<Decision>> {
     use axum::response::IntoResponse;
     let call = StageCall {
@@ -35,8 +40,9 @@ pub async fn check(
     let input = QuotaInput {
         method: method.as_str(),
         path,
-        route_group: cx.group.as_str(),
+        route_group: cx.group,
         actor,
+        headers: Some(headers),
     };
     let (decision, source) = state
         .policies
@@ -47,22 +53,45 @@ pub async fn check(
         Source::Operator => RuleSource::Operator,
         Source::Tenant => RuleSource::Tenant,
     };
+    let plane = cx.plane.as_str();
     let answered = match &decision {
         QuotaDecision::Exempt => return Ok(None),
+        QuotaDecision::Deny(denial) => {
+            let (status, code) = (deny_status(denial.status), deny_code(denial.reason));
+            state
+                .metrics
+                .quota_denials
+                .with_label_values(&[plane, source.as_str(), code])
+                .inc();
+            let mut error = GatewayError::new(
+                status,
+                code,
+                "the request is refused by the project's policy",
+                crate::error::Side::Client,
+            );
+            if status == http::StatusCode::TOO_MANY_REQUESTS {
+                let secs = denial
+                    .retry_after_seconds
+                    .clamp(1, MAX_DENY_RETRY_AFTER_SECS);
+                error = error.retry_after(std::time::Duration::from_secs(u64::from(secs)));
+            }
+            return Err(error.into_response());
+        }
         QuotaDecision::Limit(rule) => Answered {
-            bucket: &rule.bucket,
+            scope: match &rule.scope {
+                BucketScope::Key => Scope::Key,
+                BucketScope::User => Scope::User,
+                BucketScope::ConsoleUser => Scope::ConsoleUser,
+                BucketScope::Project => Scope::Project,
+                BucketScope::ClientIp => Scope::ClientIp,
+                BucketScope::Named(name) => Scope::Named(name),
+            },
             rate_per_second: rule.rate_per_second,
             burst: rule.burst,
             cost: rule.cost,
         },
     };
-    let plane = cx.plane.as_str();
-    let rule = match rules::bound(
-        &state.config.rate_limit,
-        source,
-        actor.project.as_deref(),
-        answered,
-    ) {
+    let rule = match rules::bound(&state.config.rate_limit, source, actor, answered) {
         Ok(bounded) => {
             for field in &bounded.clamped {
                 state

@@ -114,6 +114,7 @@ fn module_json(m: &ModuleReport) -> Value {
         "failures": m.failures,
         "p50_us": round(m.p50_us),
         "p99_us": round(m.p99_us),
+        "cache": m.cache,
     })
 }
 

@@ -164,7 +164,7 @@ impl Pipeline {
         per_ip::check(&self.state, cx, &request)?; // 8
         let (request, actor) = auth::authenticate(&self.state, cx, request).await?; // 9
         let (method, path) = (request.method(), request.uri().path());
-        let quota = quota::check(&self.state, cx, &actor, method, path).await?; // 10
+        let quota = quota::check(&self.state, cx, &actor, method, path, request.headers()).await?; // 10
         metrics_auth::guard(&self.state, &request)?; // 11
         let mut response = self.route(cx, actor, id.clone(), request).await;
         if let Some(decision) = &quota {

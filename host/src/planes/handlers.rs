@@ -12,6 +12,7 @@ use crate::error::GatewayError;
 use crate::headers::query_without_apikey;
 use crate::phases::context::RouteContext;
 use crate::policy::registry::StageCall;
+use crate::policy::stages::db_routing::Replica;
 use crate::policy::stages::{DbEngine, DbInput, DbRoute, DbRouting, ProjectDb, Topology};
 use crate::proxy::envelope::EnvelopeRequest;
 use crate::proxy::{headers, read_body};
@@ -91,7 +92,16 @@ pub async fn route_db(
             crate::control::Topology::Dedicated => Topology::Dedicated,
         },
         postgrest_url: p.postgrest_url.clone(),
+        replicas: p
+            .replicas
+            .iter()
+            .map(|r| Replica {
+                url: r.url.clone(),
+                region: r.region.clone(),
+            })
+            .collect(),
     });
+    let client_region = state.config.upstreams.client_region(request.headers());
     let call = StageCall {
         pinned: &cx.policies,
         request_id: request
@@ -105,6 +115,7 @@ pub async fn route_db(
         method: request.method().as_str(),
         path: request.uri().path(),
         project: project.as_ref(),
+        client_region,
         actor: Some(&actor),
     };
     let (route, _) = state.policies.decide::<DbRouting>(&call, input).await?;
@@ -115,41 +126,88 @@ pub async fn route_db(
             "db_target_unresolved",
             "the project's dedicated database endpoint is not resolved",
         )),
-        DbRoute::Postgrest(base) => {
-            // The URL is the stage's answer over the store's record: checked, never trusted.
-            if let Err(refused) = state.http.postgrest_targets.check(&base) {
+        DbRoute::Postgrest(base) => forward_postgrest(state, cx, &base, request).await,
+        DbRoute::Replica(url) => {
+            let read = matches!(
+                *request.method(),
+                ::http::Method::GET | ::http::Method::HEAD
+            );
+            let known = project
+                .as_ref()
+                .is_some_and(|p| p.replicas.iter().any(|r| r.url == url));
+            if !read || !known {
+                let reason = if read {
+                    "unknown_replica"
+                } else {
+                    "write_to_replica"
+                };
                 tracing::error!(
                     project = actor.project.as_deref().unwrap_or_default(),
-                    reason = %refused,
-                    "dedicated PostgREST target refused (upstreams.postgrest_allowed_targets)"
+                    method = %request.method(),
+                    reason,
+                    "db-routing answered a replica the host refuses; the request fails closed"
                 );
                 state
                     .metrics
-                    .postgrest_targets_refused
-                    .with_label_values(&[actor.plane.as_str()])
+                    .db_routes_refused
+                    .with_label_values(&[actor.plane.as_str(), reason])
                     .inc();
                 return Err(GatewayError::unavailable(
-                    "db_target_not_allowed",
-                    "the project's dedicated database endpoint is not an allowed target",
+                    "db_route_refused",
+                    if read {
+                        "the route's replica is not one of the project's"
+                    } else {
+                        "only GET and HEAD may be sent to a read replica"
+                    },
                 ));
             }
-            let mut request = request;
-            if actor.plane == crate::plane::Plane::Management {
-                // The console JWT is an organization-wide credential: a project's own PostgREST
-                // never sees it.
-                request.headers_mut().remove(::http::header::AUTHORIZATION);
-            }
-            let rest = request
-                .uri()
-                .path()
-                .strip_prefix("/v1/db")
-                .unwrap_or_default();
-            let backend = state.http.postgrest(&base)?;
-            let uri = backend.uri(rest, request.uri().query())?;
-            let breaker = state.breakers.postgrest.get(base.trim_end_matches('/'));
-            forward_http(state, &breaker, &backend, uri, cx, request).await
+            forward_postgrest(state, cx, &url, request).await
         }
     }
+}
+
+/// Sends a `/v1/db/*` request straight to a PostgREST base URL (a dedicated one or a replica),
+/// the URL checked against `upstreams.postgrest_allowed_targets` first.
+async fn forward_postgrest(
+    state: &AppState,
+    cx: &RouteContext,
+    base: &str,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    let actor = &cx.actor;
+
+    // The URL is the stage's answer over the store's record: checked, never trusted.
+    if let Err(refused) = state.http.postgrest_targets.check(base) {
+        tracing::error!(
+            project = actor.project.as_deref().unwrap_or_default(),
+            reason = %refused,
+            "dedicated PostgREST target refused (upstreams.postgrest_allowed_targets)"
+        );
+        state
+            .metrics
+            .postgrest_targets_refused
+            .with_label_values(&[actor.plane.as_str()])
+            .inc();
+        return Err(GatewayError::unavailable(
+            "db_target_not_allowed",
+            "the project's dedicated database endpoint is not an allowed target",
+        ));
+    }
+    let mut request = request;
+    if actor.plane == crate::plane::Plane::Management {
+        // The console JWT is an organization-wide credential: a project's own PostgREST
+        // never sees it.
+        request.headers_mut().remove(::http::header::AUTHORIZATION);
+    }
+    let rest = request
+        .uri()
+        .path()
+        .strip_prefix("/v1/db")
+        .unwrap_or_default();
+    let backend = state.http.postgrest(base)?;
+    let uri = backend.uri(rest, request.uri().query())?;
+    let breaker = state.breakers.postgrest.get(base.trim_end_matches('/'));
+    forward_http(state, &breaker, &backend, uri, cx, request).await
 }
 
 /// Forwards one request to `service` in an envelope and answers with its reply.

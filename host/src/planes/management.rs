@@ -44,6 +44,10 @@ fn extra_routes() -> Router<AppState> {
             get(super::policies::history),
         )
         .route(
+            "/v1/projects/{project_ref}/policies/{stage}/schema",
+            get(super::policies::schema),
+        )
+        .route(
             "/v1/projects/{project_ref}/policies/{stage}/rollback",
             post(super::policies::rollback),
         )

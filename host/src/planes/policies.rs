@@ -236,6 +236,7 @@ fn health_json(r: &ModuleReport) -> serde_json::Value {
         },
         "p50_us": round(r.p50_us),
         "p99_us": round(r.p99_us),
+        "cache": r.cache,
     })
 }
 
@@ -307,6 +308,47 @@ pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Answer {
         "config": enforced.as_ref().map(|p| config_json(&p.config)),
         "health": health,
         "candidate": candidate,
+    }))
+    .into_response())
+}
+
+/// `GET …/policies/{stage}/schema`: the JSON Schema of the stage's configuration — of the
+/// project's module in force when it installed one, else of the data plane's module — or `null`
+/// when that module exports none.
+pub async fn schema(State(state): State<AppState>, path: PolicyPath) -> Answer {
+    let (project, stage_key) = path_params(path)?;
+    state.policies.ensure_project(&project).await?;
+    let stage = Stage::parse_tenant(&stage_key)
+        .ok_or_else(|| GatewayError::not_found("no such stage for a project"))?;
+    let installed = state.policies.tenants.installed(&project, stage);
+    let snapshot = state.policies.snapshot();
+    let (source, digest, text) = match &installed {
+        Some(i) => (
+            "project",
+            i.digest().to_owned(),
+            i.schema().map(str::to_owned),
+        ),
+        None => {
+            let module = snapshot
+                .plane(crate::plane::Plane::Data)
+                .any_slot(stage)
+                .map(|slot| slot.module())
+                .ok_or_else(|| GatewayError::not_found("the data plane has no such stage"))?;
+            (
+                "plane",
+                module.digest().to_owned(),
+                module.schema().map(str::to_owned),
+            )
+        }
+    };
+    // Checked when the module was loaded: it parses.
+    let schema = text.and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    Ok(Json(serde_json::json!({
+        "project": project,
+        "stage": stage_key,
+        "source": source,
+        "digest": digest,
+        "schema": schema,
     }))
     .into_response())
 }

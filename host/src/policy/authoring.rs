@@ -10,7 +10,8 @@ use super::Stage;
 /// The WIT package `aura:gateway` of an accepted version.
 pub fn wit(version: &str) -> Option<&'static str> {
     match version {
-        "0.2.0" => Some(include_str!("../../../wit/gateway.wit")),
+        "0.3.0" => Some(include_str!("../../../wit/gateway.wit")),
+        "0.2.0" => Some(include_str!("../../../wit/0.2.0/gateway.wit")),
         "0.1.0" => Some(include_str!("../../../wit/0.1.0/gateway.wit")),
         _ => None,
     }
@@ -150,7 +151,7 @@ pub fn scaffold(stage: Stage, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, St
         (source_path.into(), source),
         (
             "wit/gateway.wit".into(),
-            wit("0.2.0").unwrap_or_default().to_owned(),
+            wit("0.3.0").unwrap_or_default().to_owned(),
         ),
         ("config.toml".into(), config.to_owned()),
         ("vectors.toml".into(), vectors.to_owned()),
@@ -253,7 +254,7 @@ fn readme(stage: Stage, lang: Lang, name: &str) -> String {
     let key = stage.key();
     format!(
         "# {name}\n\n\
-         A plugin for the `{key}` stage of Aura gateway (`aura:gateway@0.2.0`, world `{world}`).\n\
+         A plugin for the `{key}` stage of Aura gateway (`aura:gateway@0.3.0`, world `{world}`).\n\
          `wit/gateway.wit` is the plugin API (`aura-gateway wit` prints it); `config.toml` is the\n\
          stage's configuration; `vectors.toml` holds test cases: an input and the decision expected.\n\n\
          Build:\n\n```sh\n{commands}\n```\n\n\
@@ -296,10 +297,16 @@ mod tests {
     }
 
     #[test]
-    fn both_wit_versions_are_served_and_others_refused() {
-        assert!(wit("0.2.0").is_some_and(|w| w.contains("package aura:gateway@0.2.0;")));
-        assert!(wit("0.1.0").is_some_and(|w| w.contains("package aura:gateway@0.1.0;")));
-        assert!(wit("0.3.0").is_none());
+    fn the_three_wit_versions_are_served_and_others_refused() {
+        for version in ["0.3.0", "0.2.0", "0.1.0"] {
+            let package = format!("package aura:gateway@{version};");
+            assert!(
+                wit(version).is_some_and(|w| w.contains(&package)),
+                "{version}"
+            );
+        }
+        assert!(wit("0.4.0").is_none());
+        assert!(wit("0.3").is_none());
     }
 
     #[test]

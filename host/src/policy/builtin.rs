@@ -17,3 +17,11 @@ pub const TESTING_PLUGIN_PATH: &str = concat!(env!("OUT_DIR"), "/testing.wasm");
 /// It is not embedded in the binary.
 #[doc(hidden)]
 pub const TESTING_QUOTA_PLUGIN_PATH: &str = concat!(env!("OUT_DIR"), "/testing_quota.wasm");
+
+/// Path of the `0.2.0` test plugin (`plugins/testing-legacy`), for the gateway's own tests that
+/// plugins of every accepted version load. Not embedded.
+pub const TESTING_LEGACY_PLUGIN_PATH: &str = concat!(env!("OUT_DIR"), "/testing_legacy.wasm");
+
+/// Path of the hostile db-routing test plugin (`plugins/testing-db`), for the gateway's own
+/// tests. Not embedded.
+pub const TESTING_DB_PLUGIN_PATH: &str = concat!(env!("OUT_DIR"), "/testing_db.wasm");

@@ -95,7 +95,17 @@ pub struct PluginState {
 }
 
 /// The versions of `aura:gateway` the host accepts, newest first.
-pub const WIT_VERSIONS: [&str; 2] = ["0.2.0", "0.1.0"];
+pub const WIT_VERSIONS: [&str; 3] = ["0.3.0", "0.2.0", "0.1.0"];
+
+/// The versions of `aura:gateway` whose stages declare their inputs and export their
+/// configuration's schema.
+pub const CURRENT_VERSIONS: &[&str] = &["0.3.0"];
+
+/// The versions called through a stage's legacy types (string methods, no declaration).
+pub const LEGACY_VERSIONS: &[&str] = &["0.2.0", "0.1.0"];
+
+/// The largest configuration schema a module may answer, in bytes.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
 /// The shared wasmtime engine and the runtime limits of every plugin call.
 #[derive(Debug)]
@@ -192,6 +202,25 @@ impl PolicyEngine {
                 ]);
             }
         }
+    }
+
+    /// The counters of a decision cache of `plane`'s `stage` (`owner`: whose module).
+    pub(crate) fn cache_metrics(
+        &self,
+        plane: Plane,
+        stage: Stage,
+        owner: &str,
+    ) -> Option<super::decision_cache::CacheMetrics> {
+        let m = self.metrics.get()?;
+        let series = |outcome: &str| {
+            m.decision_cache
+                .with_label_values(&[plane.as_str(), stage.key(), owner, outcome])
+        };
+        Some(super::decision_cache::CacheMetrics {
+            hits: series("hit"),
+            misses: series("miss"),
+            evicted: series("evicted"),
+        })
     }
 
     /// Metric series of loaded modules (plane, stage, digest).
@@ -300,12 +329,17 @@ impl Drop for PolicyEngine {
     }
 }
 
-/// One stage as the runtime sees it: the interface a plugin exports and the types of its two
-/// functions. The types are the host's generated ones (`0.2.0`); they are checked against the
-/// plugin's own at instantiation, so a `0.1.0` plugin (the same records) is called through them.
+/// One stage as the runtime sees it: the interface a plugin exports and the types of its
+/// functions. A stage has two: its current world (`0.3.0`) and its legacy one, whose types (the
+/// host's generated `0.2.0` ones) are checked against the plugin's own at instantiation, so a
+/// `0.1.0` plugin (the same records) is called through them.
 pub trait StageWorld: Send + Sync + 'static {
     /// The stage.
     const STAGE: Stage;
+    /// The `aura:gateway` versions called through these types.
+    const VERSIONS: &'static [&'static str];
+    /// Whether the interface exports `config-schema`.
+    const SCHEMA: bool;
     /// The exported interface, without package and version (`cors`).
     const INTERFACE: &'static str;
     /// The per-request function (`decide`, `extract`).
@@ -341,12 +375,21 @@ pub(crate) struct Exports {
     pub(crate) version: &'static str,
     configure: ComponentExportIndex,
     decide: ComponentExportIndex,
+    schema: Option<ComponentExportIndex>,
+}
+
+/// The `aura:gateway` version of `W`'s interface that `component` exports, if any.
+pub(crate) fn exported_version<W: StageWorld>(component: &Component) -> Option<&'static str> {
+    WIT_VERSIONS.into_iter().find(|version| {
+        let name = format!("aura:gateway/{}@{version}", W::INTERFACE);
+        component.get_export_index(None, &name).is_some()
+    })
 }
 
 impl Exports {
-    /// Finds `W`'s interface in `component`, in any accepted version.
+    /// Finds `W`'s interface in `component`, in the versions `W` is called through.
     fn find<W: StageWorld>(component: &Component) -> Result<Self, String> {
-        for version in WIT_VERSIONS {
+        for &version in W::VERSIONS {
             let name = format!("aura:gateway/{}@{version}", W::INTERFACE);
             let Some(interface) = component.get_export_index(None, &name) else {
                 continue;
@@ -360,6 +403,11 @@ impl Exports {
                 version,
                 configure: function("configure")?,
                 decide: function(W::DECIDE)?,
+                schema: if W::SCHEMA {
+                    Some(function("config-schema")?)
+                } else {
+                    None
+                },
             });
         }
         Err(format!(
@@ -379,18 +427,29 @@ pub type Decide<W> =
 /// `configure` answered.
 type Configured<W> = Result<(Decide<W>, <W as StageWorld>::Setup), String>;
 
+/// When an instance is set up: the module's first one (its schema is asked for and the
+/// configuration checked against it) or a later one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    First,
+    Again,
+}
+
 struct Slot<W: StageWorld> {
     store: Store<PluginState>,
     decide: Decide<W>,
 }
 
-/// Instantiates, type-checks both functions and runs `configure`.
+/// Instantiates, type-checks the functions, checks the configuration against the module's
+/// schema (on its first instance) and runs `configure`.
 fn instantiate<W: StageWorld>(
     pre: &InstancePre<PluginState>,
     exports: &Exports,
     store: &mut Store<PluginState>,
     plane: Plane,
     config: &str,
+    setup: Setup,
+    schema: &mut Option<String>,
 ) -> Result<Configured<W>, (FailureKind, String)> {
     let failed = |store: &Store<PluginState>, what: &str, e: wasmtime::Error| {
         (classify(store, &e), format!("{what}: {e:#}"))
@@ -406,6 +465,21 @@ fn instantiate<W: StageWorld>(
     let decide = instance
         .get_typed_func::<(W::Request<'static>,), (W::Decision,)>(&mut *store, exports.decide)
         .map_err(|e| (FailureKind::Refused, format!("{}: {e:#}", W::DECIDE)))?;
+    if let (Setup::First, Some(index)) = (setup, exports.schema) {
+        let function = instance
+            .get_typed_func::<(), (Option<String>,)>(&mut *store, index)
+            .map_err(|e| (FailureKind::Refused, format!("config-schema: {e:#}")))?;
+        let (answered,) = guarded(|| function.call(&mut *store, ()))
+            .map_err(|e| failed(store, "config-schema", e))?;
+        if let Some(text) = answered {
+            let checked = super::config_schema::check(&text, config)
+                .map_err(|reason| (FailureKind::Refused, bounded_reason(&reason)))?;
+            if let Err(reason) = checked {
+                return Ok(Err(bounded_reason(&reason)));
+            }
+            *schema = Some(text);
+        }
+    }
     match guarded(|| configure.call(&mut *store, (W::plane(plane), config.to_owned()))) {
         Ok((Ok(setup),)) => Ok(Ok((decide, setup))),
         Ok((Err(reason),)) => Ok(Err(bounded_reason(&reason))),
@@ -417,27 +491,37 @@ fn instantiate<W: StageWorld>(
 /// `component` defined as a trap.
 fn linker(engine: &Engine, component: &Component) -> wasmtime::Result<Linker<PluginState>> {
     let mut linker: Linker<PluginState> = Linker::new(engine);
-    linker.instance("aura:gateway/log@0.2.0")?.func_wrap(
-        "log",
-        |mut cx: StoreContextMut<'_, PluginState>, (level, message): (LogLevel, WasmStr)| {
-            if cx.data().log.is_full() {
-                cx.data_mut().log.push(Level::Info, Source::Log, "");
-                return Ok(());
-            }
-            let text = plugin_log::clean(&message.to_str(&cx)?);
-            let level = match level {
-                LogLevel::Debug => Level::Debug,
-                LogLevel::Info => Level::Info,
-                LogLevel::Warn => Level::Warn,
-                LogLevel::Error => Level::Error,
-            };
-            cx.data_mut().log.push(level, Source::Log, &text);
-            Ok(())
-        },
-    )?;
+    for version in ["0.3.0", "0.2.0"] {
+        add_log(&mut linker, version)?;
+    }
     super::sandbox::add_to_linker(&mut linker)?;
     super::sandbox::stub_the_rest(&mut linker, engine, component)?;
     Ok(linker)
+}
+
+/// `aura:gateway/log` of `version` (the same function in every version that has it).
+fn add_log(linker: &mut Linker<PluginState>, version: &str) -> wasmtime::Result<()> {
+    linker
+        .instance(&format!("aura:gateway/log@{version}"))?
+        .func_wrap(
+            "log",
+            |mut cx: StoreContextMut<'_, PluginState>, (level, message): (LogLevel, WasmStr)| {
+                if cx.data().log.is_full() {
+                    cx.data_mut().log.push(Level::Info, Source::Log, "");
+                    return Ok(());
+                }
+                let text = plugin_log::clean(&message.to_str(&cx)?);
+                let level = match level {
+                    LogLevel::Debug => Level::Debug,
+                    LogLevel::Info => Level::Info,
+                    LogLevel::Warn => Level::Warn,
+                    LogLevel::Error => Level::Error,
+                };
+                cx.data_mut().log.push(level, Source::Log, &text);
+                Ok(())
+            },
+        )?;
+    Ok(())
 }
 
 /// A loaded module for one stage of one plane: compiled, exports checked, configuration
@@ -451,6 +535,8 @@ pub struct StageModule<W: StageWorld> {
     pre: InstancePre<PluginState>,
     exports: Exports,
     setup: W::Setup,
+    /// The configuration schema the module answered (`0.3.0`), checked at load.
+    schema: Option<String>,
     idle: Mutex<Vec<Slot<W>>>,
     log_rate: LogRate,
     call_metrics: std::sync::OnceLock<(prometheus::IntCounter, prometheus::Histogram)>,
@@ -525,7 +611,16 @@ impl<W: StageWorld> StageModule<W> {
             .and_then(|linker| linker.instantiate_pre(component))
             .map_err(|e| refuse(FailureKind::Refused, format!("imports: {e:#}")))?;
         let mut store = runtime.new_store(owner == Owner::Tenant);
-        let configured = instantiate::<W>(&pre, &exports, &mut store, plane, &config);
+        let mut schema = None;
+        let configured = instantiate::<W>(
+            &pre,
+            &exports,
+            &mut store,
+            plane,
+            &config,
+            Setup::First,
+            &mut schema,
+        );
         let log_rate = LogRate::default();
         write_log::<W>(&mut store, plane, &name, &digest, None, &log_rate, &runtime);
         let (decide, setup) = match configured {
@@ -546,6 +641,7 @@ impl<W: StageWorld> StageModule<W> {
             pre,
             exports,
             setup,
+            schema,
             idle: Mutex::new(Vec::new()),
             log_rate,
             call_metrics: std::sync::OnceLock::new(),
@@ -607,6 +703,11 @@ impl<W: StageWorld> StageModule<W> {
         self.exports.version
     }
 
+    /// The JSON Schema of the module's configuration, when it exports one.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
     fn new_slot(&self, request_id: Option<&str>) -> Result<Slot<W>, PluginError> {
         let mut store = self.runtime.new_store(self.owner == Owner::Tenant);
         let configured = instantiate::<W>(
@@ -615,6 +716,8 @@ impl<W: StageWorld> StageModule<W> {
             &mut store,
             self.plane,
             &self.config,
+            Setup::Again,
+            &mut None,
         );
         self.write_log(&mut store, request_id);
         match configured {

@@ -177,11 +177,14 @@ const GRANTED: &[&str] = &[
 ];
 
 /// Whether an import name (`wasi:cli/environment@0.2.9`) is one the host defines: wasmtime
-/// links any `0.2.x` import to the `0.2` version it implements.
+/// links any `0.2.x` import to the `0.2` version it implements; `aura:gateway/log` is defined in
+/// `0.2.x` and `0.3.x` (the same function).
 pub fn is_granted(import: &str) -> bool {
-    import
-        .split_once('@')
-        .is_some_and(|(name, version)| GRANTED.contains(&name) && version.starts_with("0.2."))
+    import.split_once('@').is_some_and(|(name, version)| {
+        GRANTED.contains(&name)
+            && (version.starts_with("0.2.")
+                || (name == "aura:gateway/log" && version.starts_with("0.3.")))
+    })
 }
 
 /// Defines every import of `component` that is not granted (sockets, name lookup, HTTP, any
@@ -570,6 +573,8 @@ mod tests {
         assert!(is_granted("wasi:cli/environment@0.2.9"));
         assert!(is_granted("wasi:io/streams@0.2.0"));
         assert!(is_granted("aura:gateway/log@0.2.0"));
+        assert!(is_granted("aura:gateway/log@0.3.0"));
+        assert!(!is_granted("aura:gateway/log@0.4.0"));
         assert!(!is_granted("wasi:cli/environment@0.3.0"));
         assert!(!is_granted("wasi:sockets/tcp@0.2.9"));
         assert!(!is_granted("wasi:http/outgoing-handler@0.2.9"));

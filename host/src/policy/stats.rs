@@ -39,6 +39,8 @@ pub struct ModuleReport {
     pub p50_us: Option<f64>,
     /// 99th percentile call time, in microseconds.
     pub p99_us: Option<f64>,
+    /// The decision cache, when the module declared its inputs.
+    pub cache: Option<super::decision_cache::CacheReport>,
 }
 
 fn bucket(nanos: u64) -> usize {
@@ -127,6 +129,7 @@ impl CallStats {
             memory: self.failures_by_kind[2].load(Ordering::Relaxed),
             p50_us: self.percentile(&counts, total, 0.50),
             p99_us: self.percentile(&counts, total, 0.99),
+            cache: None,
         }
     }
 }

@@ -69,6 +69,8 @@ pub trait AnyInstalled: Send + Sync + std::fmt::Debug {
     fn report(&self) -> super::stats::ModuleReport;
     /// Whether the module fails too often in the current window.
     fn failing_too_often(&self) -> bool;
+    /// The JSON Schema of the module's configuration, when it exports one.
+    fn schema(&self) -> Option<&str>;
 }
 
 impl<S: PolicyStage> AnyInstalled for Installed<S> {
@@ -99,6 +101,9 @@ impl<S: PolicyStage> AnyInstalled for Installed<S> {
     }
     fn failing_too_often(&self) -> bool {
         super::AnyModule::failing_too_often(&self.module)
+    }
+    fn schema(&self) -> Option<&str> {
+        super::AnyModule::schema(&self.module)
     }
 }
 
@@ -459,6 +464,11 @@ impl TenantPolicies {
         request_id: Option<&str>,
         input: S::Input<'_>,
     ) -> Result<S::Decision, TenantCallError> {
+        // A decision kept for the request's declared inputs needs no tenant thread.
+        let key = match installed.module.cached(&input) {
+            Ok(decision) => return Ok(decision),
+            Err(key) => key,
+        };
         let query = S::query(input);
         let request_id = request_id.map(str::to_owned);
         let result = self
@@ -466,7 +476,7 @@ impl TenantPolicies {
             .run(gate, move || {
                 installed
                     .module
-                    .decide(request_id.as_deref(), S::input(&query))
+                    .decide_and_keep(key, request_id.as_deref(), S::input(&query))
             })
             .await;
         match result {

@@ -21,10 +21,13 @@
 //! |---|---|---|---|
 //! | `api_key` | `method`, `path`, `query_keys`, `headers = [["name", "value"], …]` | `absent`, `present`, `refuse` | `key`, `source` (`header`, `query`), `allowed_roles`, `message_contains` |
 //! | `cors` | `method`, `path`, `origin`, `request_method`, `request_headers` | `deny`, `allow` | `allow_origin`, `allow_methods`, `allow_headers`, `expose_headers`, `max_age` |
-//! | `quota` | `method`, `path`, `route_group` (default `db`), `actor = { role, project, key_id, user_id, org_role, plan }` | `exempt`, `limit` | `bucket`, `rate_per_second`, `burst`, `cost` |
-//! | `db_routing` | `method`, `path`, `project = { engine, topology, postgrest_url }` | `nats`, `postgrest`, `unresolved` | `url` |
+//! | `quota` | `method`, `path`, `route_group` (default `db`), `actor = { role, project, key_id, user_id, org_role, plan }`, `client_ip = "203.0.113.7"`, `claims = { tier = "gold" }`, `headers = [["name", "value"], …]` | `exempt`, `limit`, `deny` | `limit`: `scope` (`key`, `user`, `console_user`, `project`, `client_ip`, `named:<name>`), `rate_per_second`, `burst`, `cost`; `deny`: `status` (403, 429), `code` (`address_denied`, `address_not_allowed`, `claim_denied`, `quota_exceeded`, `policy_denied`) |
+//! | `db_routing` | `method`, `path`, `project = { engine, topology, postgrest_url, replicas = [{ url, region }, …] }`, `client_region` | `nats`, `postgrest`, `replica`, `unresolved` | `url` (`postgrest`, `replica`) |
 //!
-//! As in the gateway, an `api_key` module sees only the headers its `configure` asked for.
+//! As in the gateway, an `api_key` module sees only the headers its `configure` asked for, and a
+//! `quota` module only the claims and headers its `configure` named (a claim as JSON text). A
+//! module that declares its inputs (`aura:gateway@0.3.0`) is called with only the declared inputs
+//! and again with every input: a decision that differs fails the case, naming the input.
 //! Unknown keys are refused with the case and key named, so a typo never passes silently.
 
 use serde::Deserialize;

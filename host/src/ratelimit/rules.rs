@@ -1,17 +1,22 @@
 //! Quota rules as the host enforces them, whatever a `quota` module answers.
 //!
-//! A module — the operator's or, worse, a project's own — names a bucket and its figures; every
-//! one of them is bounded here before a bucket is touched:
+//! A module — the operator's or, worse, a project's own — names a bucket's scope and its figures;
+//! every one of them is bounded here before a bucket is touched:
 //! - rate, burst and cost above the ceilings of the module's source (`rate_limit.operator_rules`
 //!   or `rate_limit.tenant_rules`) are lowered to them, and counted; zero is raised to 1; a cost
 //!   above the burst takes the whole burst;
-//! - a bucket name that is empty or longer than `rate_limit.max_bucket_name_bytes` refuses the
-//!   decision: the request fails closed, and it is counted;
+//! - the bucket is named by the host from the scope and the request (`k:<key id>`,
+//!   `u:<len>:<project>:<user>`, `c:<console user>`, `p:<project>`, `i:<address>` with an IPv6
+//!   address by its /64, `n:<the module's name>`), so that a rule cannot name another caller's
+//!   bucket; a scope the request has no value for (`key` without a key) refuses the decision;
+//! - a module's own name that is empty or longer than `rate_limit.max_bucket_name_bytes` refuses
+//!   the decision: the request fails closed, and it is counted;
 //! - names are put in a namespace of their source, written so that no two sources can ever name
 //!   the same bucket: `o:<bucket>` for the operator's modules, `t:<len>:<ref>:<bucket>` for a
 //!   project's (the ref's length first: `t:1:a:b:c` and `t:3:a:b:c` cannot collide whatever the
 //!   ref and bucket hold).
 
+use crate::actor::Actor;
 use crate::config::{RateLimitConfig, RuleCeilings};
 
 use super::Rule;
@@ -61,6 +66,8 @@ pub enum RuleRefused {
     EmptyBucket,
     #[error("the bucket name is {0} bytes, over rate_limit.max_bucket_name_bytes")]
     BucketTooLong(usize),
+    #[error("the rule's scope is `{0}` but the request has none")]
+    ScopeUnknown(&'static str),
 }
 
 impl RuleRefused {
@@ -69,14 +76,32 @@ impl RuleRefused {
         match self {
             RuleRefused::EmptyBucket => "empty_bucket",
             RuleRefused::BucketTooLong(_) => "bucket_name_too_long",
+            RuleRefused::ScopeUnknown(_) => "scope_unknown",
         }
     }
+}
+
+/// Whose bucket a rule counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope<'a> {
+    /// The API key.
+    Key,
+    /// The user, within the project.
+    User,
+    /// The console user.
+    ConsoleUser,
+    /// The project.
+    Project,
+    /// The client's address (an IPv6 one by its /64).
+    ClientIp,
+    /// A bucket of the module's naming.
+    Named(&'a str),
 }
 
 /// A module's rule, as answered.
 #[derive(Debug, Clone, Copy)]
 pub struct Answered<'a> {
-    pub bucket: &'a str,
+    pub scope: Scope<'a>,
     pub rate_per_second: u32,
     pub burst: u32,
     pub cost: u32,
@@ -89,19 +114,44 @@ pub struct Bounded {
     pub clamped: Vec<Field>,
 }
 
-/// Bounds `answered` for `source` (`project` is the actor's project, for tenant rules).
+/// Bounds `answered` for `source` and names its bucket from `actor`.
 pub fn bound(
     config: &RateLimitConfig,
     source: RuleSource,
-    project: Option<&str>,
+    actor: &Actor,
     answered: Answered<'_>,
 ) -> Result<Bounded, RuleRefused> {
-    if answered.bucket.is_empty() {
-        return Err(RuleRefused::EmptyBucket);
+    if let Scope::Named(name) = answered.scope {
+        if name.is_empty() {
+            return Err(RuleRefused::EmptyBucket);
+        }
+        if name.len() > config.max_bucket_name_bytes {
+            return Err(RuleRefused::BucketTooLong(name.len()));
+        }
     }
-    if answered.bucket.len() > config.max_bucket_name_bytes {
-        return Err(RuleRefused::BucketTooLong(answered.bucket.len()));
+    let project = actor.project.as_deref();
+    fn known<'a>(value: Option<&'a str>, scope: &'static str) -> Result<&'a str, RuleRefused> {
+        value.ok_or(RuleRefused::ScopeUnknown(scope))
     }
+    let address;
+    let (tag, first, second): (&str, &str, Option<&str>) = match answered.scope {
+        Scope::Key => ("k:", known(actor.key_id.as_deref(), "key")?, None),
+        Scope::User => (
+            "u:",
+            project.unwrap_or("-"),
+            Some(known(actor.user_id.as_deref(), "user")?),
+        ),
+        Scope::ConsoleUser => ("c:", known(actor.user_id.as_deref(), "console_user")?, None),
+        Scope::Project => ("p:", known(project, "project")?, None),
+        Scope::ClientIp => {
+            let ip = actor
+                .client_ip
+                .ok_or(RuleRefused::ScopeUnknown("client_ip"))?;
+            address = crate::actor::client_prefix(Some(ip));
+            ("i:", address.as_ref(), None)
+        }
+        Scope::Named(name) => ("n:", name, None),
+    };
     let ceilings: &RuleCeilings = match source {
         RuleSource::Operator => &config.operator_rules,
         RuleSource::Tenant => &config.tenant_rules,
@@ -123,7 +173,7 @@ pub fn bound(
     let burst = cap(answered.burst, ceilings.max_burst, Field::Burst);
     let cost = cap(answered.cost, ceilings.max_cost, Field::Cost).min(burst);
     // Written by hand, not formatted: this runs on every request with a quota.
-    let mut bucket = String::with_capacity(answered.bucket.len() + 32);
+    let mut bucket = String::with_capacity(first.len() + second.map_or(0, str::len) + 48);
     match (source, project) {
         (RuleSource::Tenant, Some(project)) => {
             bucket.push_str("t:");
@@ -137,7 +187,18 @@ pub fn bound(
         (RuleSource::Tenant, None) => bucket.push_str("t:0::"),
         (RuleSource::Operator, _) => bucket.push_str("o:"),
     }
-    bucket.push_str(answered.bucket);
+    bucket.push_str(tag);
+    match second {
+        // `u:<len>:<project>:<user>`: the length keeps a project and a user apart.
+        Some(second) => {
+            bucket.push_str(itoa::Buffer::new().format(first.len()));
+            bucket.push(':');
+            bucket.push_str(first);
+            bucket.push(':');
+            bucket.push_str(second);
+        }
+        None => bucket.push_str(first),
+    }
     Ok(Bounded {
         rule: Rule {
             bucket,
@@ -152,10 +213,17 @@ pub fn bound(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plane::Plane;
+
+    fn of(project: Option<&str>) -> Actor {
+        let mut actor = Actor::unauthenticated(Plane::Data);
+        actor.project = project.map(str::to_owned);
+        actor
+    }
 
     fn answered(bucket: &str, rate: u32, burst: u32, cost: u32) -> Answered<'_> {
         Answered {
-            bucket,
+            scope: Scope::Named(bucket),
             rate_per_second: rate,
             burst,
             cost,
@@ -166,7 +234,7 @@ mod tests {
     fn figures_are_lowered_to_the_ceilings_of_their_source() {
         let config = RateLimitConfig::default();
         let huge = answered("k", u32::MAX, u32::MAX, u32::MAX);
-        let t = bound(&config, RuleSource::Tenant, Some("alpha"), huge).expect("bounded");
+        let t = bound(&config, RuleSource::Tenant, &of(Some("alpha")), huge).expect("bounded");
         assert_eq!(
             t.rule.rate_per_second,
             config.tenant_rules.max_rate_per_second
@@ -174,10 +242,15 @@ mod tests {
         assert_eq!(t.rule.burst, config.tenant_rules.max_burst);
         assert_eq!(t.rule.cost, config.tenant_rules.max_cost);
         assert_eq!(t.clamped, vec![Field::Rate, Field::Burst, Field::Cost]);
-        let o = bound(&config, RuleSource::Operator, None, huge).expect("bounded");
+        let o = bound(&config, RuleSource::Operator, &of(None), huge).expect("bounded");
         assert_eq!(o.rule.burst, config.operator_rules.max_burst);
-        let zero =
-            bound(&config, RuleSource::Operator, None, answered("k", 0, 0, 0)).expect("bounded");
+        let zero = bound(
+            &config,
+            RuleSource::Operator,
+            &of(None),
+            answered("k", 0, 0, 0),
+        )
+        .expect("bounded");
         assert_eq!(
             (zero.rule.rate_per_second, zero.rule.burst, zero.rule.cost),
             (1, 1, 1)
@@ -186,7 +259,7 @@ mod tests {
         let over = bound(
             &config,
             RuleSource::Operator,
-            None,
+            &of(None),
             answered("k", 5, 10, 50),
         )
         .expect("bounded");
@@ -201,7 +274,7 @@ mod tests {
             bound(
                 &config,
                 RuleSource::Tenant,
-                Some("a"),
+                &of(Some("a")),
                 answered(&long, 1, 1, 1)
             ),
             Err(RuleRefused::BucketTooLong(long.len()))
@@ -210,7 +283,7 @@ mod tests {
             bound(
                 &config,
                 RuleSource::Tenant,
-                Some("a"),
+                &of(Some("a")),
                 answered("", 1, 1, 1)
             ),
             Err(RuleRefused::EmptyBucket)
@@ -221,7 +294,7 @@ mod tests {
     fn no_two_sources_or_projects_share_a_bucket() {
         let config = RateLimitConfig::default();
         let name = |source, project, bucket| {
-            bound(&config, source, project, answered(bucket, 1, 1, 1))
+            bound(&config, source, &of(project), answered(bucket, 1, 1, 1))
                 .expect("bounded")
                 .rule
                 .bucket
@@ -246,18 +319,77 @@ mod tests {
     fn bucket_names_carry_their_source_and_project() {
         let config = RateLimitConfig::default();
         let named = |source, project| {
-            bound(&config, source, project, answered("k:1", 1, 1, 1))
+            bound(&config, source, &of(project), answered("k:1", 1, 1, 1))
                 .expect("bounded")
                 .rule
                 .bucket
         };
-        assert_eq!(named(RuleSource::Tenant, Some("alpha")), "t:5:alpha:k:1");
+        assert_eq!(named(RuleSource::Tenant, Some("alpha")), "t:5:alpha:n:k:1");
         // The project's length keeps `t:{len}:{project}:{bucket}` unambiguous.
         assert_eq!(
             named(RuleSource::Tenant, Some("abcdefghijkl")),
-            "t:12:abcdefghijkl:k:1"
+            "t:12:abcdefghijkl:n:k:1"
         );
-        assert_eq!(named(RuleSource::Tenant, None), "t:0::k:1");
-        assert_eq!(named(RuleSource::Operator, Some("alpha")), "o:k:1");
+        assert_eq!(named(RuleSource::Tenant, None), "t:0::n:k:1");
+        assert_eq!(named(RuleSource::Operator, Some("alpha")), "o:n:k:1");
+    }
+
+    #[test]
+    fn scopes_are_named_by_the_host_from_the_request() {
+        let config = RateLimitConfig::default();
+        let mut actor = of(Some("alpha"));
+        actor.key_id = Some("key-1".into());
+        actor.user_id = Some("user:1".into());
+        actor.client_ip = Some("2001:db8:1:2:3:4:5:6".parse().expect("ip"));
+        let name = |source, actor: &Actor, scope| {
+            bound(
+                &config,
+                source,
+                actor,
+                Answered {
+                    scope,
+                    rate_per_second: 1,
+                    burst: 1,
+                    cost: 1,
+                },
+            )
+            .map(|b| b.rule.bucket)
+        };
+        let o = RuleSource::Operator;
+        assert_eq!(name(o, &actor, Scope::Key), Ok("o:k:key-1".into()));
+        assert_eq!(
+            name(o, &actor, Scope::User),
+            Ok("o:u:5:alpha:user:1".into())
+        );
+        assert_eq!(name(o, &actor, Scope::ConsoleUser), Ok("o:c:user:1".into()));
+        assert_eq!(name(o, &actor, Scope::Project), Ok("o:p:alpha".into()));
+        assert_eq!(
+            name(o, &actor, Scope::ClientIp),
+            Ok("o:i:2001:db8:1:2::/64".into()),
+            "an IPv6 client by its /64"
+        );
+        assert_eq!(
+            name(RuleSource::Tenant, &actor, Scope::Key),
+            Ok("t:5:alpha:k:key-1".into())
+        );
+        // A module's own name never meets a scope's: `n:` against `k:`.
+        assert_ne!(
+            name(o, &actor, Scope::Named("k:key-1")),
+            name(o, &actor, Scope::Key)
+        );
+        let bare = of(None);
+        for (scope, label) in [
+            (Scope::Key, "key"),
+            (Scope::User, "user"),
+            (Scope::ConsoleUser, "console_user"),
+            (Scope::Project, "project"),
+            (Scope::ClientIp, "client_ip"),
+        ] {
+            assert_eq!(
+                name(o, &bare, scope),
+                Err(RuleRefused::ScopeUnknown(label)),
+                "{label} without a value fails closed"
+            );
+        }
     }
 }

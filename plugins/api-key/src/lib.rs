@@ -9,3 +9,7 @@ pub mod policy;
 
 #[cfg(target_arch = "wasm32")]
 mod component;
+
+/// The JSON Schema of [`policy::Config`], answered by the component's `config-schema` (the
+/// host's tests keep it equal to the one derived from the type).
+pub const SCHEMA: &str = include_str!("../schema.json");

@@ -130,6 +130,11 @@ impl Policy {
         })
     }
 
+    /// Whether decisions depend on the origin (not when any origin is allowed).
+    pub fn reads_origin(&self) -> bool {
+        !self.any_origin
+    }
+
     /// Decides for one request carrying `origin`. `None` means the origin is not allowed.
     pub fn decide(&self, origin: &str, preflight: bool) -> Option<Allow> {
         let allow_origin = if self.any_origin {

@@ -13,13 +13,56 @@ wit_bindgen::generate!({ path: "../../wit", world: "cors-stage" });
 
 use aura::gateway::log::{Level, log};
 use aura::gateway::types::Plane;
-use exports::aura::gateway::cors::{CorsAllow, CorsDecision, CorsRequest, Guest};
+use exports::aura::gateway::cors::{
+    CorsAllow, CorsCache, CorsDecision, CorsInputs, CorsRequest, Guest,
+};
 
 struct Component;
 
 static TRAP_ALWAYS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static ECHO_ALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static SPIN_ALWAYS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static EXPOSE_PATH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The configuration's schema: the knobs below, typed (any other key is accepted).
+const SCHEMA: &str = r#"{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "type": "object",
+  "properties": {
+    "refuse": {"type": "boolean"},
+    "trap_always": {"type": "boolean"},
+    "spin_always": {"type": "boolean"},
+    "echo_all": {"type": "boolean"},
+    "expose_path": {"type": "boolean"},
+    "spin_configure_after_ms": {"type": "integer", "minimum": 0},
+    "declare": {"type": "array", "items": {"enum": ["method", "path", "origin", "request-method", "request-headers"]}},
+    "max_age_ms": {"type": "integer", "minimum": 0, "maximum": 4294967295}
+  }
+}"#;
+
+/// The inputs named by `declare`, when it is given.
+fn declared(value: &serde_json::Value) -> Result<Option<CorsCache>, String> {
+    let Some(names) = value.get("declare").and_then(serde_json::Value::as_array) else {
+        return Ok(None);
+    };
+    let mut inputs = CorsInputs::empty();
+    for name in names {
+        inputs = inputs
+            | match name.as_str() {
+                Some("method") => CorsInputs::METHOD,
+                Some("path") => CorsInputs::PATH,
+                Some("origin") => CorsInputs::ORIGIN,
+                Some("request-method") => CorsInputs::REQUEST_METHOD,
+                Some("request-headers") => CorsInputs::REQUEST_HEADERS,
+                _ => return Err(format!("declare: unknown input {name}")),
+            };
+    }
+    let max_age_ms = value
+        .get("max_age_ms")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(60_000) as u32;
+    Ok(Some(CorsCache { inputs, max_age_ms }))
+}
 
 /// Loops until the host stops the call.
 fn spin() -> ! {
@@ -36,7 +79,11 @@ fn recurse(depth: u64, pad: [u64; 32]) -> u64 {
 }
 
 impl Guest for Component {
-    fn configure(_plane: Plane, config: String) -> Result<(), String> {
+    fn config_schema() -> Option<String> {
+        Some(SCHEMA.to_owned())
+    }
+
+    fn configure(_plane: Plane, config: String) -> Result<Option<CorsCache>, String> {
         let value: serde_json::Value =
             serde_json::from_str(&config).map_err(|e| format!("invalid config: {e}"))?;
         if value.get("refuse") == Some(&serde_json::Value::Bool(true)) {
@@ -48,6 +95,8 @@ impl Guest for Component {
         ECHO_ALL.store(echo, std::sync::atomic::Ordering::Relaxed);
         let spin = value.get("spin_always") == Some(&serde_json::Value::Bool(true));
         SPIN_ALWAYS.store(spin, std::sync::atomic::Ordering::Relaxed);
+        let expose = value.get("expose_path") == Some(&serde_json::Value::Bool(true));
+        EXPOSE_PATH.store(expose, std::sync::atomic::Ordering::Relaxed);
         // Set up slowly from a moment on: every instance made after it spins in `configure`.
         if let Some(after) = value
             .get("spin_configure_after_ms")
@@ -63,7 +112,7 @@ impl Guest for Component {
                 }
             }
         }
-        Ok(())
+        declared(&value)
     }
 
     fn decide(request: CorsRequest) -> CorsDecision {
@@ -72,6 +121,14 @@ impl Guest for Component {
         }
         if SPIN_ALWAYS.load(std::sync::atomic::Ordering::Relaxed) {
             spin();
+        }
+        if EXPOSE_PATH.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut decision = echo(request.origin);
+            if let CorsDecision::Allow(a) = &mut decision {
+                a.expose_headers
+                    .push(format!("x-path{}", request.path.replace('/', "-")));
+            }
+            return decision;
         }
         if ECHO_ALL.load(std::sync::atomic::Ordering::Relaxed) {
             return echo(request.origin);

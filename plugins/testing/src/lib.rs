@@ -18,6 +18,10 @@
 //! - any other origin is allowed by echoing it, with `x-testing-plugin` exposed, so a test can
 //!   tell this module's answers from the default plugin's.
 //!
+//! `configure` checks the configuration against its schema's types (`config-schema`), and
+//! declares its inputs when `"declare": [...]` names them (`"max_age_ms"`, default 60 s; without
+//! it the module declares nothing); with `"expose_path": true` every origin is echoed with a
+//! header naming the request's path exposed (a decision that depends on the path).
 //! `configure` refuses a configuration containing `"refuse": true`; with `"trap_always": true`
 //! every call traps; with `"spin_always": true` every call loops until its deadline; with `"echo_all": true` every origin is echoed (none is hostile); with
 //! `"spin_configure_after_ms": T` (milliseconds since the epoch) every

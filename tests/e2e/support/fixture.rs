@@ -120,8 +120,16 @@ impl Fixture {
             ("other", self.org_b, "shared", "free"),
         ] {
             s += &format!(
-                "[[projects]]\nref = \"{r}\"\norganization_id = \"{org}\"\ndb_engine = \"postgres\"\ntopology = \"{topology}\"\nplan = \"{plan}\"\n\n"
+                "[[projects]]\nref = \"{r}\"\norganization_id = \"{org}\"\ndb_engine = \"postgres\"\ntopology = \"{topology}\"\nplan = \"{plan}\"\n"
             );
+            if r == "gamma" {
+                let replicas: Vec<String> = GAMMA_REPLICAS
+                    .iter()
+                    .map(|(url, region)| format!("{{ url = \"{url}\", region = \"{region}\" }}"))
+                    .collect();
+                s += &format!("replicas = [{}]\n", replicas.join(", "));
+            }
+            s += "\n";
         }
         for (org, user, role) in self.members() {
             s += &format!(
@@ -169,6 +177,11 @@ impl Fixture {
             a = self.org_a,
             b = self.org_b
         );
+        for (url, region) in GAMMA_REPLICAS {
+            sql += &format!(
+                "INSERT INTO aura_control.project_replicas VALUES ('gamma', '{url}', '{region}');\n"
+            );
+        }
         let members = self.members().into_iter().map(|(org, user, role)| {
             let role = role.as_str();
             format!("INSERT INTO aura_control.organization_members VALUES ('{org}', '{user}', '{role}');\n")
@@ -218,6 +231,12 @@ pub fn console_token(user: Uuid) -> String {
 pub fn console_token_with(claims: serde_json::Value) -> String {
     hs256(CONSOLE_SECRET, claims)
 }
+
+/// The read replicas of project `gamma` (url, region), in the order of their URLs.
+pub const GAMMA_REPLICAS: [(&str, &str); 2] = [
+    ("http://gamma-eu.pg.internal:3000", "eu-west"),
+    ("http://gamma-us.pg.internal:3000", "us-east"),
+];
 
 /// Seconds since the epoch.
 pub fn epoch() -> u64 {

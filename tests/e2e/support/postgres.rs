@@ -88,6 +88,18 @@ impl TestDatabase {
         (db, store)
     }
 
+    /// The rows of a query on this database.
+    pub async fn query<T>(&self, sql: &str) -> Vec<T>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        let mut conn = PgConnection::connect(&self.url).await.expect("connect");
+        sqlx::query_as(sql)
+            .fetch_all(&mut conn)
+            .await
+            .expect("query")
+    }
+
     /// Runs SQL statements on this database.
     pub async fn execute(&self, sql: &str) {
         let mut conn = PgConnection::connect(&self.url).await.expect("connect");

@@ -1,13 +1,42 @@
 // Build (from this folder): componentize-js --wit ../../../../wit --world-name cors-stage --disable http fetch-event --out cors.wasm plugin.js
 //
-// cors stage, "allow list": exact origins, plus any https subdomain of listed domains.
-// Configuration (TOML):
+// cors stage, "allow list": exact origins, plus any https subdomain of listed domains. The
+// decision depends on the origin and on whether the request is a preflight, so it declares
+// `origin` and `request-method`. Configuration (TOML):
 //   origins = ["https://app.example.com"]
 //   subdomains_of = ["example.org"]   # https://<anything>.example.org
 //   max_age_secs = 600
 
-import { log } from "aura:gateway/log@0.2.0";
+import { log } from "aura:gateway/log@0.3.0";
 
+// The JSON Schema of the configuration, checked by the gateway before `configure` runs.
+const SCHEMA = {
+  $schema: "https://json-schema.org/draft/2020-12/schema",
+  title: "cors: an allow-list",
+  type: "object",
+  properties: {
+    origins: {
+      description: "Origins allowed, compared case-insensitively (no wildcards).",
+      type: "array",
+      items: { type: "string" },
+    },
+    subdomains_of: {
+      description: "Domains whose https subdomains are allowed (no wildcards).",
+      type: "array",
+      items: { type: "string" },
+    },
+    max_age_secs: {
+      description: "Access-Control-Max-Age of a preflight, in seconds.",
+      type: "integer",
+      minimum: 0,
+      maximum: 4294967295,
+      default: 600,
+    },
+  },
+  additionalProperties: false,
+};
+// How long a decision holds: a function of its declared inputs, so as long as the gateway keeps it.
+const MAX_AGE_MS = 300_000;
 const KEYS = ["origins", "subdomains_of", "max_age_secs"];
 const PREFLIGHT_METHODS = ["GET", "POST", "PATCH", "DELETE", "OPTIONS"];
 const PREFLIGHT_HEADERS = ["authorization", "apikey", "content-type"];
@@ -47,6 +76,10 @@ function allowed(origin) {
 }
 
 export const cors = {
+  configSchema() {
+    return JSON.stringify(SCHEMA);
+  },
+
   configure(plane, config) {
     const cfg = load(config);
     for (const key of Object.keys(cfg)) {
@@ -65,6 +98,7 @@ export const cors = {
     domains = subdomains.map((d) => d.toLowerCase());
     maxAge = age;
     log("info", `configured: ${origins.length} origins, ${domains.length} domains`);
+    return { inputs: { origin: true, requestMethod: true }, maxAgeMs: MAX_AGE_MS };
   },
 
   decide(request) {

@@ -1,6 +1,7 @@
 # Build (from this folder): componentize-py -d ../../../../wit -w cors-stage componentize app -o cors.wasm
-"""cors stage, "allow list": exact origins, plus any https subdomain of listed domains.
-Configuration (TOML):
+"""cors stage, "allow list": exact origins, plus any https subdomain of listed domains. The
+decision depends on the origin and on whether the request is a preflight, so it declares
+`origin` and `request-method`. Configuration (TOML):
 
     origins = ["https://app.example.com"]
     subdomains_of = ["example.org"]   # https://<anything>.example.org
@@ -13,14 +14,44 @@ from componentize_py_types import Err
 from wit_world import exports
 from wit_world.exports.cors import (
     CorsAllow,
+    CorsCache,
     CorsDecision,
     CorsDecision_Allow,
     CorsDecision_Deny,
+    CorsInputs,
     CorsRequest,
 )
 from wit_world.imports.log import Level, log
 from wit_world.imports.types import Plane
 
+# The JSON Schema of the configuration, checked by the gateway before `configure` runs.
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "cors: an allow-list",
+    "type": "object",
+    "properties": {
+        "origins": {
+            "description": "Origins allowed, compared case-insensitively (no wildcards).",
+            "type": "array",
+            "items": {"type": "string"},
+        },
+        "subdomains_of": {
+            "description": "Domains whose https subdomains are allowed (no wildcards).",
+            "type": "array",
+            "items": {"type": "string"},
+        },
+        "max_age_secs": {
+            "description": "Access-Control-Max-Age of a preflight, in seconds.",
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 4294967295,
+            "default": 600,
+        },
+    },
+    "additionalProperties": False,
+}
+# How long a decision holds: a function of its declared inputs, so as long as the gateway keeps it.
+MAX_AGE_MS = 300_000
 KEYS = ("origins", "subdomains_of", "max_age_secs")
 PREFLIGHT_METHODS = ["GET", "POST", "PATCH", "DELETE", "OPTIONS"]
 PREFLIGHT_HEADERS = ["authorization", "apikey", "content-type"]
@@ -58,7 +89,10 @@ def allowed(origin: str) -> bool:
 
 
 class Cors(exports.Cors):
-    def configure(self, plane: Plane, config: str) -> None:
+    def config_schema(self) -> str | None:
+        return json.dumps(SCHEMA)
+
+    def configure(self, plane: Plane, config: str) -> CorsCache | None:
         global origins, domains, max_age
         cfg = load(config)
         for key in cfg:
@@ -74,6 +108,8 @@ class Cors(exports.Cors):
         domains = [d.lower() for d in subdomains]
         max_age = age
         log(Level.INFO, f"configured: {len(origins)} origins, {len(domains)} domains")
+        inputs = CorsInputs.ORIGIN | CorsInputs.REQUEST_METHOD
+        return CorsCache(inputs=inputs, max_age_ms=MAX_AGE_MS)
 
     def decide(self, request: CorsRequest) -> CorsDecision:
         if not allowed(request.origin):

@@ -7,9 +7,10 @@ use std::net::IpAddr;
 use serde::Deserialize;
 use wasmtime::component::{ComponentType, Lower};
 
-use super::{Module, PolicyStage, stage_world};
+use super::{Declaration, Inputs, Module, NamedRef, PolicyStage, stage_world, wit_method};
 use crate::policy::PluginError;
 use crate::policy::conformance::{ConformanceError, Run, StageReport};
+use crate::policy::decision_cache::KeyWriter;
 use crate::policy::engine::StageModule;
 use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
 use crate::stage::Stage;
@@ -19,18 +20,62 @@ pub(crate) mod world {
     wasmtime::component::bindgen!({ path: "../wit", world: "api-key-stage", additional_derives: [PartialEq, Eq] });
 }
 
-pub use world::exports::aura::gateway::api_key::{
-    Credential, KeyDecision, KeyRequest, KeyRole, KeySource,
-};
+/// The generated types of the `api-key` world before `0.3.0` (`wit/0.2.0/gateway.wit`).
+pub(crate) mod legacy {
+    wasmtime::component::bindgen!({ path: "../wit/0.2.0", world: "api-key-stage", additional_derives: [PartialEq, Eq] });
+}
+
+use world::aura::gateway::types::Method;
+use world::exports::aura::gateway::api_key::KeySetup;
+pub use world::exports::aura::gateway::api_key::{Credential, KeyDecision, KeyRole, KeySource};
 
 /// The `api-key` stage.
 #[derive(Debug)]
 pub struct ApiKey;
 
-/// `key-request`, borrowed: method, path and header values point into the request head.
+/// The `api-key` stage's modules written against `0.2.0` or `0.1.0`.
+#[derive(Debug)]
+pub struct ApiKeyLegacy;
+
+/// A request for the `api-key` stage given by value (conformance vectors, tests).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KeyRequest {
+    pub method: String,
+    pub path: String,
+    pub query_keys: Vec<String>,
+    /// Header pairs: lower-case name and value.
+    pub headers: Vec<(String, String)>,
+}
+
+/// `key-request`, borrowed: path and header values point into the request head.
 #[derive(Debug, Clone, Copy, ComponentType, Lower)]
 #[component(record)]
 pub struct KeyRequestRef<'a> {
+    #[component(name = "method")]
+    method: Method,
+    #[component(name = "path")]
+    path: &'a str,
+    #[component(name = "query-keys")]
+    query_keys: Option<&'a [String]>,
+    #[component(name = "headers")]
+    headers: &'a [NamedRef<'a>],
+}
+
+stage_world!(
+    ApiKey,
+    api_key::world,
+    Stage::ApiKey,
+    "extract",
+    KeySetup,
+    'a,
+    KeyRequestRef<'a>,
+    KeyDecision
+);
+
+/// The legacy `key-request`, borrowed.
+#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub struct LegacyRequestRef<'a> {
     #[component(name = "method")]
     method: &'a str,
     #[component(name = "path")]
@@ -42,16 +87,22 @@ pub struct KeyRequestRef<'a> {
 }
 
 stage_world!(
-    ApiKey,
-    api_key,
+    ApiKeyLegacy,
+    api_key::legacy,
     Stage::ApiKey,
     "extract",
     Vec<String>,
     'a,
-    KeyRequestRef<'a>,
-    KeyDecision,
+    LegacyRequestRef<'a>,
+    legacy::exports::aura::gateway::api_key::KeyDecision,
     check = check_key_headers
 );
+
+/// What the host keeps of an `api-key` module's `configure` answer: the headers it reads.
+#[derive(Debug, Clone, Default)]
+pub struct KeyConfigured {
+    pub headers: Vec<String>,
+}
 
 /// At most this many header names for the `api-key` stage to read: every request is searched
 /// for each, and each is removed from every request.
@@ -91,7 +142,7 @@ pub enum KeyHeaders<'a> {
     /// A request head: the module sees only the headers its `configure` asked for, and a value
     /// that is not UTF-8 with its invalid bytes replaced.
     Head(&'a http::HeaderMap),
-    /// Pairs given as they are (conformance vectors, tests).
+    /// Pairs given by value (conformance vectors, tests); the module sees those it asked for.
     Listed(&'a [(String, String)]),
 }
 
@@ -123,10 +174,21 @@ enum OwnedHeaders {
     Listed(Vec<(String, String)>),
 }
 
+/// The stage's input for a request given by value.
+fn module_input(request: &KeyRequest) -> KeyInput<'_> {
+    KeyInput {
+        method: &request.method,
+        path: &request.path,
+        query_keys: &request.query_keys,
+        headers: KeyHeaders::Listed(&request.headers),
+        client: None,
+    }
+}
+
 impl Module<ApiKey> {
     /// The lower-case header names the plugin asked to see.
     pub fn headers(&self) -> &[String] {
-        self.setup()
+        &self.configured().headers
     }
 
     /// Extracts the credential of a request head (`request_id` goes with the plugin's log
@@ -137,6 +199,7 @@ impl Module<ApiKey> {
         method: &str,
         uri: &http::Uri,
         headers: &http::HeaderMap,
+        client: Option<IpAddr>,
     ) -> Result<KeyDecision, PluginError> {
         let query_keys = crate::headers::apikey_query_values(uri.query());
         self.decide(
@@ -146,12 +209,12 @@ impl Module<ApiKey> {
                 path: uri.path(),
                 query_keys: &query_keys,
                 headers: KeyHeaders::Head(headers),
-                client: None,
+                client,
             },
         )
     }
 
-    /// Extracts the credential of one request given as the WIT record.
+    /// Extracts the credential of one request given by value.
     pub fn extract(
         &self,
         request_id: Option<&str>,
@@ -181,6 +244,7 @@ fn with_pairs<R>(
         KeyHeaders::Listed(pairs) => {
             let pairs: Vec<(&str, &str)> = pairs
                 .iter()
+                .filter(|(n, _)| wanted.iter().any(|w| w == n))
                 .map(|(n, v)| (n.as_str(), v.as_str()))
                 .collect();
             return f(&pairs);
@@ -207,13 +271,109 @@ fn with_pairs<R>(
     f(&pairs)
 }
 
+/// A current module's decision from a legacy one's (the same cases).
+fn lift(decision: legacy::exports::aura::gateway::api_key::KeyDecision) -> KeyDecision {
+    use legacy::exports::aura::gateway::api_key as v2;
+    match decision {
+        v2::KeyDecision::Absent => KeyDecision::Absent,
+        v2::KeyDecision::Refuse(why) => KeyDecision::Refuse(why),
+        v2::KeyDecision::Present(c) => KeyDecision::Present(Credential {
+            key: c.key,
+            source: match c.source {
+                v2::KeySource::Header => KeySource::Header,
+                v2::KeySource::Query => KeySource::Query,
+            },
+            allowed_roles: c
+                .allowed_roles
+                .into_iter()
+                .map(|r| match r {
+                    v2::KeyRole::Anon => KeyRole::Anon,
+                    v2::KeyRole::ServiceRole => KeyRole::ServiceRole,
+                })
+                .collect(),
+        }),
+    }
+}
+
+/// The index of a header name among those a module reads.
+fn name_index(wanted: &[String], name: &str) -> u8 {
+    wanted.iter().position(|w| w == name).unwrap_or(0) as u8
+}
+
+#[cfg(test)]
+impl super::ExportedSchema for ApiKey {
+    const EXPORTED: &'static str = aura_plugin_api_key::SCHEMA;
+    const FILE: &'static str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../plugins/api-key/schema.json"
+    );
+}
+
 impl PolicyStage for ApiKey {
+    type Legacy = ApiKeyLegacy;
+    type Configured = KeyConfigured;
     type Input<'a> = KeyInput<'a>;
     type Query = KeyQuery;
     const BUILTIN: &'static [u8] = include_bytes!(concat!(env!("OUT_DIR"), "/api_key.wasm"));
     type DefaultConfig = aura_plugin_api_key::policy::Config;
     #[cfg(feature = "native-policies")]
     type Native = native::ApiKey;
+    const INPUTS: &'static [&'static str] = &["method", "path", "query-keys", "headers"];
+
+    fn configured(setup: &KeySetup) -> Result<(KeyConfigured, Option<Declaration>), String> {
+        check_key_headers(&setup.headers)?;
+        let declaration = setup
+            .cache
+            .as_ref()
+            .map(|c| Declaration::of(c.inputs.as_array(), c.max_age_ms));
+        Ok((
+            KeyConfigured {
+                headers: setup.headers.clone(),
+            },
+            declaration,
+        ))
+    }
+
+    fn configured_legacy(headers: &Vec<String>) -> KeyConfigured {
+        KeyConfigured {
+            headers: headers.clone(),
+        }
+    }
+
+    fn partition(input: &KeyInput<'_>, key: &mut KeyWriter) {
+        key.partition(&crate::actor::client_prefix(input.client));
+    }
+
+    fn key(input: &KeyInput<'_>, configured: &KeyConfigured, inputs: Inputs, key: &mut KeyWriter) {
+        if inputs.has(0) {
+            key.tag(super::method_index(input.method));
+        }
+        if inputs.has(1) {
+            key.str(input.path);
+        }
+        if inputs.has(2) {
+            key.tag(input.query_keys.len().min(255) as u8);
+            for value in input.query_keys {
+                key.str(value);
+            }
+        }
+        if inputs.has(3) {
+            with_pairs(input.headers, &configured.headers, |pairs| {
+                for (name, value) in pairs {
+                    key.tag(name_index(&configured.headers, name)).str(value);
+                }
+            });
+            key.tag(u8::MAX);
+        }
+    }
+
+    fn decision_bytes(decision: &KeyDecision) -> usize {
+        match decision {
+            KeyDecision::Absent => 0,
+            KeyDecision::Refuse(why) => why.len(),
+            KeyDecision::Present(c) => c.key.len() + c.allowed_roles.len(),
+        }
+    }
 
     fn query(input: KeyInput<'_>) -> KeyQuery {
         KeyQuery {
@@ -265,13 +425,50 @@ impl PolicyStage for ApiKey {
 
     fn run(
         module: &StageModule<Self>,
+        configured: &KeyConfigured,
         request_id: Option<&str>,
         input: KeyInput<'_>,
+        inputs: Inputs,
     ) -> Result<KeyDecision, PluginError> {
-        with_pairs(input.headers, module.setup(), |pairs| {
+        with_pairs(input.headers, &configured.headers, |pairs| {
+            let headers: Vec<NamedRef<'_>> = if inputs.has(3) {
+                pairs
+                    .iter()
+                    .map(|(n, v)| NamedRef {
+                        name: name_index(&configured.headers, n),
+                        value: v,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             module.call(
                 request_id,
                 KeyRequestRef {
+                    method: if inputs.has(0) {
+                        wit_method!(Method, input.method)
+                    } else {
+                        Method::Other
+                    },
+                    path: if inputs.has(1) { input.path } else { "" },
+                    query_keys: (inputs.has(2) && !input.query_keys.is_empty())
+                        .then_some(input.query_keys),
+                    headers: &headers,
+                },
+            )
+        })
+    }
+
+    fn run_legacy(
+        module: &StageModule<ApiKeyLegacy>,
+        configured: &KeyConfigured,
+        request_id: Option<&str>,
+        input: KeyInput<'_>,
+    ) -> Result<KeyDecision, PluginError> {
+        with_pairs(input.headers, &configured.headers, |pairs| {
+            module.call(
+                request_id,
+                LegacyRequestRef {
                     method: input.method,
                     path: input.path,
                     query_keys: input.query_keys,
@@ -279,6 +476,7 @@ impl PolicyStage for ApiKey {
                 },
             )
         })
+        .map(lift)
     }
 
     fn conformance(module: &Module<Self>) -> Result<StageReport, ConformanceError> {
@@ -323,7 +521,7 @@ impl PolicyStage for ApiKey {
         ];
         for _round in 0..8 {
             for (name, request) in &vectors {
-                let decision = run.call(name, || module.extract(None, request.clone()))?;
+                let decision = run.call(name, || module.vector(module_input(request)))?;
                 if let KeyDecision::Present(c) = &decision {
                     if c.key.is_empty() || c.allowed_roles.is_empty() {
                         return Err(
@@ -364,7 +562,7 @@ impl PolicyStage for ApiKey {
                 .collect(),
         };
         let decision = module
-            .extract(None, request)
+            .vector(module_input(&request))
             .map_err(|e| format!("the plugin failed: {e}"))?;
         match decision {
             KeyDecision::Absent => decision_is(&expect.decision, "absent"),
@@ -405,10 +603,10 @@ impl PolicyStage for ApiKey {
     #[cfg(feature = "native-policies")]
     fn native(
         native: &Self::Native,
-        module: &StageModule<Self>,
+        configured: &KeyConfigured,
         input: KeyInput<'_>,
     ) -> KeyDecision {
-        with_pairs(input.headers, module.setup(), |pairs| {
+        with_pairs(input.headers, &configured.headers, |pairs| {
             native.extract(input.path, input.query_keys, pairs)
         })
     }

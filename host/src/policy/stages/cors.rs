@@ -6,10 +6,11 @@ use std::net::IpAddr;
 use serde::Deserialize;
 use wasmtime::component::{ComponentType, Lower};
 
-use super::{Module, PolicyStage, stage_world};
+use super::{Declaration, Inputs, Module, PolicyStage, stage_world, wit_method};
 use crate::plane::Plane;
 use crate::policy::PluginError;
 use crate::policy::conformance::{ConformanceError, Run, StageReport};
+use crate::policy::decision_cache::KeyWriter;
 use crate::policy::engine::StageModule;
 use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
 use crate::stage::Stage;
@@ -19,18 +20,56 @@ pub(crate) mod world {
     wasmtime::component::bindgen!({ path: "../wit", world: "cors-stage", additional_derives: [PartialEq, Eq] });
 }
 
+/// The generated types of the `cors` world before `0.3.0` (`wit/0.2.0/gateway.wit`).
+pub(crate) mod legacy {
+    wasmtime::component::bindgen!({ path: "../wit/0.2.0", world: "cors-stage", additional_derives: [PartialEq, Eq] });
+}
+
+use world::aura::gateway::types::Method;
+use world::exports::aura::gateway::cors::CorsCache;
 pub use world::exports::aura::gateway::cors::{CorsAllow, CorsDecision};
 
 /// The `cors` stage.
 #[derive(Debug)]
 pub struct Cors;
 
+/// The `cors` stage's modules written against `0.2.0` or `0.1.0`.
+#[derive(Debug)]
+pub struct CorsLegacy;
+
 /// `cors-request`, borrowed.
 #[derive(Debug, Clone, Copy, ComponentType, Lower)]
 #[component(record)]
 pub struct CorsRequestRef<'a> {
+    #[component(name = "method")]
+    method: Method,
+    #[component(name = "path")]
+    path: &'a str,
+    #[component(name = "origin")]
+    origin: &'a str,
+    #[component(name = "request-method")]
+    request_method: Option<&'a str>,
+    #[component(name = "request-headers")]
+    request_headers: Option<&'a str>,
+}
+
+stage_world!(
+    Cors,
+    cors::world,
+    Stage::Cors,
+    "decide",
+    Option<CorsCache>,
+    'a,
+    CorsRequestRef<'a>,
+    CorsDecision
+);
+
+/// The legacy `cors-request`, borrowed.
+#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub struct LegacyRequestRef<'a> {
     #[component(name = "plane")]
-    plane: world::aura::gateway::types::Plane,
+    plane: legacy::aura::gateway::types::Plane,
     #[component(name = "method")]
     method: &'a str,
     #[component(name = "path")]
@@ -44,14 +83,14 @@ pub struct CorsRequestRef<'a> {
 }
 
 stage_world!(
-    Cors,
-    cors,
+    CorsLegacy,
+    cors::legacy,
     Stage::Cors,
     "decide",
     (),
     'a,
-    CorsRequestRef<'a>,
-    CorsDecision
+    LegacyRequestRef<'a>,
+    legacy::exports::aura::gateway::cors::CorsDecision
 );
 
 /// What the host knows of a request for the CORS stage.
@@ -110,13 +149,74 @@ pub(crate) fn client_subject(client: Option<IpAddr>) -> String {
     client.map_or_else(|| "-".to_owned(), |ip| ip.to_string())
 }
 
+#[cfg(test)]
+impl super::ExportedSchema for Cors {
+    const EXPORTED: &'static str = aura_plugin_cors::SCHEMA;
+    const FILE: &'static str = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/cors/schema.json");
+}
+
 impl PolicyStage for Cors {
+    type Legacy = CorsLegacy;
+    type Configured = ();
     type Input<'a> = CorsInput<'a>;
     type Query = CorsQuery;
     const BUILTIN: &'static [u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cors.wasm"));
     type DefaultConfig = aura_plugin_cors::policy::Config;
     #[cfg(feature = "native-policies")]
     type Native = native::Cors;
+    const INPUTS: &'static [&'static str] = &[
+        "method",
+        "path",
+        "origin",
+        "request-method",
+        "request-headers",
+    ];
+
+    fn configured(setup: &Option<CorsCache>) -> Result<((), Option<Declaration>), String> {
+        Ok((
+            (),
+            setup
+                .as_ref()
+                .map(|c| Declaration::of(c.inputs.as_array(), c.max_age_ms)),
+        ))
+    }
+
+    fn configured_legacy(_: &()) {}
+
+    fn partition(input: &CorsInput<'_>, key: &mut KeyWriter) {
+        key.partition(&crate::actor::client_prefix(input.client));
+    }
+
+    fn key(input: &CorsInput<'_>, _: &(), inputs: Inputs, key: &mut KeyWriter) {
+        if inputs.has(0) {
+            key.tag(super::method_index(input.method));
+        }
+        if inputs.has(1) {
+            key.str(input.path);
+        }
+        if inputs.has(2) {
+            key.str(input.origin);
+        }
+        if inputs.has(3) {
+            key.opt(input.request_method);
+        }
+        if inputs.has(4) {
+            key.opt(input.request_headers);
+        }
+    }
+
+    fn decision_bytes(decision: &CorsDecision) -> usize {
+        match decision {
+            CorsDecision::Deny => 0,
+            CorsDecision::Allow(a) => {
+                let list = |l: &[String]| l.iter().map(|s| s.len() + 24).sum::<usize>();
+                a.allow_origin.len()
+                    + list(&a.allow_methods)
+                    + list(&a.allow_headers)
+                    + list(&a.expose_headers)
+            }
+        }
+    }
 
     fn query(input: CorsInput<'_>) -> CorsQuery {
         CorsQuery::from(input)
@@ -150,18 +250,50 @@ impl PolicyStage for Cors {
 
     fn run(
         module: &StageModule<Self>,
+        _: &(),
+        request_id: Option<&str>,
+        input: CorsInput<'_>,
+        inputs: Inputs,
+    ) -> Result<CorsDecision, PluginError> {
+        let request = CorsRequestRef {
+            method: if inputs.has(0) {
+                wit_method!(Method, input.method)
+            } else {
+                Method::Other
+            },
+            path: if inputs.has(1) { input.path } else { "" },
+            origin: if inputs.has(2) { input.origin } else { "" },
+            request_method: input.request_method.filter(|_| inputs.has(3)),
+            request_headers: input.request_headers.filter(|_| inputs.has(4)),
+        };
+        module.call(request_id, request)
+    }
+
+    fn run_legacy(
+        module: &StageModule<CorsLegacy>,
+        _: &(),
         request_id: Option<&str>,
         input: CorsInput<'_>,
     ) -> Result<CorsDecision, PluginError> {
-        let request = CorsRequestRef {
-            plane: <Self as crate::policy::engine::StageWorld>::plane(module.plane()),
+        use legacy::exports::aura::gateway::cors::CorsDecision as Legacy;
+        let request = LegacyRequestRef {
+            plane: <CorsLegacy as crate::policy::engine::StageWorld>::plane(module.plane()),
             method: input.method,
             path: input.path,
             origin: input.origin,
             request_method: input.request_method,
             request_headers: input.request_headers,
         };
-        module.call(request_id, request)
+        Ok(match module.call(request_id, request)? {
+            Legacy::Deny => CorsDecision::Deny,
+            Legacy::Allow(a) => CorsDecision::Allow(CorsAllow {
+                allow_origin: a.allow_origin,
+                allow_methods: a.allow_methods,
+                allow_headers: a.allow_headers,
+                expose_headers: a.expose_headers,
+                max_age: a.max_age,
+            }),
+        })
     }
 
     fn conformance(module: &Module<Self>) -> Result<StageReport, ConformanceError> {
@@ -173,22 +305,27 @@ impl PolicyStage for Cors {
             "null",
             "https://a-very-long-subdomain.of.an.example.org:8443",
         ];
-        for _round in 0..4 {
+        for round in 0..4 {
             for origin in origins {
                 for preflight in [true, false] {
                     let name = format!("{origin} preflight={preflight}");
                     let decision = run.call(&name, || {
-                        module.decide(
-                            None,
-                            CorsInput {
-                                method: if preflight { "OPTIONS" } else { "GET" },
-                                path: "/v1/db/todos",
-                                origin,
-                                request_method: preflight.then_some("POST"),
-                                request_headers: preflight.then_some("content-type, apikey"),
-                                client: None,
+                        module.vector(CorsInput {
+                            method: match (preflight, round % 2) {
+                                (true, _) => "OPTIONS",
+                                (false, 0) => "GET",
+                                (false, _) => "POST",
                             },
-                        )
+                            path: if round < 2 {
+                                "/v1/db/todos"
+                            } else {
+                                "/v1/storage/x"
+                            },
+                            origin,
+                            request_method: preflight.then_some("POST"),
+                            request_headers: preflight.then_some("content-type, apikey"),
+                            client: None,
+                        })
                     })?;
                     if let CorsDecision::Allow(a) = decision {
                         if a.allow_origin != "*" && a.allow_origin != origin {
@@ -217,17 +354,14 @@ impl PolicyStage for Cors {
         let input: CorsCase = parse(input, "input")?;
         let expect: CorsExpect = parse(expect, "expect")?;
         let decision = module
-            .decide(
-                None,
-                CorsInput {
-                    method: &input.method,
-                    path: &input.path,
-                    origin: &input.origin,
-                    request_method: input.request_method.as_deref(),
-                    request_headers: input.request_headers.as_deref(),
-                    client: None,
-                },
-            )
+            .vector(CorsInput {
+                method: &input.method,
+                path: &input.path,
+                origin: &input.origin,
+                request_method: input.request_method.as_deref(),
+                request_headers: input.request_headers.as_deref(),
+                client: None,
+            })
             .map_err(|e| format!("the plugin failed: {e}"))?;
         match decision {
             CorsDecision::Deny => decision_is(&expect.decision, "deny"),
@@ -243,11 +377,7 @@ impl PolicyStage for Cors {
     }
 
     #[cfg(feature = "native-policies")]
-    fn native(
-        native: &Self::Native,
-        _module: &StageModule<Self>,
-        input: CorsInput<'_>,
-    ) -> CorsDecision {
+    fn native(native: &Self::Native, _: &(), input: CorsInput<'_>) -> CorsDecision {
         native.decide(input.origin, input.request_method.is_some())
     }
 }

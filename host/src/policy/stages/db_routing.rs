@@ -4,10 +4,11 @@
 use serde::Deserialize;
 use wasmtime::component::{ComponentType, Lower};
 
-use super::{Module, PolicyStage, stage_world};
+use super::{Declaration, Inputs, Module, PolicyStage, stage_world, wit_method};
 use crate::actor::Actor;
 use crate::policy::PluginError;
 use crate::policy::conformance::{ConformanceError, Run, StageReport};
+use crate::policy::decision_cache::KeyWriter;
 use crate::policy::engine::{StageModule, StageWorld};
 use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
 use crate::stage::Stage;
@@ -17,14 +18,37 @@ pub(crate) mod world {
     wasmtime::component::bindgen!({ path: "../wit", world: "db-routing-stage", additional_derives: [PartialEq, Eq] });
 }
 
-pub use world::exports::aura::gateway::db_routing::{DbEngine, DbRoute, ProjectDb, Topology};
+/// The generated types of the `db-routing` world before `0.3.0` (`wit/0.2.0/gateway.wit`).
+pub(crate) mod legacy {
+    wasmtime::component::bindgen!({ path: "../wit/0.2.0", world: "db-routing-stage", additional_derives: [PartialEq, Eq] });
+}
+
+use world::aura::gateway::types::Method;
+use world::exports::aura::gateway::db_routing::DbCache;
+pub use world::exports::aura::gateway::db_routing::{
+    DbEngine, DbRoute, ProjectDb, Replica, Topology,
+};
 
 /// The `db-routing` stage.
 #[derive(Debug)]
 pub struct DbRouting;
 
-/// `project-db`, borrowed.
+/// The `db-routing` stage's modules written against `0.2.0` or `0.1.0`.
+#[derive(Debug)]
+pub struct DbRoutingLegacy;
+
+/// `replica`, borrowed.
 #[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub struct ReplicaRef<'a> {
+    #[component(name = "url")]
+    url: &'a str,
+    #[component(name = "region")]
+    region: Option<&'a str>,
+}
+
+/// `project-db`, borrowed.
+#[derive(Debug, Clone, ComponentType, Lower)]
 #[component(record)]
 pub struct ProjectDbRef<'a> {
     #[component(name = "engine")]
@@ -33,31 +57,70 @@ pub struct ProjectDbRef<'a> {
     topology: Topology,
     #[component(name = "postgrest-url")]
     postgrest_url: Option<&'a str>,
+    #[component(name = "replicas")]
+    replicas: Vec<ReplicaRef<'a>>,
 }
 
 /// `db-request`, borrowed.
-#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[derive(Debug, Clone, ComponentType, Lower)]
 #[component(record)]
 pub struct DbRequestRef<'a> {
+    #[component(name = "method")]
+    method: Method,
+    #[component(name = "path")]
+    path: &'a str,
+    #[component(name = "project")]
+    project: Option<ProjectDbRef<'a>>,
+    #[component(name = "client-region")]
+    client_region: Option<&'a str>,
+}
+
+stage_world!(
+    DbRouting,
+    db_routing::world,
+    Stage::DbRouting,
+    "decide",
+    Option<DbCache>,
+    'a,
+    DbRequestRef<'a>,
+    DbRoute
+);
+
+/// The legacy `project-db`, borrowed.
+#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub struct LegacyProjectRef<'a> {
+    #[component(name = "engine")]
+    engine: legacy::exports::aura::gateway::db_routing::DbEngine,
+    #[component(name = "topology")]
+    topology: legacy::exports::aura::gateway::db_routing::Topology,
+    #[component(name = "postgrest-url")]
+    postgrest_url: Option<&'a str>,
+}
+
+/// The legacy `db-request`, borrowed.
+#[derive(Debug, Clone, Copy, ComponentType, Lower)]
+#[component(record)]
+pub struct LegacyRequestRef<'a> {
     #[component(name = "plane")]
-    plane: world::aura::gateway::types::Plane,
+    plane: legacy::aura::gateway::types::Plane,
     #[component(name = "method")]
     method: &'a str,
     #[component(name = "path")]
     path: &'a str,
     #[component(name = "project")]
-    project: Option<ProjectDbRef<'a>>,
+    project: Option<LegacyProjectRef<'a>>,
 }
 
 stage_world!(
-    DbRouting,
-    db_routing,
+    DbRoutingLegacy,
+    db_routing::legacy,
     Stage::DbRouting,
     "decide",
     (),
     'a,
-    DbRequestRef<'a>,
-    DbRoute
+    LegacyRequestRef<'a>,
+    legacy::exports::aura::gateway::db_routing::DbRoute
 );
 
 /// What the host knows of a `/v1/db/*` request for the db-routing stage.
@@ -67,6 +130,8 @@ pub struct DbInput<'a> {
     pub path: &'a str,
     /// The caller's project database, from the control store.
     pub project: Option<&'a ProjectDb>,
+    /// The client's region, from the trusted header (`upstreams.client_region_header`).
+    pub client_region: Option<&'a str>,
     /// The caller: a canary's subject.
     pub actor: Option<&'a Actor>,
 }
@@ -77,22 +142,47 @@ pub struct DbQuery {
     method: String,
     path: String,
     project: Option<ProjectDb>,
+    client_region: Option<String>,
     actor: Option<Actor>,
 }
 
+#[cfg(test)]
+impl super::ExportedSchema for DbRouting {
+    const EXPORTED: &'static str = aura_plugin_db_routing::SCHEMA;
+    const FILE: &'static str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../plugins/db-routing/schema.json"
+    );
+}
+
 impl PolicyStage for DbRouting {
+    type Legacy = DbRoutingLegacy;
+    type Configured = ();
     type Input<'a> = DbInput<'a>;
     type Query = DbQuery;
     const BUILTIN: &'static [u8] = include_bytes!(concat!(env!("OUT_DIR"), "/db_routing.wasm"));
     type DefaultConfig = aura_plugin_db_routing::policy::Config;
     #[cfg(feature = "native-policies")]
     type Native = native::DbRouting;
+    const INPUTS: &'static [&'static str] = &["method", "path", "project", "client-region"];
+
+    fn configured(setup: &Option<DbCache>) -> Result<((), Option<Declaration>), String> {
+        Ok((
+            (),
+            setup
+                .as_ref()
+                .map(|c| Declaration::of(c.inputs.as_array(), c.max_age_ms)),
+        ))
+    }
+
+    fn configured_legacy(_: &()) {}
 
     fn query(input: DbInput<'_>) -> DbQuery {
         DbQuery {
             method: input.method.to_owned(),
             path: input.path.to_owned(),
             project: input.project.cloned(),
+            client_region: input.client_region.map(str::to_owned),
             actor: input.actor.cloned(),
         }
     }
@@ -102,7 +192,55 @@ impl PolicyStage for DbRouting {
             method: &query.method,
             path: &query.path,
             project: query.project.as_ref(),
+            client_region: query.client_region.as_deref(),
             actor: query.actor.as_ref(),
+        }
+    }
+
+    fn partition(input: &DbInput<'_>, key: &mut KeyWriter) {
+        match input.actor {
+            Some(Actor {
+                project: Some(project),
+                ..
+            }) => key.partition(project),
+            Some(actor) => key.partition(&crate::actor::client_prefix(actor.client_ip)),
+            None => key.partition("-"),
+        };
+    }
+
+    fn key(input: &DbInput<'_>, _: &(), inputs: Inputs, key: &mut KeyWriter) {
+        if inputs.has(0) {
+            key.tag(super::method_index(input.method));
+        }
+        if inputs.has(1) {
+            key.str(input.path);
+        }
+        if inputs.has(2) {
+            match input.project {
+                None => {
+                    key.tag(0);
+                }
+                Some(p) => {
+                    key.tag(1)
+                        .tag(p.engine as u8)
+                        .tag(p.topology as u8)
+                        .opt(p.postgrest_url.as_deref())
+                        .tag(p.replicas.len().min(255) as u8);
+                    for replica in &p.replicas {
+                        key.str(&replica.url).opt(replica.region.as_deref());
+                    }
+                }
+            }
+        }
+        if inputs.has(3) {
+            key.opt(input.client_region);
+        }
+    }
+
+    fn decision_bytes(decision: &DbRoute) -> usize {
+        match decision {
+            DbRoute::Postgrest(url) | DbRoute::Replica(url) => url.len(),
+            DbRoute::Nats | DbRoute::Unresolved => 0,
         }
     }
 
@@ -120,26 +258,74 @@ impl PolicyStage for DbRouting {
         match decision {
             DbRoute::Nats => "nats".to_owned(),
             DbRoute::Postgrest(url) => format!("postgrest {url}"),
+            DbRoute::Replica(url) => format!("replica {url}"),
             DbRoute::Unresolved => "unresolved".to_owned(),
         }
     }
 
     fn run(
         module: &StageModule<Self>,
+        _: &(),
+        request_id: Option<&str>,
+        input: DbInput<'_>,
+        inputs: Inputs,
+    ) -> Result<DbRoute, PluginError> {
+        let request = DbRequestRef {
+            method: if inputs.has(0) {
+                wit_method!(Method, input.method)
+            } else {
+                Method::Other
+            },
+            path: if inputs.has(1) { input.path } else { "" },
+            project: input
+                .project
+                .filter(|_| inputs.has(2))
+                .map(|p| ProjectDbRef {
+                    engine: p.engine,
+                    topology: p.topology,
+                    postgrest_url: p.postgrest_url.as_deref(),
+                    replicas: p
+                        .replicas
+                        .iter()
+                        .map(|r| ReplicaRef {
+                            url: &r.url,
+                            region: r.region.as_deref(),
+                        })
+                        .collect(),
+                }),
+            client_region: input.client_region.filter(|_| inputs.has(3)),
+        };
+        module.call(request_id, request)
+    }
+
+    fn run_legacy(
+        module: &StageModule<DbRoutingLegacy>,
+        _: &(),
         request_id: Option<&str>,
         input: DbInput<'_>,
     ) -> Result<DbRoute, PluginError> {
-        let request = DbRequestRef {
-            plane: Self::plane(module.plane()),
+        use legacy::exports::aura::gateway::db_routing as v2;
+        let request = LegacyRequestRef {
+            plane: DbRoutingLegacy::plane(module.plane()),
             method: input.method,
             path: input.path,
-            project: input.project.map(|p| ProjectDbRef {
-                engine: p.engine,
-                topology: p.topology,
+            project: input.project.map(|p| LegacyProjectRef {
+                engine: match p.engine {
+                    DbEngine::Postgres => v2::DbEngine::Postgres,
+                    DbEngine::Mongodb => v2::DbEngine::Mongodb,
+                },
+                topology: match p.topology {
+                    Topology::Shared => v2::Topology::Shared,
+                    Topology::Dedicated => v2::Topology::Dedicated,
+                },
                 postgrest_url: p.postgrest_url.as_deref(),
             }),
         };
-        module.call(request_id, request)
+        Ok(match module.call(request_id, request)? {
+            v2::DbRoute::Nats => DbRoute::Nats,
+            v2::DbRoute::Postgrest(url) => DbRoute::Postgrest(url),
+            v2::DbRoute::Unresolved => DbRoute::Unresolved,
+        })
     }
 
     fn conformance(module: &Module<Self>) -> Result<StageReport, ConformanceError> {
@@ -149,7 +335,28 @@ impl PolicyStage for DbRouting {
                 engine,
                 topology,
                 postgrest_url: url.map(str::to_owned),
+                replicas: Vec::new(),
             })
+        };
+        let replicated = || {
+            let mut p = project(
+                DbEngine::Postgres,
+                Topology::Dedicated,
+                Some("http://pg:3000"),
+            );
+            if let Some(p) = &mut p {
+                p.replicas = vec![
+                    Replica {
+                        url: "http://pg-eu:3000".into(),
+                        region: Some("eu-west".into()),
+                    },
+                    Replica {
+                        url: "http://pg-us:3000".into(),
+                        region: Some("us-east".into()),
+                    },
+                ];
+            }
+            p
         };
         let dedicated = || {
             project(
@@ -178,17 +385,32 @@ impl PolicyStage for DbRouting {
                 project(DbEngine::Postgres, Topology::Dedicated, None),
             ),
             ("GET", "/v1/db/todos", None),
+            ("GET", "/v1/db/todos", replicated()),
+            ("HEAD", "/v1/db/todos", replicated()),
+            ("POST", "/v1/db/todos", replicated()),
         ];
-        for _round in 0..4 {
+        for round in 0..4 {
             for (method, path, project) in &vectors {
-                let name = format!("{method} {path} {project:?}");
+                let region = ["eu-west", "us-east", "ap-south", ""][round];
+                let name = format!("{method} {path} {project:?} region={region}");
                 let input = DbInput {
                     method,
                     path,
                     project: project.as_ref(),
+                    client_region: (!region.is_empty()).then_some(region),
                     actor: None,
                 };
-                let route = run.call(&name, || module.decide(None, input))?;
+                let route = run.call(&name, || module.vector(input))?;
+                if let DbRoute::Replica(url) = &route
+                    && !project
+                        .as_ref()
+                        .is_some_and(|p| p.replicas.iter().any(|r| r.url == *url))
+                {
+                    return Err(run.fail(
+                        &name,
+                        "a replica route must name one of the project's replicas",
+                    ));
+                }
                 if let DbRoute::Postgrest(url) = route
                     && url
                         .parse::<http::Uri>()
@@ -230,24 +452,34 @@ impl PolicyStage for DbRouting {
                     }
                 },
                 postgrest_url: p.postgrest_url,
+                replicas: p
+                    .replicas
+                    .into_iter()
+                    .map(|r| Replica {
+                        url: r.url,
+                        region: r.region,
+                    })
+                    .collect(),
             }),
         };
         let route = module
-            .decide(
-                None,
-                DbInput {
-                    method: &input.method,
-                    path: &input.path,
-                    project: project.as_ref(),
-                    actor: None,
-                },
-            )
+            .vector(DbInput {
+                method: &input.method,
+                path: &input.path,
+                project: project.as_ref(),
+                client_region: input.client_region.as_deref(),
+                actor: None,
+            })
             .map_err(|e| format!("the plugin failed: {e}"))?;
         match route {
             DbRoute::Nats => decision_is(&expect.decision, "nats"),
             DbRoute::Unresolved => decision_is(&expect.decision, "unresolved"),
             DbRoute::Postgrest(url) => {
                 decision_is(&expect.decision, "postgrest")?;
+                field("url", &expect.url, &url)
+            }
+            DbRoute::Replica(url) => {
+                decision_is(&expect.decision, "replica")?;
                 field("url", &expect.url, &url)
             }
         }
@@ -261,8 +493,8 @@ impl PolicyStage for DbRouting {
     }
 
     #[cfg(feature = "native-policies")]
-    fn native(native: &Self::Native, _module: &StageModule<Self>, input: DbInput<'_>) -> DbRoute {
-        native.decide(input.method, input.path, input.project)
+    fn native(native: &Self::Native, _: &(), input: DbInput<'_>) -> DbRoute {
+        native.decide(input.method, input.path, input.project, input.client_region)
     }
 }
 
@@ -272,6 +504,8 @@ struct ProjectCase {
     engine: String,
     topology: String,
     postgrest_url: Option<String>,
+    #[serde(default)]
+    replicas: Vec<ReplicaCase>,
 }
 
 #[derive(Deserialize)]
@@ -282,6 +516,14 @@ struct DbCase {
     #[serde(default = "sample_path")]
     path: String,
     project: Option<ProjectCase>,
+    client_region: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplicaCase {
+    url: String,
+    region: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -309,7 +551,19 @@ pub mod native {
             method: &str,
             path: &str,
             project: Option<&ProjectDb>,
+            client_region: Option<&str>,
         ) -> DbRoute {
+            let replicas: Vec<db::Replica<'_>> = project
+                .map(|p| {
+                    p.replicas
+                        .iter()
+                        .map(|r| db::Replica {
+                            url: &r.url,
+                            region: r.region.as_deref(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
             let project = project.map(|p| db::Project {
                 engine: match p.engine {
                     DbEngine::Postgres => db::Engine::Postgres,
@@ -320,10 +574,12 @@ pub mod native {
                     Topology::Dedicated => db::Topology::Dedicated,
                 },
                 postgrest_url: p.postgrest_url.as_deref(),
+                replicas: &replicas,
             });
-            match self.0.decide(method, path, project) {
+            match self.0.decide(method, path, project, client_region) {
                 db::Route::Nats => DbRoute::Nats,
                 db::Route::Postgrest(url) => DbRoute::Postgrest(url),
+                db::Route::Replica(url) => DbRoute::Replica(url),
                 db::Route::Unresolved => DbRoute::Unresolved,
             }
         }

@@ -28,7 +28,8 @@ use std::sync::Arc;
 use wasmtime::component::Component;
 
 use super::conformance::{ConformanceError, StageReport};
-use super::engine::{Owner, PolicyEngine, StageModule, StageWorld};
+use super::decision_cache::{CacheReport, DecisionCache, KeyWriter};
+use super::engine::{CURRENT_VERSIONS, Owner, PolicyEngine, StageModule, StageWorld};
 use super::rollout::{Candidate, Comparison};
 use super::stats::ModuleReport;
 use super::{PluginError, Stage};
@@ -42,9 +43,66 @@ pub use cors::{Cors, CorsAllow, CorsDecision, CorsInput, CorsQuery};
 pub use db_routing::{DbEngine, DbInput, DbRoute, DbRouting, ProjectDb, Topology};
 pub use quota::{Quota, QuotaDecision, QuotaInput, QuotaRule};
 
-/// One policy stage: its world (the runtime's view, [`StageWorld`]) and everything the host does
-/// with its inputs and decisions.
-pub trait PolicyStage: StageWorld + Sized + std::fmt::Debug {
+/// Which inputs of a stage's request a module reads: bit `i` is the stage's
+/// [`PolicyStage::INPUTS`]`[i]`, as the WIT `flags` of the stage orders them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inputs(u32);
+
+impl Inputs {
+    /// Every input: what a module that declares nothing is passed.
+    pub const ALL: Inputs = Inputs(u32::MAX);
+
+    /// The inputs of a WIT `flags` value's bits.
+    pub fn from_bits(bits: u32) -> Self {
+        Self(bits)
+    }
+
+    /// Whether input `bit` is passed.
+    pub fn has(self, bit: usize) -> bool {
+        self.0 & (1 << bit) != 0
+    }
+
+    /// These inputs and `bit`.
+    pub fn with(self, bit: usize) -> Self {
+        Self(self.0 | (1 << bit))
+    }
+
+    /// The names of these inputs, of a stage whose inputs are `names`.
+    pub fn names(self, names: &'static [&'static str]) -> Vec<&'static str> {
+        (0..names.len())
+            .filter(|bit| self.has(*bit))
+            .map(|bit| names[bit])
+            .collect()
+    }
+}
+
+/// What a module's `configure` declared of its decisions: the inputs they depend on and how long
+/// one holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declaration {
+    pub inputs: Inputs,
+    pub max_age: std::time::Duration,
+}
+
+impl Declaration {
+    /// A stage's WIT declaration: its `flags` value's bits and `max-age-ms`.
+    pub fn of(bits: [u32; 1], max_age_ms: u32) -> Self {
+        Self {
+            inputs: Inputs::from_bits(bits[0]),
+            max_age: std::time::Duration::from_millis(u64::from(max_age_ms)),
+        }
+    }
+}
+
+/// One policy stage: its world (the runtime's view, [`StageWorld`], `aura:gateway@0.3.0`), its
+/// legacy world (`0.2.0` and `0.1.0`) and everything the host does with its inputs and
+/// decisions.
+pub trait PolicyStage: StageWorld<Decision: Clone + PartialEq> + Sized + std::fmt::Debug {
+    /// The stage's world in the versions before `0.3.0`, whose decisions are lifted into this
+    /// one's.
+    type Legacy: StageWorld;
+    /// What the host keeps of a module's `configure` answer (the header names of `api-key`, …).
+    type Configured: Send + Sync + 'static;
     /// What the host knows of a request for this stage, borrowed from the request.
     type Input<'a>: Copy + Send + Sync;
     /// [`Self::Input`] with owned values, for a call run on another thread (a project's module,
@@ -57,7 +115,16 @@ pub trait PolicyStage: StageWorld + Sized + std::fmt::Debug {
     /// The default policy compiled into the host (benchmark builds only).
     #[cfg(feature = "native-policies")]
     type Native: super::native::NativePolicy;
+    /// The names of the stage's inputs, in the order of its WIT `flags`.
+    const INPUTS: &'static [&'static str];
 
+    /// What the host keeps of a current module's `configure` answer, and its declaration;
+    /// an error (an answer out of the host's bounds) refuses the module.
+    fn configured(
+        setup: &<Self as StageWorld>::Setup,
+    ) -> Result<(Self::Configured, Option<Declaration>), String>;
+    /// What the host keeps of a legacy module's `configure` answer.
+    fn configured_legacy(setup: &<Self::Legacy as StageWorld>::Setup) -> Self::Configured;
     /// The owned copy of `input`.
     fn query(input: Self::Input<'_>) -> Self::Query;
     /// The borrowed view of `query`.
@@ -65,13 +132,36 @@ pub trait PolicyStage: StageWorld + Sized + std::fmt::Debug {
     /// Who a canary decides for: a stable name of the caller (the same caller is always on the
     /// same side of a canary, on every instance).
     fn subject(input: &Self::Input<'_>) -> String;
+    /// Starts `key` with the partition of the decision cache a request's decisions are kept in:
+    /// its project, or its client's address before a project is known.
+    fn partition(input: &Self::Input<'_>, key: &mut KeyWriter);
+    /// Writes the inputs `inputs` of `input` into a cache key (`configured`: what the module
+    /// reads, as its `configure` answered).
+    fn key(
+        input: &Self::Input<'_>,
+        configured: &Self::Configured,
+        inputs: Inputs,
+        key: &mut KeyWriter,
+    );
+    /// The heap bytes a decision holds (its strings and lists), for the cache's bounds.
+    fn decision_bytes(decision: &Self::Decision) -> usize;
     /// The request's method and path, for a shadow's sampled disagreements.
     fn request_line<'a>(input: &Self::Input<'a>) -> (&'a str, &'a str);
     /// A decision as text, to compare a shadow's with the enforced one and to show.
     fn describe(decision: &Self::Decision) -> String;
-    /// Runs one call of `module` on `input` (lowered into the stage's WIT record).
+    /// Runs one call of a current `module` on `input`, lowered into the stage's WIT record with
+    /// only `inputs` passed (the others empty).
     fn run(
         module: &StageModule<Self>,
+        configured: &Self::Configured,
+        request_id: Option<&str>,
+        input: Self::Input<'_>,
+        inputs: Inputs,
+    ) -> Result<Self::Decision, PluginError>;
+    /// Runs one call of a legacy `module` on `input`, its decision lifted into this world's.
+    fn run_legacy(
+        module: &StageModule<Self::Legacy>,
+        configured: &Self::Configured,
         request_id: Option<&str>,
         input: Self::Input<'_>,
     ) -> Result<Self::Decision, PluginError>;
@@ -88,13 +178,38 @@ pub trait PolicyStage: StageWorld + Sized + std::fmt::Debug {
     fn config_schema() -> serde_json::Value {
         serde_json::to_value(schemars::schema_for!(Self::DefaultConfig)).unwrap_or_default()
     }
-    /// The native policy's decision (`module`: the sandboxed module it stands for).
+    /// The native policy's decision.
     #[cfg(feature = "native-policies")]
     fn native(
         native: &Self::Native,
-        module: &StageModule<Self>,
+        configured: &Self::Configured,
         input: Self::Input<'_>,
     ) -> Self::Decision;
+}
+
+/// The WIT `method` of a request method, for a stage's generated enum `$ty`.
+macro_rules! wit_method {
+    ($ty:ty, $method:expr) => {
+        match $method {
+            "GET" => <$ty>::Get,
+            "HEAD" => <$ty>::Head,
+            "POST" => <$ty>::Post,
+            "PUT" => <$ty>::Put,
+            "PATCH" => <$ty>::Patch,
+            "DELETE" => <$ty>::Delete,
+            "OPTIONS" => <$ty>::Options,
+            _ => <$ty>::Other,
+        }
+    };
+}
+pub(crate) use wit_method;
+
+/// The index of a request method in the WIT `method` enum (for cache keys).
+pub(crate) fn method_index(method: &str) -> u8 {
+    ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+        .iter()
+        .position(|m| *m == method)
+        .unwrap_or(7) as u8
 }
 
 /// Code written once for every stage, run for the stage a value names: the caller implements
@@ -128,6 +243,27 @@ pub fn config_schema(stage: Stage) -> serde_json::Value {
     for_stage(stage, Schema)
 }
 
+/// The JSON Schema the default plugin of stage `S` exports (`config-schema`), as its crate
+/// holds it.
+#[cfg(test)]
+pub(crate) trait ExportedSchema: PolicyStage {
+    /// The plugin crate's `schema.json`.
+    const EXPORTED: &'static str;
+    /// Its path in the source tree.
+    const FILE: &'static str;
+}
+
+/// `named-value` (a header's or claim's value by the position of its name in what `configure`
+/// answered), borrowed.
+#[derive(Debug, Clone, Copy, wasmtime::component::ComponentType, wasmtime::component::Lower)]
+#[component(record)]
+pub struct NamedRef<'a> {
+    #[component(name = "name")]
+    pub(crate) name: u8,
+    #[component(name = "value")]
+    pub(crate) value: &'a str,
+}
+
 /// What a module is loaded from: its name in logs and reports (`builtin`, a path, a project's
 /// name), SHA-256 digest, compiled component and configuration (JSON).
 #[derive(Clone)]
@@ -138,21 +274,80 @@ pub(crate) struct ModuleSource {
     pub config: String,
 }
 
-/// A loaded module of stage `S`: compiled, exports checked, configuration accepted.
+/// What the host reads of a loaded module's runtime side, whatever its world.
+trait Loaded: Send + Sync {
+    fn plane(&self) -> Plane;
+    fn name(&self) -> &str;
+    fn digest(&self) -> &str;
+    fn report(&self) -> ModuleReport;
+    fn wit_version(&self) -> &'static str;
+    fn reset_health(&self);
+    fn failing(&self) -> bool;
+    fn peak_memory(&self) -> usize;
+    fn schema(&self) -> Option<&str>;
+}
+
+impl<W: StageWorld> Loaded for StageModule<W> {
+    fn plane(&self) -> Plane {
+        StageModule::plane(self)
+    }
+    fn name(&self) -> &str {
+        StageModule::name(self)
+    }
+    fn digest(&self) -> &str {
+        StageModule::digest(self)
+    }
+    fn report(&self) -> ModuleReport {
+        StageModule::report(self)
+    }
+    fn wit_version(&self) -> &'static str {
+        StageModule::wit_version(self)
+    }
+    fn reset_health(&self) {
+        StageModule::reset_health(self)
+    }
+    fn failing(&self) -> bool {
+        StageModule::failing(self)
+    }
+    fn peak_memory(&self) -> usize {
+        StageModule::peak_memory(self)
+    }
+    fn schema(&self) -> Option<&str> {
+        StageModule::schema(self)
+    }
+}
+
+/// A module's calls: through the stage's current world, or its legacy one.
+enum Calls<S: PolicyStage> {
+    Current(StageModule<S>),
+    Legacy(StageModule<S::Legacy>),
+}
+
+/// A loaded module of stage `S`: compiled, exports checked, configuration accepted, its
+/// declaration proven by the conformance vectors before it is put in force.
 pub struct Module<S: PolicyStage> {
-    module: StageModule<S>,
+    calls: Calls<S>,
+    configured: S::Configured,
+    /// The inputs passed to the module: those it declared, or all of them.
+    inputs: Inputs,
+    /// The module's decisions, when it declared its inputs and a maximum age.
+    cache: Option<DecisionCache<S::Decision>>,
     #[cfg(feature = "native-policies")]
     native: Option<S::Native>,
 }
 
 impl<S: PolicyStage> std::fmt::Debug for Module<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.module.fmt(f)
+        match &self.calls {
+            Calls::Current(m) => m.fmt(f),
+            Calls::Legacy(m) => m.fmt(f),
+        }
     }
 }
 
 impl<S: PolicyStage> Module<S> {
-    /// Loads `source` as `S`'s module on `plane`, owned by `owner`.
+    /// Loads `source` as `S`'s module on `plane`, owned by `owner`: through the stage's current
+    /// world when the component exports `aura:gateway@0.3.0`, else through its legacy one.
     pub(crate) fn load(
         runtime: &Arc<PolicyEngine>,
         plane: Plane,
@@ -162,8 +357,10 @@ impl<S: PolicyStage> Module<S> {
         #[cfg(feature = "native-policies")]
         let native =
             <S::Native as super::native::NativePolicy>::load(&source.name, plane, &source.config);
-        Ok(Self {
-            module: StageModule::load(
+        let current = super::engine::exported_version::<S>(&source.component)
+            .is_some_and(|v| CURRENT_VERSIONS.contains(&v));
+        let (calls, configured, declaration) = if current {
+            let module = StageModule::<S>::load(
                 runtime.clone(),
                 plane,
                 source.name,
@@ -171,13 +368,77 @@ impl<S: PolicyStage> Module<S> {
                 &source.component,
                 source.config,
                 owner,
-            )?,
+            )?;
+            let (configured, declaration) =
+                S::configured(module.setup()).map_err(|reason| PluginError::Load {
+                    stage: S::STAGE,
+                    plane,
+                    module: module.name().to_owned(),
+                    kind: super::FailureKind::Refused,
+                    reason: format!("configure answered {reason}"),
+                })?;
+            (Calls::Current(module), configured, declaration)
+        } else {
+            let module = StageModule::<S::Legacy>::load(
+                runtime.clone(),
+                plane,
+                source.name,
+                source.digest,
+                &source.component,
+                source.config,
+                owner,
+            )?;
+            let configured = S::configured_legacy(module.setup());
+            (Calls::Legacy(module), configured, None)
+        };
+        let inputs = declaration.map_or(Inputs::ALL, |d| d.inputs);
+        let cache = declaration.and_then(|d| {
+            DecisionCache::new(
+                &runtime.settings().decision_cache,
+                d.inputs.names(S::INPUTS),
+                d.max_age,
+            )
+        });
+        if let Some(cache) = &cache {
+            let owner = match owner {
+                Owner::Operator => "operator",
+                Owner::Candidate => "candidate",
+                Owner::Tenant => "tenant",
+            };
+            cache.count_in(|| runtime.cache_metrics(plane, S::STAGE, owner));
+        }
+        Ok(Self {
+            calls,
+            configured,
+            inputs,
+            cache,
             #[cfg(feature = "native-policies")]
             native,
         })
     }
 
-    /// The module's decision for one request (`request_id` goes with the plugin's log lines).
+    fn loaded(&self) -> &dyn Loaded {
+        match &self.calls {
+            Calls::Current(m) => m,
+            Calls::Legacy(m) => m,
+        }
+    }
+
+    /// Calls the module, with `inputs` passed (a legacy module is passed everything).
+    fn call(
+        &self,
+        request_id: Option<&str>,
+        input: S::Input<'_>,
+        inputs: Inputs,
+    ) -> Result<S::Decision, PluginError> {
+        match &self.calls {
+            Calls::Current(m) => S::run(m, &self.configured, request_id, input, inputs),
+            Calls::Legacy(m) => S::run_legacy(m, &self.configured, request_id, input),
+        }
+    }
+
+    /// The module's decision for one request (`request_id` goes with the plugin's log lines):
+    /// the one kept for the request's declared inputs, or the module's answer, kept.
     pub fn decide(
         &self,
         request_id: Option<&str>,
@@ -185,19 +446,109 @@ impl<S: PolicyStage> Module<S> {
     ) -> Result<S::Decision, PluginError> {
         #[cfg(feature = "native-policies")]
         if let Some(native) = &self.native {
-            return Ok(S::native(native, &self.module, input));
+            return Ok(S::native(native, &self.configured, input));
         }
-        S::run(&self.module, request_id, input)
+        match self.cached(&input) {
+            Ok(decision) => Ok(decision),
+            Err(key) => self.decide_and_keep(key, request_id, input),
+        }
+    }
+
+    /// The module's decision, called whether or not one is kept (benchmarks of the call
+    /// itself).
+    pub fn decide_uncached(
+        &self,
+        request_id: Option<&str>,
+        input: S::Input<'_>,
+    ) -> Result<S::Decision, PluginError> {
+        self.call(request_id, input, self.inputs)
+    }
+
+    /// The decision kept for `input`'s declared inputs; else the key to keep the module's
+    /// answer under (`None`: the module's decisions are not kept).
+    pub fn cached(&self, input: &S::Input<'_>) -> Result<S::Decision, Option<KeyWriter>> {
+        let Some(cache) = &self.cache else {
+            return Err(None);
+        };
+        let mut key = KeyWriter::default();
+        S::partition(input, &mut key);
+        S::key(input, &self.configured, self.inputs, &mut key);
+        match cache.get(&key) {
+            Some(decision) => Ok(decision),
+            None => Err(Some(key)),
+        }
+    }
+
+    /// Calls the module and keeps its decision under `key` (from [`Self::cached`]).
+    pub fn decide_and_keep(
+        &self,
+        key: Option<KeyWriter>,
+        request_id: Option<&str>,
+        input: S::Input<'_>,
+    ) -> Result<S::Decision, PluginError> {
+        let decision = self.call(request_id, input, self.inputs)?;
+        if let (Some(cache), Some(key)) = (&self.cache, key) {
+            cache.put(key, decision.clone(), S::decision_bytes(&decision));
+        }
+        Ok(decision)
+    }
+
+    /// One conformance vector or author's case: the module called (never its cache) with the
+    /// inputs it declared and, when it declared some, again with every input. A decision that
+    /// differs refuses the module, naming the undeclared input it depends on.
+    pub(crate) fn vector(&self, input: S::Input<'_>) -> Result<S::Decision, PluginError> {
+        let decision = self.call(None, input, self.inputs)?;
+        if self.inputs == Inputs::ALL {
+            return Ok(decision);
+        }
+        let full = self.call(None, input, Inputs::ALL)?;
+        if decision == full {
+            return Ok(decision);
+        }
+        let undeclared = (0..S::INPUTS.len()).filter(|bit| !self.inputs.has(*bit));
+        let mut named = Vec::new();
+        for bit in undeclared {
+            if self.call(None, input, self.inputs.with(bit))? != decision {
+                named.push(format!("`{}`", S::INPUTS[bit]));
+            }
+        }
+        let named = if named.is_empty() {
+            "inputs it did not declare (no single one alone)".to_owned()
+        } else {
+            named.join(", ")
+        };
+        Err(PluginError::Call {
+            stage: S::STAGE,
+            plane: self.plane(),
+            module: self.loaded().name().to_owned(),
+            kind: super::FailureKind::Refused,
+            reason: format!(
+                "the module's declared inputs are false: its decision depends on {named} \
+                 ({} with the declared inputs, {} with every input)",
+                S::describe(&decision),
+                S::describe(&full)
+            ),
+        })
     }
 
     /// The plane the module was loaded for.
     pub fn plane(&self) -> Plane {
-        self.module.plane()
+        self.loaded().plane()
     }
 
-    /// What `configure` returned.
-    pub(crate) fn setup(&self) -> &S::Setup {
-        self.module.setup()
+    /// What the host kept of `configure`'s answer.
+    pub(crate) fn configured(&self) -> &S::Configured {
+        &self.configured
+    }
+
+    /// The inputs passed to the module (all of them when it declared none).
+    pub fn inputs(&self) -> Inputs {
+        self.inputs
+    }
+
+    /// The decision cache's counts, when the module's decisions are kept.
+    pub fn cache_report(&self) -> Option<CacheReport> {
+        self.cache.as_ref().map(DecisionCache::report)
     }
 }
 
@@ -220,6 +571,11 @@ pub trait AnyModule: Send + Sync + std::fmt::Debug {
     fn failing_too_often(&self) -> bool;
     /// The largest linear memory an instance of the module has had, in bytes.
     fn peak_memory(&self) -> usize;
+    /// The JSON Schema of the module's configuration, when it exports one (`0.3.0`).
+    fn schema(&self) -> Option<&str>;
+    /// The inputs the module declared its decisions depend on; `None` when it declared none
+    /// (it is passed every input, on every request).
+    fn declared_inputs(&self) -> Option<Vec<&'static str>>;
 }
 
 impl<S: PolicyStage> AnyModule for Module<S> {
@@ -227,25 +583,33 @@ impl<S: PolicyStage> AnyModule for Module<S> {
         S::STAGE
     }
     fn module_name(&self) -> &str {
-        self.module.name()
+        self.loaded().name()
     }
     fn digest(&self) -> &str {
-        self.module.digest()
+        self.loaded().digest()
     }
     fn report(&self) -> ModuleReport {
-        self.module.report()
+        let mut report = self.loaded().report();
+        report.cache = self.cache_report();
+        report
     }
     fn wit_version(&self) -> &'static str {
-        self.module.wit_version()
+        self.loaded().wit_version()
     }
     fn reset_health(&self) {
-        self.module.reset_health()
+        self.loaded().reset_health()
     }
     fn failing_too_often(&self) -> bool {
-        self.module.failing()
+        self.loaded().failing()
     }
     fn peak_memory(&self) -> usize {
-        self.module.peak_memory()
+        self.loaded().peak_memory()
+    }
+    fn schema(&self) -> Option<&str> {
+        self.loaded().schema()
+    }
+    fn declared_inputs(&self) -> Option<Vec<&'static str>> {
+        (self.inputs != Inputs::ALL).then(|| self.inputs.names(S::INPUTS))
     }
 }
 
@@ -373,15 +737,18 @@ pub(crate) fn load_slot<S: PolicyStage>(
     Ok(Arc::new(StageSlot { module, candidate }))
 }
 
-/// Declares a stage's type as its [`StageWorld`]: the generated types of its bindings module,
-/// the request borrowed where it can be.
+/// Declares a stage's type as its [`StageWorld`]: the generated types of its bindings module
+/// (`world` for the current version, `legacy` for the ones before), the request borrowed where
+/// it can be.
 macro_rules! stage_world {
-    ($world:ident, $module:ident, $stage:expr, $decide:literal, $setup:ty, $lt:lifetime, $request:ty, $decision:ty $(, check = $check:path)?) => {
+    (@impl $world:ident, $module:ident, $bindings:ident, $versions:expr, $schema:expr, $stage:expr, $decide:literal, $setup:ty, $lt:lifetime, $request:ty, $decision:ty $(, check = $check:path)?) => {
         impl $crate::policy::engine::StageWorld for $world {
             const STAGE: $crate::stage::Stage = $stage;
             const INTERFACE: &'static str = $stage.info().interface;
+            const VERSIONS: &'static [&'static str] = $versions;
+            const SCHEMA: bool = $schema;
             const DECIDE: &'static str = $decide;
-            type Plane = $crate::policy::stages::$module::world::aura::gateway::types::Plane;
+            type Plane = $crate::policy::stages::$module::$bindings::aura::gateway::types::Plane;
             type Setup = $setup;
             type Request<$lt> = $request;
             type Decision = $decision;
@@ -413,5 +780,40 @@ macro_rules! stage_world {
             )?
         }
     };
+    ($world:ident, $module:ident :: world, $($rest:tt)*) => {
+        $crate::policy::stages::stage_world!(@impl $world, $module, world, $crate::policy::engine::CURRENT_VERSIONS, true, $($rest)*);
+    };
+    ($world:ident, $module:ident :: legacy, $($rest:tt)*) => {
+        $crate::policy::stages::stage_world!(@impl $world, $module, legacy, $crate::policy::engine::LEGACY_VERSIONS, false, $($rest)*);
+    };
 }
 pub(crate) use stage_world;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checks (or, with `AURA_BLESS=1`, writes) the schema file of `S`'s default plugin against
+    /// the one derived from its configuration type.
+    fn exported_schema_is_derived<S: ExportedSchema>() {
+        let derived = serde_json::to_string_pretty(&S::config_schema()).expect("json") + "\n";
+        if std::env::var_os("AURA_BLESS").is_some() {
+            std::fs::write(S::FILE, &derived).expect("written");
+            return;
+        }
+        assert_eq!(
+            S::EXPORTED,
+            derived,
+            "{} differs from the plugin's configuration type: run this test with AURA_BLESS=1",
+            S::FILE
+        );
+    }
+
+    #[test]
+    fn the_default_plugins_export_the_schemas_of_their_configurations() {
+        exported_schema_is_derived::<ApiKey>();
+        exported_schema_is_derived::<Cors>();
+        exported_schema_is_derived::<Quota>();
+        exported_schema_is_derived::<DbRouting>();
+    }
+}

@@ -1,6 +1,7 @@
 //! A CORS allow-list for a tenant: exact origins, plus any subdomain of listed domains (over
-//! https only); denied origins are logged. Build: `cargo build --release --target wasm32-wasip2`.
-//! Configuration:
+//! https only); denied origins are logged. The decision depends on the origin and on whether the
+//! request is a preflight, so it declares `origin` and `request-method`.
+//! Build: `cargo build --release --target wasm32-wasip2`. Configuration:
 //!
 //! ```toml
 //! origins = ["https://app.example.com"]
@@ -16,7 +17,40 @@ wit_bindgen::generate!({ path: "../../../../wit", world: "cors-stage" });
 
 use aura::gateway::log::{Level, log};
 use aura::gateway::types::Plane;
-use exports::aura::gateway::cors::{CorsAllow, CorsDecision, CorsRequest, Guest};
+use exports::aura::gateway::cors::{
+    CorsAllow, CorsCache, CorsDecision, CorsInputs, CorsRequest, Guest,
+};
+
+/// The JSON Schema of the configuration, checked by the gateway before `configure` runs.
+const SCHEMA: &str = r#"{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "title": "cors: an allow-list",
+  "type": "object",
+  "properties": {
+    "origins": {
+      "description": "Origins allowed, compared case-insensitively (no wildcards).",
+      "type": "array",
+      "items": { "type": "string" }
+    },
+    "subdomains_of": {
+      "description": "Domains whose https subdomains are allowed (no wildcards).",
+      "type": "array",
+      "items": { "type": "string" }
+    },
+    "max_age_secs": {
+      "description": "Access-Control-Max-Age of a preflight, in seconds.",
+      "type": "integer",
+      "minimum": 0,
+      "maximum": 4294967295,
+      "default": 600
+    }
+  },
+  "additionalProperties": false
+}"#;
+
+/// How long a decision holds: a function of its declared inputs and the configuration, so as
+/// long as the gateway keeps it (it lowers this to its own ceiling).
+const MAX_AGE_MS: u32 = 300_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,7 +91,11 @@ fn allowed(config: &Config, origin: &str) -> bool {
 struct Plugin;
 
 impl Guest for Plugin {
-    fn configure(_plane: Plane, config: String) -> Result<(), String> {
+    fn config_schema() -> Option<String> {
+        Some(SCHEMA.to_owned())
+    }
+
+    fn configure(_plane: Plane, config: String) -> Result<Option<CorsCache>, String> {
         let config: Config = serde_json::from_str(&config).map_err(|e| format!("config: {e}"))?;
         if config
             .origins
@@ -77,7 +115,11 @@ impl Guest for Plugin {
         );
         CONFIG
             .set(config)
-            .map_err(|_| "configured twice".to_string())
+            .map_err(|_| "configured twice".to_string())?;
+        Ok(Some(CorsCache {
+            inputs: CorsInputs::ORIGIN | CorsInputs::REQUEST_METHOD,
+            max_age_ms: MAX_AGE_MS,
+        }))
     }
 
     fn decide(request: CorsRequest) -> CorsDecision {

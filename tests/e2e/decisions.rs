@@ -1,0 +1,436 @@
+//! Declared inputs and the decision cache (`aura:gateway@0.3.0`), and the inputs and decisions
+//! that came with them — quota denials, claims and addresses, read replicas, configuration
+//! schemas — through the gateway binary.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::support::builder::{Gateway, Started};
+use crate::support::call::Call;
+use crate::support::fixture::{USER_SECRET, console_token, epoch, hs256, user_token};
+use crate::support::metrics::metric;
+use crate::support::policy::{Policies, testing_cors};
+use crate::support::upstream::Recorder;
+
+/// The fixture's admin on `gw`'s alpha, uploads given up after a minute.
+fn admin(started: &Started) -> Policies {
+    Policies::new(started.gw.mgmt_url(""), console_token(started.fx.admin))
+        .timeout(Duration::from_secs(60))
+}
+
+/// A gateway binary off NATS with `toml`.
+fn offline(prefix: &str, toml: &str) -> Started {
+    let gw = Gateway::builder().nats("nats://127.0.0.1:1").prefix(prefix);
+    gw.toml(toml).binary()
+}
+
+/// The `cache` object of the health of alpha's module for `stage`, and its calls.
+async fn cache_of(admin: &Policies, stage: &str) -> (Value, u64) {
+    let body = admin.body(stage).await;
+    let health = &body["health"];
+    let calls = health["calls"].as_u64().expect("calls");
+    (health["cache"].clone(), calls)
+}
+
+#[tokio::test]
+async fn a_declared_module_is_called_once_for_identical_requests_and_again_when_an_input_changes() {
+    let started = offline("decl-once", "");
+    let (gw, fx) = (&started.gw, &started.fx);
+    let admin = admin(&started);
+    let config = json!({ "echo_all": true, "declare": ["origin"], "max_age_ms": 60_000 });
+    admin.install_ok("cors", &testing_cors(), config).await;
+    let (cache, calls_before) = cache_of(&admin, "cors").await;
+    assert_eq!(cache["inputs"], json!(["origin"]), "{cache}");
+    assert_eq!(cache["max_age_ms"], 60_000);
+
+    let health = |origin: &str| {
+        let call = Call::get(gw.data_url("/health")).key(&fx.anon_key);
+        call.origin(origin).read()
+    };
+    for _ in 0..20 {
+        let r = health("https://one.example").await;
+        assert_eq!(
+            r.header("access-control-allow-origin"),
+            "https://one.example"
+        );
+    }
+    let (cache, calls) = cache_of(&admin, "cors").await;
+    assert_eq!(
+        calls - calls_before,
+        1,
+        "one call for 20 identical requests"
+    );
+    assert_eq!(
+        (cache["misses"].as_u64(), cache["hits"].as_u64()),
+        (Some(1), Some(19))
+    );
+
+    // Another origin (a declared input) is decided again; the first is still kept.
+    for origin in [
+        "https://two.example",
+        "https://one.example",
+        "https://two.example",
+    ] {
+        let r = health(origin).await;
+        assert_eq!(
+            r.header("access-control-allow-origin"),
+            origin,
+            "each its own"
+        );
+    }
+    let (cache, calls) = cache_of(&admin, "cors").await;
+    assert_eq!(calls - calls_before, 2);
+    assert_eq!(
+        (cache["misses"].as_u64(), cache["hits"].as_u64()),
+        (Some(2), Some(21))
+    );
+    assert_eq!(cache["entries"], 2);
+    let text = gw.metrics().await;
+    let labels = ["plane=\"data\"", "stage=\"cors\"", "owner=\"tenant\""];
+    let hits = metric(
+        &text,
+        "aura_decision_cache_total",
+        &[&labels[..], &["outcome=\"hit\""]].concat(),
+    );
+    assert_eq!(hits, 21.0, "counted in the metrics too");
+
+    // A new configuration is a new module: its cache starts empty.
+    admin
+        .install_ok(
+            "cors",
+            &testing_cors(),
+            json!({ "echo_all": true, "declare": ["origin"] }),
+        )
+        .await;
+    let (cache, _) = cache_of(&admin, "cors").await;
+    assert_eq!(
+        (cache["hits"].as_u64(), cache["entries"].as_u64()),
+        (Some(0), Some(0))
+    );
+    health("https://one.example").await;
+    let (cache, _) = cache_of(&admin, "cors").await;
+    assert_eq!(cache["misses"], 1, "decided again after the swap");
+}
+
+#[tokio::test]
+async fn a_false_declaration_is_refused_at_upload_naming_the_input_it_depends_on() {
+    let started = offline("decl-false", "");
+    let admin = admin(&started);
+    // The decision exposes a header named after the path, and the module declares the origin
+    // alone.
+    let lying = json!({ "expose_path": true, "declare": ["origin"] });
+    let (status, body) = admin.install("cors", &testing_cors(), lying).await.parts();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "policy_refused");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(message.contains("declared inputs are false"), "{message}");
+    assert!(message.contains("`path`"), "names the input: {message}");
+    assert!(
+        !message.contains("`origin`"),
+        "not a declared one: {message}"
+    );
+    // Declaring the path too is the truth, and is accepted.
+    let honest = json!({ "expose_path": true, "declare": ["origin", "path"] });
+    admin.install_ok("cors", &testing_cors(), honest).await;
+    // The gateway kept serving throughout.
+    let health = Call::get(started.gw.data_url("/health")).key(&started.fx.anon_key);
+    assert_eq!(health.status().await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn one_projects_flood_of_unique_inputs_leaves_another_projects_decisions_in_the_cache() {
+    // A small cache: 8 decisions per project, 64 in all (8 per shard).
+    let started = offline(
+        "decl-flood",
+        "[plugins.decision_cache]\nentries = 64\npartition_entries = 8\n",
+    );
+    let (gw, fx) = (&started.gw, &started.fx);
+    let other = |n: usize| {
+        let call = Call::get(gw.data_url(&format!("/v1/storage/other-{n}")));
+        call.key(&fx.other_project_key).status()
+    };
+    // The other project's key is decided once, then kept.
+    for n in 0..3 {
+        other(n).await;
+    }
+    let misses = |text: &str| {
+        let labels = ["stage=\"quota\"", "owner=\"operator\"", "outcome=\"miss\""];
+        metric(text, "aura_decision_cache_total", &labels)
+    };
+    let before = misses(&gw.metrics().await);
+    // alpha's users flood the quota stage with 300 unique inputs (one user each).
+    for _ in 0..300 {
+        let token = user_token("alpha", Uuid::new_v4());
+        let call = Call::get(gw.data_url("/v1/storage/x")).key(&fx.anon_key);
+        call.bearer(token).status().await;
+    }
+    let flooded = misses(&gw.metrics().await);
+    assert!(
+        flooded - before >= 300.0,
+        "every flood request missed: {}",
+        flooded - before
+    );
+    let text = gw.metrics().await;
+    let evicted = metric(
+        &text,
+        "aura_decision_cache_total",
+        &["stage=\"quota\"", "outcome=\"evicted\""],
+    );
+    assert!(evicted >= 250.0, "alpha's own entries made room: {evicted}");
+    // The other project's decision is still kept: no miss for its requests.
+    for n in 0..20 {
+        other(n).await;
+    }
+    let after = misses(&gw.metrics().await);
+    assert_eq!(after, flooded, "the other project's hit ratio is unchanged");
+}
+
+#[tokio::test]
+async fn a_projects_quota_module_denies_by_address_and_by_claim_and_others_are_unaffected() {
+    let started = offline("decl-deny", "");
+    let (gw, fx) = (&started.gw, &started.fx);
+    let admin = admin(&started);
+    let quota = aura_gateway::policy::builtin::QUOTA;
+    // `/health` with a key: the quota stage decides, and nothing else answers but 200.
+    let storage = |key: &str| Call::get(gw.data_url("/health")).key(key);
+
+    // Every address of loopback denied for alpha.
+    admin
+        .install_ok("quota", quota, json!({ "deny_cidrs": ["127.0.0.0/8"] }))
+        .await;
+    let r = storage(&fx.anon_key).expect(StatusCode::FORBIDDEN).await;
+    assert_eq!(r.code(), "address_denied");
+    assert_eq!(
+        storage(&fx.other_project_key).status().await,
+        StatusCode::OK
+    );
+    // An allow list that leaves loopback out.
+    admin
+        .install_ok("quota", quota, json!({ "allow_cidrs": ["10.0.0.0/8"] }))
+        .await;
+    let r = storage(&fx.anon_key).expect(StatusCode::FORBIDDEN).await;
+    assert_eq!(r.code(), "address_not_allowed");
+
+    // Rules on a claim of the user's token: `tier`.
+    let rules = json!({ "claim_rules": [
+        { "claim": "tier", "equals": "blocked", "deny": true },
+        { "claim": "tier", "equals": "trial", "rate_per_second": 1, "burst": 1 },
+    ]});
+    admin.install_ok("quota", quota, rules).await;
+    let token = |tier: Option<&str>| {
+        let mut claims = json!({
+            "sub": Uuid::new_v4().to_string(), "aud": "authenticated", "ref": "alpha",
+            "exp": epoch() + 600,
+        });
+        if let Some(tier) = tier {
+            claims["tier"] = json!(tier);
+        }
+        hs256(USER_SECRET, claims)
+    };
+    let as_user = |token: &str| storage(&fx.anon_key).bearer(token);
+    let r = as_user(&token(Some("blocked")))
+        .expect(StatusCode::FORBIDDEN)
+        .await;
+    assert_eq!(r.code(), "claim_denied");
+    let trial = token(Some("trial"));
+    assert_eq!(as_user(&trial).status().await, StatusCode::OK);
+    let r = as_user(&trial).expect(StatusCode::TOO_MANY_REQUESTS).await;
+    assert!(
+        r.headers.contains_key("retry-after"),
+        "the trial tier's bucket of 1"
+    );
+    for _ in 0..3 {
+        let plain = token(None);
+        assert_eq!(
+            as_user(&plain).status().await,
+            StatusCode::OK,
+            "no tier: the plan's"
+        );
+    }
+    let text = gw.metrics().await;
+    for code in ["address_denied", "address_not_allowed", "claim_denied"] {
+        let code = format!("code=\"{code}\"");
+        let denied = metric(
+            &text,
+            "aura_quota_denials_total",
+            &["source=\"tenant\"", &code],
+        );
+        assert!(denied >= 1.0, "{code} counted");
+    }
+    // A claim too large to pass is not passed: no rule matches it.
+    let huge = token(Some(&"b".repeat(300)));
+    assert_eq!(as_user(&huge).status().await, StatusCode::OK);
+}
+
+/// The records of project `delta` (organization A): a dedicated database at `primary` with read
+/// replicas `replicas` (url, region), and an anon key `key`.
+fn replicated_project(fx_org: Uuid, primary: &str, replicas: &[(&str, &str)], key: &str) -> String {
+    let replicas: Vec<String> = replicas
+        .iter()
+        .map(|(url, region)| format!("{{ url = \"{url}\", region = \"{region}\" }}"))
+        .collect();
+    format!(
+        "[[projects]]\nref = \"delta\"\norganization_id = \"{fx_org}\"\ndb_engine = \"postgres\"\ntopology = \"dedicated\"\npostgrest_url = \"{primary}\"\nreplicas = [{}]\n\n[[api_keys]]\nid = \"{}\"\nproject_ref = \"delta\"\nrole = \"anon\"\nkey_sha256 = \"{}\"\n",
+        replicas.join(", "),
+        Uuid::new_v4(),
+        aura_gateway::auth::keys::hash_key(key)
+    )
+}
+
+#[tokio::test]
+async fn reads_go_to_the_clients_replica_and_a_replica_for_a_write_is_refused() {
+    let (primary, eu, us) = (
+        Recorder::start().await,
+        Recorder::start().await,
+        Recorder::start().await,
+    );
+    let fx = crate::support::fixture::Fixture::new();
+    let key = format!("aura_pk_delta_{}", Uuid::new_v4().simple());
+    let records = replicated_project(
+        fx.org_a,
+        &primary.url,
+        &[(&eu.url, "eu-west"), (&us.url, "us-east")],
+        &key,
+    );
+    let toml = "[upstreams]\nclient_region_header = \"x-client-region\"\npostgrest_allowed_targets = [\"127.0.0.1\"]\n";
+    let gw = Gateway::builder()
+        .nats("nats://127.0.0.1:1")
+        .prefix("decl-replica");
+    let started = gw.fixture(&fx).records(&records).toml(toml).binary();
+    let gw = &started.gw;
+    let db = |method: reqwest::Method, region: &str| {
+        let call = Call::new(method, gw.data_url("/v1/db/todos?select=*")).key(&key);
+        call.header("x-client-region", region)
+    };
+    // Reads: the client's region's replica; an unknown region: the primary.
+    db(reqwest::Method::GET, "eu-west")
+        .expect(StatusCode::OK)
+        .await;
+    assert_eq!(eu.seen().len(), 1, "eu-west read from its replica");
+    db(reqwest::Method::HEAD, "us-east")
+        .expect(StatusCode::OK)
+        .await;
+    assert_eq!(us.seen().len(), 1);
+    db(reqwest::Method::GET, "ap-south")
+        .expect(StatusCode::OK)
+        .await;
+    // A write: the primary, whatever the region.
+    db(reqwest::Method::POST, "eu-west")
+        .expect(StatusCode::OK)
+        .await;
+    assert_eq!(primary.seen().len(), 2);
+    assert_eq!((eu.seen().len(), us.seen().len()), (1, 1));
+    // A region header out of bounds is ignored (the primary).
+    db(reqwest::Method::GET, &"e".repeat(65))
+        .expect(StatusCode::OK)
+        .await;
+    assert_eq!(primary.seen().len(), 3);
+    drop(started);
+
+    // A module that answers a replica for every request: the host refuses it for a write,
+    // fails closed (no target reached) and counts it.
+    let hostile = aura_gateway::policy::builtin::TESTING_DB_PLUGIN_PATH;
+    let toml = format!("{toml}\n[data_plane.plugins.db_routing]\nmodule = \"{hostile}\"\n");
+    let gw = Gateway::builder()
+        .nats("nats://127.0.0.1:1")
+        .prefix("decl-replica2");
+    let started = gw.fixture(&fx).records(&records).toml(&toml).binary();
+    let gw = &started.gw;
+    let db = |method: reqwest::Method| Call::new(method, gw.data_url("/v1/db/todos")).key(&key);
+    primary.clear();
+    eu.clear();
+    db(reqwest::Method::GET).expect(StatusCode::OK).await;
+    assert_eq!(eu.seen().len(), 1, "a read to the replica it named");
+    for method in [
+        reqwest::Method::POST,
+        reqwest::Method::PATCH,
+        reqwest::Method::DELETE,
+    ] {
+        let r = db(method).expect(StatusCode::SERVICE_UNAVAILABLE).await;
+        assert_eq!(r.code(), "db_route_refused");
+    }
+    assert_eq!(
+        (primary.seen().len(), eu.seen().len()),
+        (0, 1),
+        "nothing reached"
+    );
+    let text = gw.metrics().await;
+    let refused = metric(
+        &text,
+        "aura_db_routes_refused_total",
+        &["reason=\"write_to_replica\""],
+    );
+    assert_eq!(refused, 3.0);
+    assert_eq!(
+        db(reqwest::Method::GET).status().await,
+        StatusCode::OK,
+        "still serving"
+    );
+}
+
+#[tokio::test]
+async fn a_modules_configuration_schema_is_served_and_enforced_before_configure() {
+    let started = offline("decl-schema", "");
+    let admin = admin(&started);
+    // The data plane's default quota module exports its schema.
+    let schema = admin
+        .call(reqwest::Method::GET, "quota", "/schema")
+        .read()
+        .await;
+    let (status, body) = schema.parts();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["source"], "plane");
+    let properties = &body["schema"]["properties"];
+    assert!(properties["deny_cidrs"].is_object(), "{body}");
+    assert!(properties["claim_rules"].is_object(), "{body}");
+
+    // A configuration the module's schema refuses never reaches `configure`: named.
+    let wrong = json!({ "echo_all": true, "max_age_ms": "soon" });
+    let (status, body) = admin.install("cors", &testing_cors(), wrong).await.parts();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(message.contains("schema"), "{message}");
+    assert!(message.contains("/max_age_ms"), "names the key: {message}");
+    // So is the default quota module's, for a figure of the wrong type.
+    let quota = aura_gateway::policy::builtin::QUOTA;
+    let (status, body) = admin
+        .install("quota", quota, json!({ "burst": "lots" }))
+        .await
+        .parts();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("/burst")
+    );
+
+    // Once alpha installs its own module, its schema is the one served.
+    admin
+        .install_ok("cors", &testing_cors(), json!({ "echo_all": true }))
+        .await;
+    let body = admin
+        .call(reqwest::Method::GET, "cors", "/schema")
+        .read()
+        .await
+        .json();
+    assert_eq!(body["source"], "project");
+    assert!(
+        body["schema"]["properties"]["declare"].is_object(),
+        "{body}"
+    );
+    // Any member may read it; a project of another organization is not found.
+    let reader = Policies::new(started.gw.mgmt_url(""), console_token(started.fx.reader));
+    let r = reader
+        .call(reqwest::Method::GET, "cors", "/schema")
+        .read()
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let other = reader
+        .of("other")
+        .call(reqwest::Method::GET, "cors", "/schema");
+    assert_ne!(other.read().await.status, StatusCode::OK);
+}
