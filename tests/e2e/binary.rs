@@ -511,6 +511,16 @@ fn plugin_check_passes_a_good_module_and_names_what_is_wrong_with_a_bad_one() {
     assert!(stdout.contains("data_plane.plugins.cors"), "{stdout}");
     let measured = stdout.contains("median") && stdout.contains("memory");
     assert!(measured, "per-call time and memory: {stdout}");
+    // What the module declares and the schema it exports are printed.
+    assert!(
+        stdout.contains("declared inputs: not declared (called on every request)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("configuration schema:\n{"), "{stdout}");
+    assert!(
+        stdout.contains("\"max_age_ms\""),
+        "the testing plugin's schema: {stdout}"
+    );
 
     let dir = tempfile::tempdir().expect("tempdir");
     let refusing = dir.path().join("refuse.toml");
@@ -520,6 +530,21 @@ fn plugin_check_passes_a_good_module_and_names_what_is_wrong_with_a_bad_one() {
     let quota = dir.path().join("quota.wasm");
     std::fs::write(&quota, aura_gateway::policy::builtin::QUOTA).expect("write");
     let quota = quota.display().to_string();
+    let out = run(&["plugin", "check", &quota, "--stage", "quota"], None);
+    succeeded(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let declared = "declared inputs: route-group, role, key-id, user-id, plan (decisions kept";
+    assert!(stdout.contains(declared), "{stdout}");
+    // A configuration the schema refuses is named by its key.
+    let wrong = dir.path().join("wrong.toml");
+    std::fs::write(&wrong, "burst = \"lots\"\n").expect("write");
+    failed_saying(
+        &run(
+            &["plugin", "check", &quota, "--stage", "quota"],
+            Some(&wrong),
+        ),
+        "/burst",
+    );
     let out = run(&["plugin", "check", &quota, "--stage", "cors"], None);
     failed_saying(&out, "does not export the cors stage world");
 }

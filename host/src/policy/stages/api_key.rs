@@ -341,7 +341,7 @@ impl PolicyStage for ApiKey {
     }
 
     fn partition(input: &KeyInput<'_>, key: &mut KeyWriter) {
-        key.partition(&crate::actor::client_prefix(input.client));
+        key.partition_address(input.client);
     }
 
     fn key(input: &KeyInput<'_>, configured: &KeyConfigured, inputs: Inputs, key: &mut KeyWriter) {
@@ -358,11 +358,23 @@ impl PolicyStage for ApiKey {
             }
         }
         if inputs.has(3) {
-            with_pairs(input.headers, &configured.headers, |pairs| {
-                for (name, value) in pairs {
-                    key.tag(name_index(&configured.headers, name)).str(value);
+            // The raw values, in request order: no pair is collected or decoded for a lookup.
+            let wanted = &configured.headers;
+            match input.headers {
+                KeyHeaders::Head(map) => {
+                    for (name, value) in map.iter() {
+                        if wanted.iter().any(|w| w == name.as_str()) {
+                            key.tag(name_index(wanted, name.as_str()))
+                                .bytes(value.as_bytes());
+                        }
+                    }
                 }
-            });
+                KeyHeaders::Listed(pairs) => {
+                    for (name, value) in pairs.iter().filter(|(n, _)| wanted.contains(n)) {
+                        key.tag(name_index(wanted, name)).str(value);
+                    }
+                }
+            }
             key.tag(u8::MAX);
         }
     }

@@ -184,7 +184,7 @@ impl PolicyStage for Cors {
     fn configured_legacy(_: &()) {}
 
     fn partition(input: &CorsInput<'_>, key: &mut KeyWriter) {
-        key.partition(&crate::actor::client_prefix(input.client));
+        key.partition_address(input.client);
     }
 
     fn key(input: &CorsInput<'_>, _: &(), inputs: Inputs, key: &mut KeyWriter) {

@@ -203,8 +203,8 @@ impl PolicyStage for DbRouting {
                 project: Some(project),
                 ..
             }) => key.partition(project),
-            Some(actor) => key.partition(&crate::actor::client_prefix(actor.client_ip)),
-            None => key.partition("-"),
+            Some(actor) => key.partition_address(actor.client_ip),
+            None => key.partition_address(None),
         };
     }
 

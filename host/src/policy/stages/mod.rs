@@ -467,16 +467,21 @@ impl<S: PolicyStage> Module<S> {
     /// The decision kept for `input`'s declared inputs; else the key to keep the module's
     /// answer under (`None`: the module's decisions are not kept).
     pub fn cached(&self, input: &S::Input<'_>) -> Result<S::Decision, Option<KeyWriter>> {
+        thread_local! {
+            /// The key of a lookup, written in place: a hit allocates nothing for it.
+            static SCRATCH: std::cell::RefCell<KeyWriter> = std::cell::RefCell::default();
+        }
         let Some(cache) = &self.cache else {
             return Err(None);
         };
-        let mut key = KeyWriter::default();
-        S::partition(input, &mut key);
-        S::key(input, &self.configured, self.inputs, &mut key);
-        match cache.get(&key) {
-            Some(decision) => Ok(decision),
-            None => Err(Some(key)),
-        }
+        SCRATCH.with_borrow_mut(|key| {
+            S::partition(input, key);
+            S::key(input, &self.configured, self.inputs, key);
+            match cache.get(key) {
+                Some(decision) => Ok(decision),
+                None => Err(Some(key.clone())),
+            }
+        })
     }
 
     /// Calls the module and keeps its decision under `key` (from [`Self::cached`]).

@@ -188,8 +188,31 @@ pub(crate) fn actor_subject(actor: &Actor) -> String {
         .unwrap_or_else(|| super::cors::client_subject(actor.client_ip))
 }
 
+/// Headers a `quota` module may never read: credentials (a project's module never sees an API
+/// key or a token) and the gateway's own identity headers.
+const CREDENTIAL_HEADERS: [&str; 6] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "apikey",
+    "x-api-key",
+    "x-aura-",
+];
+
 /// Bounds the claim or header names a module asks for.
 fn check_names(what: &str, names: &[String], header: bool) -> Result<(), String> {
+    if header
+        && let Some(name) = names.iter().find(|n| {
+            CREDENTIAL_HEADERS
+                .iter()
+                .any(|c| n.as_str() == *c || (c.ends_with('-') && n.starts_with(*c)))
+        })
+    {
+        return Err(format!(
+            "{name:?} as a header to read: credentials and the gateway's identity headers are \
+             never passed to a module"
+        ));
+    }
     if names.len() > MAX_NAMED {
         return Err(format!(
             "{} {what} names, more than {MAX_NAMED}",
@@ -372,7 +395,7 @@ impl PolicyStage for Quota {
     fn partition(input: &QuotaInput<'_>, key: &mut KeyWriter) {
         match &input.actor.project {
             Some(project) => key.partition(project),
-            None => key.partition(&crate::actor::client_prefix(input.actor.client_ip)),
+            None => key.partition_address(input.actor.client_ip),
         };
     }
 
@@ -862,6 +885,89 @@ pub mod native {
                     retry_after_seconds: 0,
                 }),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plane::Plane;
+
+    fn configured(claims: &[&str], headers: &[&'static str]) -> QuotaConfigured {
+        QuotaConfigured {
+            claims: claims.iter().map(|c| (*c).to_owned()).collect(),
+            headers: headers
+                .iter()
+                .map(|h| http::HeaderName::from_static(h))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn only_named_headers_within_bounds_are_passed() {
+        let c = configured(&[], &["x-tier", "x-team"]);
+        let mut h = http::HeaderMap::new();
+        h.append("x-team", http::HeaderValue::from_static("blue"));
+        h.append("x-other", http::HeaderValue::from_static("never"));
+        h.append("x-tier", http::HeaderValue::from_static("gold"));
+        let long = "v".repeat(MAX_VALUE_BYTES + 1);
+        h.append("x-tier", http::HeaderValue::from_str(&long).expect("value"));
+        h.append(
+            "x-tier",
+            http::HeaderValue::from_bytes(b"caf\xe9").expect("value"),
+        );
+        // By the position of the name, the named ones only; too long or not text: left out.
+        assert_eq!(
+            selected_headers(&c, Some(&h)),
+            vec![(0, "gold"), (1, "blue")]
+        );
+        for n in 0..100 {
+            h.append(
+                "x-team",
+                http::HeaderValue::from_str(&n.to_string()).expect("value"),
+            );
+        }
+        assert_eq!(selected_headers(&c, Some(&h)).len(), MAX_HEADER_VALUES);
+        assert!(selected_headers(&c, None).is_empty());
+    }
+
+    #[test]
+    fn only_named_claims_within_bounds_are_passed_as_json() {
+        let c = configured(&["tier", "org", "big"], &[]);
+        let mut actor = Actor::unauthenticated(Plane::Data);
+        assert!(selected_claims(&c, &actor).is_empty(), "no token");
+        actor.claims = Some(std::sync::Arc::new(serde_json::json!({
+            "tier": "gold", "org": 7, "secret": "never", "big": "b".repeat(MAX_VALUE_BYTES),
+        })));
+        assert_eq!(
+            selected_claims(&c, &actor),
+            vec![(0, "\"gold\"".to_owned()), (1, "7".to_owned())]
+        );
+    }
+
+    #[test]
+    fn a_module_naming_too_many_or_bad_claims_and_headers_is_refused() {
+        let names = |n: usize| (0..n).map(|i| format!("n{i}")).collect::<Vec<_>>();
+        assert!(check_names("claim", &names(MAX_NAMED), false).is_ok());
+        assert!(check_names("claim", &names(MAX_NAMED + 1), false).is_err());
+        assert!(check_names("claim", &["".to_owned()], false).is_err());
+        assert!(check_names("claim", &["c".repeat(MAX_NAME_BYTES + 1)], false).is_err());
+        assert!(check_names("header", &["X-Upper".to_owned()], true).is_err());
+        assert!(check_names("header", &["bad header".to_owned()], true).is_err());
+        assert!(check_names("header", &["x-ok".to_owned()], true).is_ok());
+        for credential in [
+            "authorization",
+            "cookie",
+            "apikey",
+            "x-api-key",
+            "x-aura-role",
+        ] {
+            let refused = check_names("header", &[credential.to_owned()], true);
+            assert!(
+                refused.is_err_and(|e| e.contains("credentials")),
+                "{credential}"
+            );
         }
     }
 }
