@@ -10,7 +10,7 @@ use super::per_ip::{Limiter, count, too_many};
 use crate::actor::Actor;
 use crate::error::GatewayError;
 use crate::policy::registry::{Source, StageCall};
-use crate::policy::stages::quota::{BucketScope, deny_code, deny_status};
+use crate::policy::stages::quota::{BucketScope, QuotaDenial, deny_code, deny_status};
 use crate::policy::stages::{Quota, QuotaDecision, QuotaInput};
 use crate::ratelimit::Decision;
 use crate::ratelimit::rules::{self, Answered, RuleSource, Scope};
@@ -18,6 +18,25 @@ use crate::state::AppState;
 
 /// The longest `Retry-After` of a module's `429` denial, in seconds.
 const MAX_DENY_RETRY_AFTER_SECS: u32 = 3_600;
+
+/// The answer to a module's denial: its status and code from the fixed sets, and for a 429 a
+/// `Retry-After` within 1 s and [`MAX_DENY_RETRY_AFTER_SECS`], whatever the module said.
+fn denied(denial: &QuotaDenial) -> GatewayError {
+    let status = deny_status(denial.status);
+    let error = GatewayError::new(
+        status,
+        deny_code(denial.reason),
+        "the request is refused by the quota policy",
+        crate::error::Side::Client,
+    );
+    if status != http::StatusCode::TOO_MANY_REQUESTS {
+        return error;
+    }
+    let secs = denial
+        .retry_after_seconds
+        .clamp(1, MAX_DENY_RETRY_AFTER_SECS);
+    error.retry_after(std::time::Duration::from_secs(u64::from(secs)))
+}
 
 /// Takes the request's tokens for `actor` (phase 9's): `Ok(None)` when exempt, the decision (for
 /// the response's `RateLimit-*` headers) when admitted, the answer when refused (by the bucket or
@@ -57,25 +76,13 @@ pub async fn check(
     let answered = match &decision {
         QuotaDecision::Exempt => return Ok(None),
         QuotaDecision::Deny(denial) => {
-            let (status, code) = (deny_status(denial.status), deny_code(denial.reason));
+            let code = deny_code(denial.reason);
             state
                 .metrics
                 .quota_denials
                 .with_label_values(&[plane, source.as_str(), code])
                 .inc();
-            let mut error = GatewayError::new(
-                status,
-                code,
-                "the request is refused by the project's policy",
-                crate::error::Side::Client,
-            );
-            if status == http::StatusCode::TOO_MANY_REQUESTS {
-                let secs = denial
-                    .retry_after_seconds
-                    .clamp(1, MAX_DENY_RETRY_AFTER_SECS);
-                error = error.retry_after(std::time::Duration::from_secs(u64::from(secs)));
-            }
-            return Err(error.into_response());
+            return Err(denied(denial).into_response());
         }
         QuotaDecision::Limit(rule) => Answered {
             scope: match &rule.scope {
@@ -124,5 +131,44 @@ pub async fn check(
         Ok(Some(decision))
     } else {
         Err(too_many(&decision))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::response::{IntoResponse, Response};
+
+    use super::*;
+    use crate::policy::stages::quota::{DenyReason, DenyStatus};
+
+    fn answer(status: DenyStatus, reason: DenyReason, retry_after_seconds: u32) -> Response {
+        denied(&QuotaDenial {
+            status,
+            reason,
+            retry_after_seconds,
+        })
+        .into_response()
+    }
+
+    #[tokio::test]
+    async fn a_denial_is_the_contracts_json_error_with_a_bounded_retry_after() {
+        let r = answer(DenyStatus::Forbidden, DenyReason::ClaimDenied, u32::MAX);
+        assert_eq!(r.status(), http::StatusCode::FORBIDDEN);
+        assert!(r.headers().get("retry-after").is_none(), "a 403 has none");
+        let body = axum::body::to_bytes(r.into_body(), 4096)
+            .await
+            .expect("body");
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(body["error"]["code"], "claim_denied");
+        assert!(body["error"]["message"].is_string());
+        for (asked, sent) in [(u32::MAX, "3600"), (0, "1"), (30, "30")] {
+            let r = answer(
+                DenyStatus::TooManyRequests,
+                DenyReason::QuotaExceeded,
+                asked,
+            );
+            assert_eq!(r.status(), http::StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(r.headers()["retry-after"], sent, "asked {asked}");
+        }
     }
 }
