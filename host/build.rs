@@ -25,6 +25,10 @@ const TEST_PLUGINS: &[(&str, &str)] = &[
     ("aura-plugin-testing-quota", "testing_quota.wasm"),
     ("aura-plugin-testing-legacy", "testing_legacy.wasm"),
     ("aura-plugin-testing-db", "testing_db.wasm"),
+    (
+        "aura-plugin-testing-quota-inputs",
+        "testing_quota_inputs.wasm",
+    ),
 ];
 
 /// Every plugin built: (package, file name in OUT_DIR), the default plugins first.

@@ -144,7 +144,7 @@ impl Metrics {
         let decision_cache = IntCounterVec::new(
             Opts::new(
                 "decision_cache_total",
-                "Decision cache lookups and evictions by plane, stage, owner (operator, candidate, tenant) and outcome (hit, miss, evicted)",
+                "Decision cache lookups and evictions by plane, stage, owner (operator, candidate, tenant) and outcome (hit, miss, evicted, declined: decided without a lookup while the cache thrashes)",
             ),
             &["plane", "stage", "owner", "outcome"],
         )

@@ -533,7 +533,7 @@ fn plugin_check_passes_a_good_module_and_names_what_is_wrong_with_a_bad_one() {
     let out = run(&["plugin", "check", &quota, "--stage", "quota"], None);
     succeeded(&out);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let declared = "declared inputs: route-group, role, key-id, user-id, plan (decisions kept";
+    let declared = "declared inputs: route-group, role, plan, has-key, has-user (decisions kept";
     assert!(stdout.contains(declared), "{stdout}");
     // A configuration the schema refuses is named by its key.
     let wrong = dir.path().join("wrong.toml");

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::support::builder::{Gateway, Started};
 use crate::support::call::Call;
-use crate::support::fixture::{USER_SECRET, console_token, epoch, hs256, user_token};
+use crate::support::fixture::{USER_SECRET, console_token, epoch, hs256};
 use crate::support::metrics::metric;
 use crate::support::policy::{Policies, testing_cors};
 use crate::support::upstream::Recorder;
@@ -142,10 +142,13 @@ async fn a_false_declaration_is_refused_at_upload_naming_the_input_it_depends_on
 
 #[tokio::test]
 async fn one_projects_flood_of_unique_inputs_leaves_another_projects_decisions_in_the_cache() {
-    // A small cache: 8 decisions per project, 64 in all (8 per shard).
+    // A small cache: 8 decisions per project, 64 in all (8 per shard). The plane's quota module
+    // reads the claim `tier`: each value is a decision of its own.
     let started = offline(
         "decl-flood",
-        "[plugins.decision_cache]\nentries = 64\npartition_entries = 8\n",
+        "[plugins.decision_cache]\nentries = 64\npartition_entries = 8\n\n\
+         [data_plane.plugins.quota.config]\n\
+         claim_rules = [{ claim = \"tier\", equals = \"blocked\", deny = true }]\n",
     );
     let (gw, fx) = (&started.gw, &started.fx);
     let other = |n: usize| {
@@ -161,9 +164,13 @@ async fn one_projects_flood_of_unique_inputs_leaves_another_projects_decisions_i
         metric(text, "aura_decision_cache_total", &labels)
     };
     let before = misses(&gw.metrics().await);
-    // alpha's users flood the quota stage with 300 unique inputs (one user each).
+    // alpha's users flood the quota stage with 300 unique inputs (a tier each).
     for _ in 0..300 {
-        let token = user_token("alpha", Uuid::new_v4());
+        let token = hs256(
+            USER_SECRET,
+            json!({ "sub": Uuid::new_v4().to_string(), "aud": "authenticated", "ref": "alpha",
+                    "exp": epoch() + 600, "tier": Uuid::new_v4().to_string() }),
+        );
         let call = Call::get(gw.data_url("/v1/storage/x")).key(&fx.anon_key);
         call.bearer(token).status().await;
     }
@@ -433,4 +440,222 @@ async fn a_modules_configuration_schema_is_served_and_enforced_before_configure(
         .of("other")
         .call(reqwest::Method::GET, "cors", "/schema");
     assert_ne!(other.read().await.status, StatusCode::OK);
+}
+
+/// The hostile `0.3.0` quota module (`plugins/testing-quota-inputs`), its marker rewritten so
+/// that `config-schema` answers schema `choice` (with `port` for a remote reference): what an
+/// uploader who edits a built module sends.
+fn quota_inputs_module(choice: u8, port: u16) -> Vec<u8> {
+    let path = aura_gateway::policy::builtin::TESTING_QUOTA_INPUTS_PLUGIN_PATH;
+    let mut module = std::fs::read(path).expect("the 0.3.0 quota test module");
+    let marker = b"aura-hostile-schema:0:port=00000";
+    let edit = format!("aura-hostile-schema:{}:port={port:05}", char::from(choice));
+    let found: Vec<usize> = (0..module.len().saturating_sub(marker.len()))
+        .filter(|at| module[*at..].starts_with(marker))
+        .collect();
+    assert!(!found.is_empty(), "the module carries its marker");
+    for at in found {
+        module[at..at + marker.len()].copy_from_slice(edit.as_bytes());
+    }
+    module
+}
+
+#[tokio::test]
+async fn a_hostile_quota_modules_inputs_and_answers_are_bounded_by_the_host() {
+    let storage = Recorder::start().await;
+    let toml = format!("[upstreams]\nstorage_url = \"{}\"\n", storage.url);
+    let started = offline("decl-hostile-quota", &toml);
+    let (gw, fx) = (&started.gw, &started.fx);
+    let admin = admin(&started);
+    let module = quota_inputs_module(b'0', 0);
+
+    // A quota module never reads credentials: naming a credential header refuses it.
+    for credential in [
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "apikey",
+        "x-api-key",
+        "x-aura-role",
+    ] {
+        let config = json!({ "headers": [credential] });
+        let (status, body) = admin.install("quota", &module, config).await.parts();
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{credential}: {body}");
+        assert_eq!(body["error"]["code"], "policy_refused");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains(credential), "{message}");
+    }
+    // Too many names, a name that is not a lower-case header name: refused, named.
+    let many: Vec<String> = (0..9).map(|i| format!("x-h{i}")).collect();
+    for config in [
+        json!({ "headers": many }),
+        json!({ "headers": ["X-Tier"] }),
+        json!({ "claims": ["c".repeat(65)] }),
+    ] {
+        let (status, body) = admin.install("quota", &module, config).await.parts();
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(body["error"]["code"], "policy_refused");
+    }
+
+    let config = json!({ "headers": ["x-tier", "x-team"], "claims": ["tier"] });
+    admin.install_ok("quota", &module, config).await;
+    let forwarded = || storage.seen().len();
+    let object = |path: &str| Call::get(gw.data_url(&format!("/v1/storage/object/b/{path}")));
+    let call = |path: &str| object(path).key(&fx.anon_key);
+
+    // The named headers are passed: the module denies on its value.
+    let r = call("f")
+        .header("x-tier", "deny-me")
+        .expect(StatusCode::FORBIDDEN)
+        .await;
+    assert_eq!(r.code(), "policy_denied");
+    assert_eq!(forwarded(), 0, "a denial forwards nothing");
+    // Anything else is not: an unnamed header, a value over 256 bytes, a value past the 16th.
+    // The module traps on a value out of the WIT's bounds, so a 200 is the host's bound.
+    call("f")
+        .header("x-other", "deny-me")
+        .expect(StatusCode::OK)
+        .await;
+    call("f")
+        .header("x-tier", "v".repeat(300))
+        .expect(StatusCode::OK)
+        .await;
+    let mut flood = call("f");
+    for n in 0..40 {
+        flood = flood.header("x-team", format!("t{n}"));
+    }
+    flood
+        .header("x-team", "deny-me")
+        .expect(StatusCode::OK)
+        .await;
+    assert_eq!(forwarded(), 3);
+
+    // Claims: the named one, within bounds.
+    let token = |tier: &str| {
+        hs256(
+            USER_SECRET,
+            json!({ "sub": Uuid::new_v4().to_string(), "aud": "authenticated", "ref": "alpha",
+                    "exp": epoch() + 600, "tier": tier }),
+        )
+    };
+    let r = call("f")
+        .bearer(token("deny-me"))
+        .expect(StatusCode::FORBIDDEN)
+        .await;
+    assert_eq!(r.code(), "policy_denied");
+    call("f")
+        .bearer(token(&"d".repeat(300)))
+        .expect(StatusCode::OK)
+        .await;
+
+    // A 429's Retry-After within 1 and 3600 s whatever the module answers; the contract's error.
+    for (answered, sent) in [
+        ("0", "1"),
+        ("7", "7"),
+        ("4294967295", "3600"),
+        ("x", "3600"),
+    ] {
+        let r = call(&format!("retry/{answered}"))
+            .expect(StatusCode::TOO_MANY_REQUESTS)
+            .await;
+        assert_eq!(r.code(), "quota_exceeded");
+        assert_eq!(r.header("retry-after"), sent, "answered {answered}");
+        assert!(r.json()["error"]["message"].is_string());
+    }
+    let r = call("forbid").expect(StatusCode::FORBIDDEN).await;
+    assert_eq!(r.code(), "policy_denied");
+    assert!(r.headers.get("retry-after").is_none(), "a 403 has none");
+
+    // A rule whose scope the request has no value for fails closed, counted.
+    let r = call("scope-user")
+        .expect(StatusCode::INTERNAL_SERVER_ERROR)
+        .await;
+    assert_eq!(r.code(), "policy_failed");
+    call("scope-user")
+        .bearer(token("gold"))
+        .expect(StatusCode::OK)
+        .await;
+    call("scope-client-ip").expect(StatusCode::OK).await;
+    assert_eq!(forwarded(), 6);
+    let text = gw.metrics().await;
+    let refused = metric(
+        &text,
+        "aura_quota_rules_refused_total",
+        &["source=\"tenant\"", "reason=\"scope_unknown\""],
+    );
+    assert_eq!(refused, 1.0);
+    let denials = |code: &str| {
+        let code = format!("code=\"{code}\"");
+        metric(
+            &text,
+            "aura_quota_denials_total",
+            &["source=\"tenant\"", &code],
+        )
+    };
+    assert_eq!(denials("quota_exceeded"), 4.0);
+    assert_eq!(denials("policy_denied"), 3.0);
+    // Another project is not the module's: it keeps the plane's quota.
+    object("f")
+        .key(&fx.other_project_key)
+        .header("x-tier", "deny-me")
+        .expect(StatusCode::OK)
+        .await;
+}
+
+#[tokio::test]
+async fn a_hostile_configuration_schema_is_refused_at_upload_and_never_fetched() {
+    // A listener where the remote reference points: nothing may connect to it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = connections.clone();
+    let accept = tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let started = offline("decl-hostile-schema", "");
+    let admin = admin(&started);
+    for (choice, says) in [
+        (b'1', "invalid JSON"),
+        (b'2', "invalid schema"),
+        (b'3', "bytes, over the"),
+        (b'6', "invalid JSON"),
+    ] {
+        let module = quota_inputs_module(choice, port);
+        let (status, body) = admin.install("quota", &module, json!({})).await.parts();
+        assert_eq!(status, StatusCode::BAD_REQUEST, "schema {choice}: {body}");
+        assert_eq!(body["error"]["code"], "policy_refused");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains(says), "schema {choice}: {message}");
+    }
+    // A schema that refers to itself: refused or checked, but answered.
+    let module = quota_inputs_module(b'5', port);
+    let (status, body) = admin.install("quota", &module, json!({})).await.parts();
+    assert!(
+        status == StatusCode::BAD_REQUEST || status == StatusCode::OK,
+        "{status}: {body}"
+    );
+    // A pattern that backtracks catastrophically on other engines: the upload is answered
+    // (2^10000 paths would never be), the value refused by its key, and a matching one taken.
+    let module = quota_inputs_module(b'4', port);
+    let evil = json!({ "name": format!("{}!", "a".repeat(10_000)) });
+    let (status, body) = admin.install("quota", &module, evil).await.parts();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(message.contains("/name"), "{message}");
+    admin
+        .install_ok("quota", &module, json!({ "name": "aaaa" }))
+        .await;
+    assert_eq!(
+        connections.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a schema's reference is never fetched"
+    );
+    accept.abort();
+    // The gateway kept serving throughout.
+    let health = Call::get(started.gw.data_url("/health")).key(&started.fx.anon_key);
+    assert_eq!(health.status().await, StatusCode::OK);
 }

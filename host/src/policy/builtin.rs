@@ -25,3 +25,8 @@ pub const TESTING_LEGACY_PLUGIN_PATH: &str = concat!(env!("OUT_DIR"), "/testing_
 /// Path of the hostile db-routing test plugin (`plugins/testing-db`), for the gateway's own
 /// tests. Not embedded.
 pub const TESTING_DB_PLUGIN_PATH: &str = concat!(env!("OUT_DIR"), "/testing_db.wasm");
+
+/// Path of the hostile `0.3.0` quota test plugin (`plugins/testing-quota-inputs`), for the
+/// gateway's own tests of the quota inputs' bounds, denials and schemas. Not embedded.
+pub const TESTING_QUOTA_INPUTS_PLUGIN_PATH: &str =
+    concat!(env!("OUT_DIR"), "/testing_quota_inputs.wasm");

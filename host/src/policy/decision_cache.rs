@@ -30,8 +30,18 @@ const SHARDS: usize = 8;
 /// What an entry costs beyond its key and decision (map and queue slots, times, counts).
 const ENTRY_OVERHEAD: usize = 96;
 
+/// Lookups in one window of the admission check.
+const ADMISSION_WINDOW: u64 = 1024;
+/// A window with fewer hits than this (under 1 %) marks the cache as thrashing: the requests'
+/// declared inputs do not repeat, and keeping each miss's decision would only evict another.
+const THRASHING_HITS: u64 = 10;
+/// While thrashing, one request in this many looks its decision up (and keeps it when it
+/// misses), so that inputs that start repeating are noticed (their hits end the thrashing at the
+/// end of a window); the others are decided by the module without a lookup.
+const THRASHING_SAMPLE: u64 = 16;
+
 /// Writes the declared inputs of a request into a cache key.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct KeyWriter {
     bytes: Vec<u8>,
     partition_end: usize,
@@ -109,6 +119,40 @@ struct Counts {
     expired: AtomicU64,
     evicted: AtomicU64,
     skipped: AtomicU64,
+    declined: AtomicU64,
+}
+
+/// Whether a request looks its decision up: always, unless the last window of lookups found
+/// (almost) nothing — then a cache costs a key, a lookup, an insert and an eviction per request
+/// for no hit, and only a sample of requests uses it.
+#[derive(Debug, Default)]
+struct Admission {
+    lookups: AtomicU64,
+    window_hits: AtomicU64,
+    thrashing: std::sync::atomic::AtomicBool,
+    requests: AtomicU64,
+}
+
+impl Admission {
+    fn looked_up(&self, hit: bool) {
+        if hit {
+            self.window_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        let n = self.lookups.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_multiple_of(ADMISSION_WINDOW) {
+            let hits = self.window_hits.swap(0, Ordering::Relaxed);
+            self.thrashing
+                .store(hits < THRASHING_HITS, Ordering::Relaxed);
+        }
+    }
+
+    fn samples(&self) -> bool {
+        !self.thrashing.load(Ordering::Relaxed)
+            || self
+                .requests
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(THRASHING_SAMPLE)
+    }
 }
 
 /// What the management API shows of a module's cache.
@@ -125,6 +169,11 @@ pub struct CacheReport {
     pub evicted: u64,
     /// Decisions too large for a partition, not kept.
     pub skipped: u64,
+    /// Requests decided by the module without a lookup while the cache was thrashing.
+    pub declined: u64,
+    /// Whether the last 1,024 lookups found fewer than 10 decisions: the inputs do not repeat,
+    /// and only one request in 16 looks its decision up (and keeps it) until they do.
+    pub thrashing: bool,
     pub entries: usize,
     pub bytes: usize,
 }
@@ -135,6 +184,7 @@ pub struct CacheMetrics {
     pub hits: prometheus::IntCounter,
     pub misses: prometheus::IntCounter,
     pub evicted: prometheus::IntCounter,
+    pub declined: prometheus::IntCounter,
 }
 
 struct Entry<D> {
@@ -227,6 +277,7 @@ pub struct DecisionCache<D> {
     max_age: Duration,
     inputs: Vec<&'static str>,
     counts: Counts,
+    admission: Admission,
     metrics: std::sync::OnceLock<Option<CacheMetrics>>,
 }
 
@@ -265,6 +316,7 @@ impl<D: Clone> DecisionCache<D> {
             max_age,
             inputs,
             counts: Counts::default(),
+            admission: Admission::default(),
             metrics: std::sync::OnceLock::new(),
         })
     }
@@ -300,6 +352,7 @@ impl<D: Clone> DecisionCache<D> {
                 None => None,
             }
         };
+        self.admission.looked_up(found.is_some());
         match &found {
             Some(_) => {
                 self.counts.hits.fetch_add(1, Ordering::Relaxed);
@@ -311,6 +364,17 @@ impl<D: Clone> DecisionCache<D> {
             }
         }
         found
+    }
+
+    /// Whether this request looks its decision up, and keeps the module's answer on a miss
+    /// (see [`CacheReport::thrashing`]); counted when it does not.
+    pub fn looks_up(&self) -> bool {
+        if self.admission.samples() {
+            return true;
+        }
+        self.counts.declined.fetch_add(1, Ordering::Relaxed);
+        self.metric(|m| m.declined.inc());
+        false
     }
 
     /// Keeps `decision` for `key` (`size`: the decision's heap bytes).
@@ -409,6 +473,8 @@ impl<D: Clone> DecisionCache<D> {
             expired: load(&self.counts.expired),
             evicted: load(&self.counts.evicted),
             skipped: load(&self.counts.skipped),
+            declined: load(&self.counts.declined),
+            thrashing: self.admission.thrashing.load(Ordering::Relaxed),
             entries,
             bytes,
         }
@@ -448,6 +514,47 @@ mod tests {
         assert_eq!(cache.get(&key("p", "/a")), Some(8), "replaced in place");
         let r = cache.report();
         assert_eq!((r.hits, r.misses, r.expired, r.entries), (2, 4, 1, 1));
+    }
+
+    #[test]
+    fn a_cache_whose_inputs_never_repeat_keeps_a_sample_until_they_do() {
+        let cache = DecisionCache::new(&config(100_000, 100_000), vec!["path"], Duration::MAX)
+            .expect("cache");
+        let miss_and_keep = |n: u64| {
+            if !cache.looks_up() {
+                return;
+            }
+            let k = key("p", &n.to_string());
+            if cache.get(&k).is_none() {
+                cache.put(k, n, 0);
+            }
+        };
+        // A window of unique inputs: every miss kept, then the cache is thrashing.
+        for n in 0..ADMISSION_WINDOW {
+            miss_and_keep(n);
+        }
+        let r = cache.report();
+        assert!(r.thrashing);
+        assert_eq!((r.entries, r.declined), (ADMISSION_WINDOW as usize, 0));
+        // More unique inputs: one request in 16 looks up (and keeps its miss).
+        for n in ADMISSION_WINDOW..2 * ADMISSION_WINDOW {
+            miss_and_keep(n);
+        }
+        let r = cache.report();
+        let sampled = (ADMISSION_WINDOW / THRASHING_SAMPLE) as usize;
+        assert_eq!(r.entries, ADMISSION_WINDOW as usize + sampled);
+        assert_eq!(r.declined, ADMISSION_WINDOW - sampled as u64);
+        assert_eq!(r.misses, ADMISSION_WINDOW + sampled as u64);
+        assert!(r.thrashing);
+        // Inputs that repeat: the sampled lookups hit, and the window's end ends the thrashing.
+        for n in 0..THRASHING_SAMPLE * ADMISSION_WINDOW {
+            miss_and_keep(n % 16);
+        }
+        let r = cache.report();
+        assert!(!r.thrashing, "{r:?}");
+        let declined = r.declined;
+        miss_and_keep(1_000_000);
+        assert_eq!(cache.report().declined, declined, "every miss kept again");
     }
 
     #[test]

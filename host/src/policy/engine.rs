@@ -220,6 +220,7 @@ impl PolicyEngine {
             hits: series("hit"),
             misses: series("miss"),
             evicted: series("evicted"),
+            declined: series("declined"),
         })
     }
 

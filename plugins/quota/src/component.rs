@@ -47,8 +47,8 @@ impl Guest for Component {
         let policy = Policy::configure(&config)?;
         let mut inputs = QuotaInputs::ROUTE_GROUP
             | QuotaInputs::ROLE
-            | QuotaInputs::KEY_ID
-            | QuotaInputs::USER_ID
+            | QuotaInputs::HAS_KEY
+            | QuotaInputs::HAS_USER
             | QuotaInputs::PLAN;
         if policy.reads_address() {
             inputs = inputs | QuotaInputs::CLIENT_IP;

@@ -474,6 +474,9 @@ impl<S: PolicyStage> Module<S> {
         let Some(cache) = &self.cache else {
             return Err(None);
         };
+        if !cache.looks_up() {
+            return Err(None);
+        }
         SCRATCH.with_borrow_mut(|key| {
             S::partition(input, key);
             S::key(input, &self.configured, self.inputs, key);

@@ -341,6 +341,8 @@ impl PolicyStage for Quota {
         "client-ip",
         "claims",
         "headers",
+        "has-key",
+        "has-user",
     ];
 
     fn configured(setup: &QuotaSetup) -> Result<(QuotaConfigured, Option<Declaration>), String> {
@@ -448,6 +450,13 @@ impl PolicyStage for Quota {
             }
             key.tag(u8::MAX);
         }
+        // Presence alone, when the value itself is not declared.
+        if inputs.has(12) && !inputs.has(5) {
+            key.tag(u8::from(actor.key_id.is_some()));
+        }
+        if inputs.has(13) && !inputs.has(6) {
+            key.tag(u8::from(actor.user_id.is_some()));
+        }
     }
 
     fn decision_bytes(decision: &QuotaDecision) -> usize {
@@ -493,6 +502,20 @@ impl PolicyStage for Quota {
         fn pick(inputs: Inputs, bit: usize, value: &Option<String>) -> Option<&str> {
             value.as_deref().filter(|_| inputs.has(bit))
         }
+        /// The value when declared, else `some("")` for a present value when its presence is
+        /// declared (`has-key`, `has-user`).
+        fn pick_or_presence(
+            inputs: Inputs,
+            bit: usize,
+            presence: usize,
+            value: &Option<String>,
+        ) -> Option<&str> {
+            if inputs.has(bit) {
+                value.as_deref()
+            } else {
+                value.as_ref().filter(|_| inputs.has(presence)).map(|_| "")
+            }
+        }
         let claims: Vec<(u8, String)> = if inputs.has(10) {
             selected_claims(configured, actor)
         } else {
@@ -534,8 +557,8 @@ impl PolicyStage for Quota {
                     ActorRole::Anon
                 },
                 project: pick(inputs, 4, &actor.project),
-                key_id: pick(inputs, 5, &actor.key_id),
-                user_id: pick(inputs, 6, &actor.user_id),
+                key_id: pick_or_presence(inputs, 5, 12, &actor.key_id),
+                user_id: pick_or_presence(inputs, 6, 13, &actor.user_id),
                 org_role: pick(inputs, 7, &actor.org_role),
                 plan: pick(inputs, 8, &actor.plan),
             },
@@ -943,6 +966,52 @@ mod tests {
         assert_eq!(
             selected_claims(&c, &actor),
             vec![(0, "\"gold\"".to_owned()), (1, "7".to_owned())]
+        );
+    }
+
+    #[test]
+    fn presence_alone_keeps_one_decision_for_every_key_and_user_of_a_project() {
+        let c = configured(&[], &[]);
+        let key_of = |inputs: Inputs, key_id: Option<&str>, user_id: Option<&str>| {
+            let mut actor = Actor::unauthenticated(Plane::Data);
+            actor.project = Some("p".to_owned());
+            actor.key_id = key_id.map(str::to_owned);
+            actor.user_id = user_id.map(str::to_owned);
+            let input = QuotaInput {
+                method: "GET",
+                path: "/v1/db/rest/v1/t",
+                route_group: RouteGroup::Gateway,
+                actor: &actor,
+                headers: None,
+            };
+            let mut key = KeyWriter::default();
+            Quota::partition(&input, &mut key);
+            Quota::key(&input, &c, inputs, &mut key);
+            key
+        };
+        let presence = Inputs::from_bits(0).with(12).with(13);
+        // One entry whichever key or user: only whether there is one.
+        assert_eq!(
+            key_of(presence, Some("k1"), Some("u1")),
+            key_of(presence, Some("k2"), Some("u2"))
+        );
+        assert_ne!(
+            key_of(presence, Some("k1"), None),
+            key_of(presence, None, None)
+        );
+        assert_ne!(
+            key_of(presence, Some("k1"), Some("u1")),
+            key_of(presence, Some("k1"), None)
+        );
+        // The value declared too: one entry per value.
+        let values = presence.with(5).with(6);
+        assert_ne!(
+            key_of(values, Some("k1"), Some("u1")),
+            key_of(values, Some("k2"), Some("u1"))
+        );
+        assert_ne!(
+            key_of(values, Some("k1"), Some("u1")),
+            key_of(values, Some("k1"), Some("u2"))
         );
     }
 
