@@ -659,3 +659,35 @@ async fn a_hostile_configuration_schema_is_refused_at_upload_and_never_fetched()
     let health = Call::get(started.gw.data_url("/health")).key(&started.fx.anon_key);
     assert_eq!(health.status().await, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_cache_whose_inputs_never_repeat_steps_aside_and_decisions_stay_right() {
+    let started = offline("decl-thrash", "");
+    let (gw, fx) = (&started.gw, &started.fx);
+    let admin = admin(&started);
+    let config = json!({ "echo_all": true, "declare": ["origin"], "max_age_ms": 60_000 });
+    admin.install_ok("cors", &testing_cors(), config).await;
+    // 1,100 requests, each from an origin of its own: no lookup can hit.
+    for n in 0..1_100 {
+        let origin = format!("https://o{n}.example");
+        let call = Call::get(gw.data_url("/health")).key(&fx.anon_key);
+        let r = call.origin(&origin).read().await;
+        assert_eq!(
+            r.header("access-control-allow-origin"),
+            origin,
+            "request {n}"
+        );
+    }
+    let (cache, _) = cache_of(&admin, "cors").await;
+    assert_eq!(cache["thrashing"], true, "{cache}");
+    let declined = cache["declined"].as_u64().expect("declined");
+    // After the first window of 1,024 lookups, 15 requests in 16 skip the cache.
+    assert!((60..=76).contains(&declined), "{cache}");
+    let text = gw.metrics().await;
+    let counted = metric(
+        &text,
+        "aura_decision_cache_total",
+        &["stage=\"cors\"", "owner=\"tenant\"", "outcome=\"declined\""],
+    );
+    assert_eq!(counted, declined as f64);
+}
