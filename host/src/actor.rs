@@ -54,6 +54,10 @@ pub struct Actor {
     /// the envelope).
     #[serde(skip)]
     pub claims: Option<std::sync::Arc<serde_json::Value>>,
+    /// Who issued the user's verified token: the platform or one of the project's trusted
+    /// issuers (for quotas and logs; not part of the envelope).
+    #[serde(skip)]
+    pub issuer: Option<crate::auth::user_token::IssuerLabel>,
 }
 
 impl Actor {
@@ -73,6 +77,7 @@ impl Actor {
             client_ip: None,
             plan: None,
             claims: None,
+            issuer: None,
         }
     }
 }

@@ -43,6 +43,13 @@ pub struct Metrics {
     /// Errors the gateway answered itself, by plane, side (`client`, `upstream`, `plugin`,
     /// `gateway`) and code.
     pub errors: IntCounterVec,
+    /// User JWTs on the data plane by issuer (`platform`, `untrusted`, a trusted `iss` or
+    /// `other` past the label budget) and outcome (`ok` or why it was refused).
+    pub user_jwts: IntCounterVec,
+    /// Fetches of a trusted issuer's keys by issuer and outcome.
+    pub issuer_key_fetches: IntCounterVec,
+    /// Keys in force per trusted issuer.
+    pub issuer_keys: IntGaugeVec,
     /// Request paths refused by normalisation, by plane and reason.
     pub paths_refused: IntCounterVec,
     /// Dedicated PostgREST targets refused by the allow-list, by plane.
@@ -228,6 +235,21 @@ impl Metrics {
             "Errors the gateway answered itself, by plane, side (client, upstream, plugin, gateway) and code",
             &["plane", "side", "code"],
         );
+        let user_jwts = counter(
+            "user_jwts_total",
+            "User JWTs on the data plane by issuer (platform, untrusted, a project's trusted issuer) and outcome",
+            &["issuer", "outcome"],
+        );
+        let issuer_key_fetches = counter(
+            "issuer_key_fetches_total",
+            "Fetches of projects' trusted issuers' keys by issuer and outcome",
+            &["issuer", "outcome"],
+        );
+        let issuer_keys = IntGaugeVec::new(
+            Opts::new("issuer_keys", "Keys in force per project's trusted issuer"),
+            &["issuer"],
+        )
+        .expect("valid metric");
         let paths_refused = counter(
             "paths_refused_total",
             "Request paths refused by normalisation (400 invalid_path), by plane and reason",
@@ -375,6 +397,9 @@ impl Metrics {
             Box::new(ratelimit_decisions.clone()),
             Box::new(requests_shed.clone()),
             Box::new(errors.clone()),
+            Box::new(user_jwts.clone()),
+            Box::new(issuer_key_fetches.clone()),
+            Box::new(issuer_keys.clone()),
             Box::new(ratelimit_shared.clone()),
             Box::new(requests.clone()),
             Box::new(latency.clone()),
@@ -427,6 +452,9 @@ impl Metrics {
             ratelimit_shared,
             requests_shed,
             errors,
+            user_jwts,
+            issuer_key_fetches,
+            issuer_keys,
             paths_refused,
             postgrest_targets_refused,
             db_routes_refused,

@@ -32,10 +32,11 @@ impl AppState {
         base: Option<&Path>,
         store: Arc<dyn ControlStore>,
     ) -> anyhow::Result<Self> {
-        let auth = Authenticator::new(&config.auth, store.clone());
+        let metrics = Metrics::new();
+        let auth = Authenticator::new(&config.auth, store.clone(), Some(&metrics))
+            .map_err(|e| anyhow::anyhow!(e))?;
         let config_upstreams = config.upstreams.clone();
         let config_breaker = config.breaker.clone();
-        let metrics = Metrics::new();
         let rl = &config.rate_limit;
         let retain = Duration::from_secs(rl.retain_interval_secs);
         let ip_limits = [

@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aura_gateway::auth::keys::hash_key;
-use aura_gateway::control::{ControlStore, DbEngine, KeyRole, OrgRole, StoreError, Topology};
+use aura_gateway::control::{
+    ControlStore, DbEngine, IssuerRecord, KeyRole, OrgRole, StoreError, Topology,
+};
 use uuid::Uuid;
 
 use crate::support::fixture::Fixture;
@@ -200,7 +202,100 @@ async fn contract(store: &dyn ControlStore, fx: &Fixture) {
     assert!(store.module(&used).await.expect("get").is_some());
     let on_trial = store.module(&tried).await.expect("get").is_some();
     assert!(on_trial, "a candidate's module is kept");
+    issuers_and_auth_settings(store).await;
     store.ping().await.expect("ping");
+}
+
+/// A project's trusted issuers and credential settings: added, listed oldest first, unique per
+/// `iss`, at most eight, removed; the browser setting set and cleared.
+async fn issuers_and_auth_settings(store: &dyn ControlStore) {
+    let issuer = |n: u32| IssuerRecord {
+        id: Uuid::new_v4(),
+        project_ref: "beta".into(),
+        issuer: format!("https://id-{n}.example"),
+        jwks_url: (n == 1).then(|| "https://keys.example/jwks.json".to_owned()),
+        keys: None,
+        algorithms: vec!["ES256".into()],
+        audience_claim: "azp".into(),
+        audiences: vec!["app".into()],
+        role_claim: (n == 1).then(|| "metadata.role".to_owned()),
+        allowed_roles: vec!["authenticated".into(), "anon".into()],
+        created_at: Some(chrono::Utc::now() + chrono::Duration::seconds(i64::from(n))),
+        created_by: Some("someone".into()),
+    };
+    let beta = async || store.project("beta").await.expect("lookup").expect("beta");
+    assert!(beta().await.issuers.is_empty());
+    assert!(!beta().await.browser_secret_keys);
+    let first = issuer(1);
+    store.add_issuer(&first).await.expect("add");
+    let listed = beta().await.issuers;
+    assert_eq!(listed.len(), 1);
+    let mut expected = first.clone();
+    expected.created_at = listed[0].created_at;
+    assert_eq!(listed[0], expected, "every field is kept");
+    let mut again = issuer(2);
+    again.issuer = first.issuer.clone();
+    match store.add_issuer(&again).await {
+        Err(StoreError::Conflict { code, .. }) => assert_eq!(code, "issuer_exists"),
+        other => panic!("a second record for one iss: {other:?}"),
+    }
+    for n in 2..=8 {
+        store.add_issuer(&issuer(n)).await.expect("add");
+    }
+    match store.add_issuer(&issuer(9)).await {
+        Err(StoreError::Conflict { code, .. }) => assert_eq!(code, "too_many_issuers"),
+        other => panic!("a ninth issuer: {other:?}"),
+    }
+    let listed = beta().await.issuers;
+    assert_eq!(listed.len(), 8);
+    assert_eq!(listed[0].id, first.id, "oldest first");
+    let mut unknown = issuer(10);
+    unknown.project_ref = "nope".into();
+    assert!(matches!(
+        store.add_issuer(&unknown).await,
+        Err(StoreError::NotFound(_))
+    ));
+    let mut bad = issuer(11);
+    bad.allowed_roles = vec!["service_role".into()];
+    assert!(matches!(
+        store.add_issuer(&bad).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(store.remove_issuer("beta", first.id).await.expect("remove"));
+    assert!(!store.remove_issuer("beta", first.id).await.expect("remove"));
+    let other = issuer(12);
+    assert!(
+        !store
+            .remove_issuer("alpha", listed[1].id)
+            .await
+            .expect("another project's"),
+        "{other:?}"
+    );
+    assert_eq!(beta().await.issuers.len(), 7);
+    assert!(
+        store
+            .project("alpha")
+            .await
+            .expect("lookup")
+            .expect("alpha")
+            .issuers
+            .is_empty()
+    );
+
+    store
+        .set_browser_secret_keys("beta", true)
+        .await
+        .expect("set");
+    assert!(beta().await.browser_secret_keys);
+    store
+        .set_browser_secret_keys("beta", false)
+        .await
+        .expect("set");
+    assert!(!beta().await.browser_secret_keys);
+    assert!(matches!(
+        store.set_browser_secret_keys("nope", true).await,
+        Err(StoreError::NotFound(_))
+    ));
 }
 
 #[tokio::test]
@@ -233,6 +328,38 @@ async fn the_postgres_store_honours_the_contract() {
         .query("SELECT kind, project_ref FROM aura_control.change_log")
         .await;
     assert_eq!(logged, [("project".to_owned(), Some("gamma".to_owned()))]);
+    // Issuers and credential settings are part of the project too; a row that breaks the
+    // bounds (written by hand) is skipped, the project still served.
+    db.execute(
+        "DELETE FROM aura_control.change_log;
+         UPDATE aura_control.project_auth SET browser_secret_keys = true WHERE project_ref = 'beta';
+         INSERT INTO aura_control.project_issuers (id, project_ref, issuer, keys, audiences)
+             VALUES (gen_random_uuid(), 'alpha', 'https://hand.example', '{\"keys\": []}', '{}');",
+    )
+    .await;
+    let logged: Vec<(String, Option<String>)> = db
+        .query("SELECT kind, project_ref FROM aura_control.change_log ORDER BY id")
+        .await;
+    assert_eq!(
+        logged,
+        [
+            ("project".to_owned(), Some("beta".to_owned())),
+            ("project".to_owned(), Some("alpha".to_owned()))
+        ]
+    );
+    let alpha = store
+        .project("alpha")
+        .await
+        .expect("lookup")
+        .expect("alpha");
+    assert!(alpha.issuers.is_empty(), "an invalid row is not trusted");
+    // Deleting the project deletes what hangs on it.
+    db.execute("DELETE FROM aura_control.api_keys WHERE project_ref = 'beta'; DELETE FROM aura_control.projects WHERE ref = 'beta';")
+        .await;
+    let left: Vec<(i64,)> = db
+        .query("SELECT count(*) FROM aura_control.project_issuers WHERE project_ref = 'beta'")
+        .await;
+    assert_eq!(left, [(0,)]);
 }
 
 #[tokio::test]

@@ -175,7 +175,7 @@ async fn user_jwts_make_the_caller_authenticated_and_invalid_ones_are_refused() 
     for (what, token) in refused {
         let r = call(token).read().await;
         assert_eq!(r.status, 401, "{what}");
-        assert_eq!(r.code(), "invalid_token", "{what}");
+        assert_eq!(r.code(), "invalid_jwt", "{what}");
     }
 
     let r = call(fx.anon_key.clone()).status().await;

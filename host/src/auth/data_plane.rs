@@ -191,6 +191,18 @@ pub async fn authenticate(
     }
     refuse_secret_query_keys(auth, &parts.uri, key, &record).await?;
     let project = auth.cached_project(&record.project_ref).await?;
+    if let Some(project) = &project
+        && !project.issuers.is_empty()
+    {
+        // Only creates what is missing: a project's issuers' keys are fetched ahead of its
+        // users' first tokens.
+        auth.issuers.warm(project);
+    }
+    if record.role == KeyRole::ServiceRole {
+        // Before any user token is verified: a refused request costs no JWT check.
+        let allowed = project.as_ref().is_some_and(|p| p.browser_secret_keys);
+        auth.browser.check_secret_key(&parts.headers, allowed)?;
+    }
     actor.role = match record.role {
         KeyRole::Anon => Role::Anon,
         KeyRole::ServiceRole => Role::ServiceRole,
@@ -203,7 +215,7 @@ pub async fn authenticate(
             .encode_lower(&mut uuid::Uuid::encode_buffer())
             .to_owned(),
     );
-    actor.plan = project.map(|p| p.plan.clone());
+    actor.plan = project.as_ref().map(|p| p.plan.clone());
 
     match token.as_deref() {
         None => {}
@@ -214,22 +226,21 @@ pub async fn authenticate(
             parts.headers.remove(header::AUTHORIZATION);
         }
         Some(token) => {
-            let verifier = auth.user_jwt.as_ref().ok_or_else(|| {
-                GatewayError::unauthorized("invalid_token", "user tokens are not accepted here")
-            })?;
-            let claims = verifier
-                .verify(token)
+            let user = auth
+                .verify_user_token(token, &record.project_ref, project.as_deref())
                 .await
-                .map_err(|e| GatewayError::unauthorized("invalid_token", e.0))?;
-            if claims.project_ref.as_deref() != Some(record.project_ref.as_str()) {
-                return Err(GatewayError::unauthorized(
-                    "invalid_token",
-                    "the token was issued for another project",
-                ));
-            }
-            actor.role = Role::Authenticated;
-            actor.user_id = Some(claims.subject);
-            actor.claims = Some(claims.claims);
+                .map_err(|refused| {
+                    tracing::debug!(
+                        issuer = refused.issuer.as_str(),
+                        outcome = refused.error.outcome,
+                        "user token refused"
+                    );
+                    GatewayError::unauthorized("invalid_jwt", refused.error.message)
+                })?;
+            actor.role = user.role;
+            actor.user_id = Some(user.subject);
+            actor.claims = Some(user.claims);
+            actor.issuer = Some(user.issuer);
         }
     }
     strip_client_credentials(parts, stage.headers());

@@ -67,11 +67,24 @@ pub fn required_role(method: &Method, path: &str) -> OrgRole {
         (*method == Method::PUT || *method == Method::DELETE || *method == Method::POST)
             && path.starts_with("/v1/projects/")
             && path.contains("/policies/");
-    if creates_project || rotates_keys || changes_policies {
+    let changes_auth_settings = *method != Method::GET
+        && *method != Method::HEAD
+        && project_part(path) == Some("auth-settings");
+    // Who may sign a project's users in is an owner's or admin's to see and change.
+    let issuers = project_part(path) == Some("issuers");
+    if creates_project || rotates_keys || changes_policies || changes_auth_settings || issuers {
         OrgRole::Admin
     } else {
         OrgRole::ReadOnly
     }
+}
+
+/// The first segment after the project in `/v1/projects/{ref}/…`, matched exactly.
+fn project_part(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/v1/projects/")?;
+    let mut segments = rest.split('/');
+    segments.next()?;
+    segments.next()
 }
 
 fn not_found(what: &str) -> GatewayError {
@@ -108,7 +121,7 @@ pub async fn authenticate(auth: &Authenticator, parts: &mut Parts) -> Result<Act
     let claims = verifier
         .verify(&token)
         .await
-        .map_err(|e| GatewayError::unauthorized("invalid_token", e.0))?;
+        .map_err(|e| GatewayError::unauthorized("invalid_token", e.message))?;
     let user = Uuid::parse_str(&claims.subject)
         .map_err(|_| GatewayError::unauthorized("invalid_token", "the sub claim must be a uuid"))?;
     actor.role = Role::Console;
@@ -215,6 +228,23 @@ mod tests {
             required_role(&Method::GET, "/v1/projects/p/logs"),
             OrgRole::ReadOnly
         );
+        let settings = "/v1/projects/p/auth-settings";
+        assert_eq!(required_role(&Method::PUT, settings), OrgRole::Admin);
+        assert_eq!(required_role(&Method::POST, settings), OrgRole::Admin);
+        assert_eq!(required_role(&Method::GET, settings), OrgRole::ReadOnly);
+        // Matched as the segment after the project, not anywhere in the path.
+        for method in [Method::GET, Method::POST, Method::DELETE] {
+            assert_eq!(
+                required_role(&method, "/v1/projects/p/issuers"),
+                OrgRole::Admin
+            );
+            assert_eq!(
+                required_role(&method, "/v1/projects/p/issuers/i"),
+                OrgRole::Admin
+            );
+        }
+        let other = "/v1/projects/p/logs/auth-settings";
+        assert_eq!(required_role(&Method::PUT, other), OrgRole::ReadOnly);
         assert!(OrgRole::Owner.at_least(OrgRole::Admin));
         assert!(!OrgRole::Developer.at_least(OrgRole::Admin));
     }

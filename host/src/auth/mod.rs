@@ -3,14 +3,19 @@
 //! [`crate::actor::Actor`].
 
 pub mod bearer;
+pub mod browser;
 pub mod data_plane;
+pub mod issuers;
 pub mod jwt;
 pub mod keys;
+pub mod keyset;
 pub mod management;
+pub mod user_token;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use self::browser::BrowserRule;
 use self::jwt::JwtVerifier;
 use self::keys::KeyResolver;
 use crate::config::AuthConfig;
@@ -31,17 +36,28 @@ pub struct Authenticator {
     projects: keys::Lookups<String, ProjectRecord>,
     user_jwt: Option<JwtVerifier>,
     console_jwt: Option<JwtVerifier>,
+    /// Secret keys never from a browser.
+    browser: BrowserRule,
+    /// Projects' trusted issuers and their keys.
+    pub issuers: issuers::Issuers,
+    /// Clock skew tolerated on `exp` and `nbf`, in seconds.
+    leeway: u64,
 }
 
 pub use crate::control::store_failed;
 
 impl Authenticator {
-    /// Builds the authenticator over `store`.
-    pub fn new(config: &AuthConfig, store: Arc<dyn ControlStore>) -> Self {
+    /// Builds the authenticator over `store`; `metrics` counts user tokens and issuer key
+    /// fetches. Fails on an `[auth.issuers]` it cannot use (its TLS files).
+    pub fn new(
+        config: &AuthConfig,
+        store: Arc<dyn ControlStore>,
+        metrics: Option<&crate::metrics::Metrics>,
+    ) -> Result<Self, String> {
         let leeway = Duration::from_secs(config.leeway_secs);
         let stale = Duration::from_secs(config.stale_if_error_secs);
         let health = keys::StoreHealth::default();
-        Self {
+        Ok(Self {
             keys: KeyResolver::new(
                 store.clone(),
                 Duration::from_secs(config.key_cache_ttl_secs),
@@ -56,8 +72,11 @@ impl Authenticator {
             ),
             user_jwt: JwtVerifier::new(&config.user_jwt, USER_AUDIENCE, leeway),
             console_jwt: JwtVerifier::new(&config.console_jwt, CONSOLE_AUDIENCE, leeway),
+            browser: BrowserRule::new(config),
+            issuers: issuers::Issuers::new(&config.issuers, metrics)?,
+            leeway: config.leeway_secs,
             store,
-        }
+        })
     }
 
     /// Resolves an API key (cached, positive and negative).

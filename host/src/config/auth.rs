@@ -26,6 +26,228 @@ pub struct AuthConfig {
     pub user_jwt: JwtConfig,
     /// Console JWTs on the management plane (`aud` = `aurabase-control`).
     pub console_jwt: JwtConfig,
+    /// Whether a `service_role` (secret) key is accepted on a request a browser made
+    /// (`browser_signals`): `refuse` (the default: `401 secret_key_from_browser`, unless the
+    /// key's project allows it through `PUT /v1/projects/{ref}/auth-settings`) or `allow`.
+    pub secret_keys_from_browsers: SecretKeysFromBrowsers,
+    /// What marks a request as a browser's: `origin` (an `Origin` header, any value),
+    /// `sec-fetch-site` (present; a page's scripts cannot remove it, and server-side HTTP
+    /// clients do not send it), `sec-fetch-mode` (`Sec-Fetch-Mode: cors`; off by default, since
+    /// Node's built-in `fetch` sends it from servers too). Default `["origin", "sec-fetch-site"]`.
+    pub browser_signals: Vec<BrowserSignal>,
+    /// Projects' own JWT issuers (`GET`/`POST`/`DELETE /v1/projects/{ref}/issuers`): how their
+    /// keys are fetched and bounded.
+    pub issuers: IssuersConfig,
+}
+
+/// `[auth.issuers]`: fetching the keys of projects' trusted issuers. Each issuer's keys are
+/// fetched off the request path (OIDC discovery or a JWKS URL, `https` only, no redirects, no
+/// proxy), bounded in time, bytes and keys; a failed fetch keeps the last good keys.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct IssuersConfig {
+    /// One fetch as a whole (a permit, connect, TLS, headers, body), in milliseconds
+    /// (100–10000).
+    pub fetch_timeout_ms: u64,
+    /// Largest discovery document or JWKS, in bytes (1024–1048576); a larger one is refused.
+    pub max_document_bytes: usize,
+    /// Most keys in a JWKS (1–256); a set with more is refused whole, never cut.
+    pub max_keys: usize,
+    /// Age after which an issuer's keys are fetched again in the background, in seconds
+    /// (1–86400).
+    pub max_age_secs: u64,
+    /// Least time between two fetches of one issuer's keys, in seconds (1–3600).
+    pub refresh_cooldown_secs: u64,
+    /// How long a token whose `kid` is unknown waits for the fetch it starts, in milliseconds
+    /// (0–5000). No other token waits.
+    pub unknown_kid_wait_ms: u64,
+    /// How long a JWKS URL learned by OIDC discovery is used before discovery runs again, in
+    /// seconds (at least `max_age_secs`).
+    pub discovery_max_age_secs: u64,
+    /// Fetches in flight, every issuer together (1–256).
+    pub max_concurrent_fetches: usize,
+    /// Key sets held in memory (at least 1); the least recently used go first.
+    pub max_cached: u64,
+    /// A key set nobody used for this long is dropped, in seconds (at least `max_age_secs`).
+    pub idle_secs: u64,
+    /// Hosts, networks and `.suffixes` an issuer may be at even inside `denied_networks`
+    /// (the syntax of `upstreams.postgrest_allowed_targets`).
+    pub allowed_targets: Vec<String>,
+    /// Networks an issuer's address may not be in (checked on every resolved address, at
+    /// every fetch); default: loopback, private, link-local, shared, multicast and reserved
+    /// ranges.
+    pub denied_networks: Vec<String>,
+    /// Trust for issuers' certificates: a CA added to the public roots.
+    pub tls: Option<super::ClientTlsConfig>,
+    /// Distinct `issuer` label values in the metrics before the rest are counted as `other`
+    /// (1–10000).
+    pub metrics_issuer_labels: usize,
+}
+
+/// Networks issuers may not be in, unless `allowed_targets` lists them.
+pub const DEFAULT_DENIED_NETWORKS: &[&str] = &[
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "::/128",
+    "::1/128",
+    "fc00::/7",
+    "fe80::/10",
+    "ff00::/8",
+    "64:ff9b::/96",
+];
+
+impl Default for IssuersConfig {
+    fn default() -> Self {
+        Self {
+            fetch_timeout_ms: 3000,
+            max_document_bytes: 64 * 1024,
+            max_keys: 32,
+            max_age_secs: 600,
+            refresh_cooldown_secs: 30,
+            unknown_kid_wait_ms: 500,
+            discovery_max_age_secs: 3600,
+            max_concurrent_fetches: 16,
+            max_cached: 10_000,
+            idle_secs: 3600,
+            allowed_targets: Vec::new(),
+            denied_networks: DEFAULT_DENIED_NETWORKS
+                .iter()
+                .map(|n| (*n).to_owned())
+                .collect(),
+            tls: None,
+            metrics_issuer_labels: 500,
+        }
+    }
+}
+
+impl IssuersConfig {
+    /// Checks the section, `key` naming it.
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        let within = |field: &str, value: u64, low: u64, high: u64| {
+            if (low..=high).contains(&value) {
+                Ok(())
+            } else {
+                Err(problem(
+                    &format!("{key}.{field}"),
+                    format!("must be between {low} and {high}"),
+                ))
+            }
+        };
+        within("fetch_timeout_ms", self.fetch_timeout_ms, 100, 10_000)?;
+        within(
+            "max_document_bytes",
+            self.max_document_bytes as u64,
+            1024,
+            1024 * 1024,
+        )?;
+        within("max_keys", self.max_keys as u64, 1, 256)?;
+        within("max_age_secs", self.max_age_secs, 1, 86_400)?;
+        within("refresh_cooldown_secs", self.refresh_cooldown_secs, 1, 3600)?;
+        within("unknown_kid_wait_ms", self.unknown_kid_wait_ms, 0, 5000)?;
+        within(
+            "max_concurrent_fetches",
+            self.max_concurrent_fetches as u64,
+            1,
+            256,
+        )?;
+        within(
+            "metrics_issuer_labels",
+            self.metrics_issuer_labels as u64,
+            1,
+            10_000,
+        )?;
+        if self.max_cached == 0 {
+            return Err(problem(&format!("{key}.max_cached"), "must be at least 1"));
+        }
+        for (field, value) in [
+            ("discovery_max_age_secs", self.discovery_max_age_secs),
+            ("idle_secs", self.idle_secs),
+        ] {
+            if value < self.max_age_secs {
+                return Err(problem(
+                    &format!("{key}.{field}"),
+                    "must be at least max_age_secs",
+                ));
+            }
+        }
+        for entry in &self.allowed_targets {
+            super::TargetEntry::parse(entry)
+                .map_err(|e| problem(&format!("{key}.allowed_targets"), e))?;
+        }
+        for net in &self.denied_networks {
+            net.parse::<ipnet::IpNet>().map_err(|_| {
+                problem(
+                    &format!("{key}.denied_networks"),
+                    format!("{net:?} is not a CIDR"),
+                )
+            })?;
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate(&format!("{key}.tls"))?;
+        }
+        Ok(())
+    }
+}
+
+/// `auth.secret_keys_from_browsers`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum SecretKeysFromBrowsers {
+    /// Refused unless the key's project allows it.
+    #[default]
+    Refuse,
+    /// Accepted everywhere.
+    Allow,
+}
+
+/// A request header that shows a browser made the request (`auth.browser_signals`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum BrowserSignal {
+    /// An `Origin` header, whatever its value (`null` included).
+    Origin,
+    /// A `Sec-Fetch-Site` header, whatever its value.
+    SecFetchSite,
+    /// `Sec-Fetch-Mode: cors`.
+    SecFetchMode,
+}
+
+impl BrowserSignal {
+    /// Whether `headers` carry this signal.
+    pub fn seen_in(self, headers: &http::HeaderMap) -> bool {
+        match self {
+            BrowserSignal::Origin => headers.contains_key(http::header::ORIGIN),
+            BrowserSignal::SecFetchSite => headers.contains_key("sec-fetch-site"),
+            BrowserSignal::SecFetchMode => headers
+                .get_all("sec-fetch-mode")
+                .iter()
+                .any(|v| v.as_bytes().eq_ignore_ascii_case(b"cors")),
+        }
+    }
+
+    /// The header's name.
+    pub fn header(self) -> &'static str {
+        match self {
+            BrowserSignal::Origin => "origin",
+            BrowserSignal::SecFetchSite => "sec-fetch-site",
+            BrowserSignal::SecFetchMode => "sec-fetch-mode",
+        }
+    }
+}
+
+fn default_browser_signals() -> Vec<BrowserSignal> {
+    vec![BrowserSignal::Origin, BrowserSignal::SecFetchSite]
 }
 
 impl Default for AuthConfig {
@@ -38,6 +260,9 @@ impl Default for AuthConfig {
             leeway_secs: 5,
             user_jwt: JwtConfig::default(),
             console_jwt: JwtConfig::default(),
+            secret_keys_from_browsers: SecretKeysFromBrowsers::Refuse,
+            browser_signals: default_browser_signals(),
+            issuers: IssuersConfig::default(),
         }
     }
 }
@@ -72,8 +297,16 @@ impl AuthConfig {
         if self.leeway_secs > 60 {
             return Err(problem(&format!("{key}.leeway_secs"), "must be at most 60"));
         }
+        if self.browser_signals.is_empty() {
+            return Err(problem(
+                &format!("{key}.browser_signals"),
+                "must name at least one of origin, sec-fetch-site, sec-fetch-mode (to accept \
+                 secret keys from browsers, set secret_keys_from_browsers = \"allow\")",
+            ));
+        }
         self.user_jwt.validate(&format!("{key}.user_jwt"))?;
-        self.console_jwt.validate(&format!("{key}.console_jwt"))
+        self.console_jwt.validate(&format!("{key}.console_jwt"))?;
+        self.issuers.validate(&format!("{key}.issuers"))
     }
 }
 
@@ -95,6 +328,11 @@ pub struct JwtConfig {
     /// How long a token whose `kid` is not in the current key set waits for the fetch it
     /// starts, in milliseconds (default 500; 0: never waits). Other tokens never wait.
     pub jwks_unknown_kid_wait_ms: Option<u64>,
+    /// The `iss` these tokens carry. Set: a token with another `iss` is not verified against
+    /// these keys (on the data plane it is a project's trusted issuer's, or refused at once as
+    /// `untrusted_issuer`), and no project may add this issuer as its own. Unset: `iss` is not
+    /// checked, and a user token of no trusted issuer is verified against these keys.
+    pub issuer: Option<String>,
 }
 
 impl JwtConfig {

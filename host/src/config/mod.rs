@@ -33,7 +33,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use self::admin::AdminConfig;
-pub use self::auth::{AuthConfig, JwtConfig};
+pub use self::auth::{AuthConfig, BrowserSignal, IssuersConfig, JwtConfig, SecretKeysFromBrowsers};
 pub use self::breaker::BreakerConfig;
 pub use self::control::{ControlConfig, StoreKind};
 pub use self::nats::NatsConfig;
@@ -276,6 +276,7 @@ impl Config {
             ("rate_limit.redis_tls", &self.rate_limit.redis_tls),
             ("upstreams.tls", &self.upstreams.tls),
             ("tracing.otlp_tls", &self.tracing.otlp_tls),
+            ("auth.issuers.tls", &self.auth.issuers.tls),
         ]
         .into_iter()
         .filter_map(|(key, tls)| tls.as_ref().map(|t| (key, t)))
@@ -302,6 +303,7 @@ impl Config {
             &mut self.rate_limit.redis_tls,
             &mut self.upstreams.tls,
             &mut self.tracing.otlp_tls,
+            &mut self.auth.issuers.tls,
         ]
         .into_iter()
         .flatten()

@@ -14,6 +14,7 @@
 //! # postgrest_url = "http://…"
 //! # plan = "free"
 //! # replicas = [{ url = "http://…", region = "eu-west" }]   # read replicas, at most 16
+//! # browser_secret_keys = true   # service_role keys accepted from browsers (off by default)
 //!
 //! [[organization_members]]
 //! organization_id = "6f1c…"
@@ -26,6 +27,18 @@
 //! role = "anon"               # anon | service_role
 //! key_sha256 = "…64 hex…"
 //! # revoked_at = "2026-01-01T00:00:00Z"
+//!
+//! [[project_issuers]]            # an identity provider whose user tokens the project accepts
+//! id = "…"
+//! project_ref = "demo"
+//! issuer = "https://id.example.com"   # the tokens' iss, exactly
+//! # jwks_url = "https://…/jwks.json"  # instead of OIDC discovery from issuer
+//! # keys = '{"keys": […]}'            # or the JWKS inline (public keys only)
+//! # algorithms = ["RS256", "ES256"]
+//! # audience_claim = "aud"            # aud | azp | client_id
+//! audiences = ["my-api"]              # [] = not checked (required: say so)
+//! # role_claim = "role"               # absent: every user is authenticated
+//! # allowed_roles = ["authenticated"] # subset of authenticated, anon
 //! ```
 //!
 //! A file that fails to parse or validate on reload is refused with an error log and the
@@ -42,9 +55,11 @@ use chrono::Utc;
 use serde::Deserialize;
 use uuid::Uuid;
 
+use super::records::MAX_INLINE_KEYS;
 use super::{
-    ApiKeyRecord, ControlStore, KeyRole, MAX_REPLICAS, MemberRecord, OrgRole, OrganizationRecord,
-    PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, StoreError,
+    ApiKeyRecord, ControlStore, IssuerRecord, KeyRole, MAX_ISSUERS, MAX_REPLICAS, MemberRecord,
+    OrgRole, OrganizationRecord, PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord,
+    ProjectRecord, StoreError,
 };
 use crate::config::is_sha256_hex;
 use crate::files::{Stamp, stamp};
@@ -68,6 +83,9 @@ pub struct ControlFile {
     /// Modules projects try next to the ones in force (shadow or canary).
     #[serde(default)]
     pub policy_candidates: Vec<PolicyCandidateRecord>,
+    /// Identity providers projects trust for their users' tokens.
+    #[serde(default)]
+    pub project_issuers: Vec<IssuerRecord>,
 }
 
 /// The records, indexed.
@@ -194,10 +212,52 @@ impl ControlFile {
                 return Err(format!("{name}: appears twice"));
             }
         }
+        let mut issuer_ids = HashSet::new();
+        let mut issuers = HashSet::new();
+        let mut per_project: HashMap<&str, usize> = HashMap::new();
+        for i in &self.project_issuers {
+            let name = format!("project_issuers.{}", i.id);
+            if !issuer_ids.insert(i.id) {
+                return Err(format!("project_issuers: id {} appears twice", i.id));
+            }
+            if !projects.contains(i.project_ref.as_str()) {
+                return Err(format!(
+                    "{name}: project {:?} does not exist",
+                    i.project_ref
+                ));
+            }
+            if !issuers.insert((i.project_ref.as_str(), i.issuer.as_str())) {
+                return Err(format!(
+                    "{name}: project {:?} trusts issuer {:?} twice",
+                    i.project_ref, i.issuer
+                ));
+            }
+            let count = per_project.entry(i.project_ref.as_str()).or_default();
+            *count += 1;
+            if *count > MAX_ISSUERS {
+                return Err(format!(
+                    "{name}: project {:?} has more than {MAX_ISSUERS} issuers",
+                    i.project_ref
+                ));
+            }
+            i.check(MAX_INLINE_KEYS)
+                .map_err(|e| format!("{name}.{e}"))?;
+        }
         Ok(())
     }
 
-    fn index(self) -> Snapshot {
+    fn index(mut self) -> Snapshot {
+        let mut issuers = std::mem::take(&mut self.project_issuers);
+        issuers.sort_by_key(|a| (a.created_at, a.id));
+        for issuer in issuers {
+            if let Some(project) = self
+                .projects
+                .iter_mut()
+                .find(|p| p.project_ref == issuer.project_ref)
+            {
+                project.issuers.push(issuer);
+            }
+        }
         Snapshot {
             organizations: self.organizations.iter().map(|o| o.id).collect(),
             members: self
@@ -456,6 +516,128 @@ impl ControlStore for FileStore {
         })
         .await?;
         Ok(changed)
+    }
+
+    async fn set_browser_secret_keys(
+        &self,
+        project_ref: &str,
+        allowed: bool,
+    ) -> Result<(), StoreError> {
+        self.edit(|doc| {
+            let set = |table: &mut dyn toml_edit::TableLike| {
+                if table.get("ref").and_then(|v| v.as_str()) != Some(project_ref) {
+                    return false;
+                }
+                if allowed {
+                    table.insert("browser_secret_keys", toml_edit::value(true));
+                } else {
+                    table.remove("browser_secret_keys");
+                }
+                true
+            };
+            let mut found = false;
+            match doc.get_mut("projects") {
+                Some(toml_edit::Item::ArrayOfTables(projects)) => {
+                    for table in projects.iter_mut() {
+                        found |= set(table);
+                    }
+                }
+                Some(toml_edit::Item::Value(toml_edit::Value::Array(projects))) => {
+                    for value in projects.iter_mut() {
+                        if let Some(table) = value.as_inline_table_mut() {
+                            found |= set(table);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if found {
+                Ok(())
+            } else {
+                Err(StoreError::NotFound(format!("project {project_ref:?}")))
+            }
+        })
+        .await
+    }
+
+    async fn add_issuer(&self, issuer: &IssuerRecord) -> Result<(), StoreError> {
+        issuer
+            .check(MAX_INLINE_KEYS)
+            .map_err(|e| StoreError::Invalid(format!("project_issuers: {e}")))?;
+        if !self
+            .snapshot
+            .load()
+            .projects
+            .contains_key(&issuer.project_ref)
+        {
+            return Err(StoreError::NotFound(format!(
+                "project {:?}",
+                issuer.project_ref
+            )));
+        }
+        let record = issuer.clone();
+        self.edit(move |doc| {
+            let list = doc
+                .entry("project_issuers")
+                .or_insert(toml_edit::Item::ArrayOfTables(
+                    toml_edit::ArrayOfTables::new(),
+                ))
+                .as_array_of_tables_mut()
+                .ok_or_else(|| {
+                    StoreError::Invalid("project_issuers must be an array of tables".into())
+                })?;
+            // Checked against the file itself, under the write lock: no other writer races.
+            let of_project = list
+                .iter()
+                .filter(|t| {
+                    t.get("project_ref").and_then(|v| v.as_str())
+                        == Some(record.project_ref.as_str())
+                })
+                .collect::<Vec<_>>();
+            if of_project
+                .iter()
+                .any(|t| t.get("issuer").and_then(|v| v.as_str()) == Some(record.issuer.as_str()))
+            {
+                return Err(StoreError::issuer_exists());
+            }
+            if of_project.len() >= MAX_ISSUERS {
+                return Err(StoreError::too_many_issuers());
+            }
+            list.push(issuer_table(&record));
+            Ok(())
+        })
+        .await
+    }
+
+    async fn remove_issuer(&self, project_ref: &str, id: Uuid) -> Result<bool, StoreError> {
+        let mut removed = false;
+        let id = id.to_string();
+        let result = self
+            .edit(|doc| {
+                if let Some(list) = doc
+                    .get_mut("project_issuers")
+                    .and_then(|i| i.as_array_of_tables_mut())
+                {
+                    let before = list.len();
+                    list.retain(|t| {
+                        !(t.get("id").and_then(|v| v.as_str()) == Some(id.as_str())
+                            && t.get("project_ref").and_then(|v| v.as_str()) == Some(project_ref))
+                    });
+                    removed = list.len() < before;
+                }
+                if removed {
+                    Ok(())
+                } else {
+                    // Nothing to write.
+                    Err(StoreError::NotFound(String::new()))
+                }
+            })
+            .await;
+        match result {
+            Ok(()) => Ok(true),
+            Err(StoreError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     async fn append_policy_event(&self, event: &PolicyEventRecord) -> Result<(), StoreError> {
@@ -725,6 +907,36 @@ impl ControlStore for FileStore {
     fn reloads(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         Some(self.reloads.subscribe())
     }
+}
+
+/// An issuer as a `[[project_issuers]]` table.
+fn issuer_table(record: &IssuerRecord) -> toml_edit::Table {
+    let strings = |list: &[String]| {
+        toml_edit::value(toml_edit::Array::from_iter(list.iter().map(String::as_str)))
+    };
+    let mut table = toml_edit::Table::new();
+    table["id"] = toml_edit::value(record.id.to_string());
+    table["project_ref"] = toml_edit::value(record.project_ref.clone());
+    table["issuer"] = toml_edit::value(record.issuer.clone());
+    if let Some(url) = &record.jwks_url {
+        table["jwks_url"] = toml_edit::value(url.clone());
+    }
+    if let Some(keys) = &record.keys {
+        table["keys"] = toml_edit::value(keys.clone());
+    }
+    table["algorithms"] = strings(&record.algorithms);
+    table["audience_claim"] = toml_edit::value(record.audience_claim.clone());
+    table["audiences"] = strings(&record.audiences);
+    if let Some(claim) = &record.role_claim {
+        table["role_claim"] = toml_edit::value(claim.clone());
+    }
+    table["allowed_roles"] = strings(&record.allowed_roles);
+    let created_at = record.created_at.unwrap_or_else(Utc::now);
+    table["created_at"] = toml_edit::value(created_at.to_rfc3339());
+    if let Some(by) = &record.created_by {
+        table["created_by"] = toml_edit::value(by.clone());
+    }
+    table
 }
 
 /// A project's read replicas as the Postgres store bounds them: `http(s)` URLs of at most 2048

@@ -14,9 +14,9 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 pub use records::{
-    ApiKeyRecord, DbEngine, KeyRole, MAX_REPLICAS, MemberRecord, OrgRole, OrganizationRecord,
-    PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, ReplicaRecord,
-    Topology,
+    ApiKeyRecord, DbEngine, IssuerRecord, KeyRole, MAX_ISSUERS, MAX_REPLICAS, MemberRecord,
+    OrgRole, OrganizationRecord, PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord,
+    ProjectRecord, ReplicaRecord, Topology,
 };
 
 use crate::config::{self, ControlConfig, StoreKind};
@@ -52,6 +52,28 @@ pub enum StoreError {
     /// The record to change does not exist.
     #[error("control store: {0} not found")]
     NotFound(String),
+    /// The change conflicts with what the store holds (`code`: `issuer_exists`,
+    /// `too_many_issuers`).
+    #[error("control store: {message}")]
+    Conflict { code: &'static str, message: String },
+}
+
+impl StoreError {
+    /// The project already trusts this issuer.
+    pub fn issuer_exists() -> Self {
+        StoreError::Conflict {
+            code: "issuer_exists",
+            message: "the project already trusts this issuer".into(),
+        }
+    }
+
+    /// The project trusts [`MAX_ISSUERS`] issuers already.
+    pub fn too_many_issuers() -> Self {
+        StoreError::Conflict {
+            code: "too_many_issuers",
+            message: format!("a project trusts at most {MAX_ISSUERS} issuers"),
+        }
+    }
 }
 
 /// What the gateway reads from (and, for key management, writes to) the control store.
@@ -78,6 +100,20 @@ pub trait ControlStore: Send + Sync + std::fmt::Debug {
     ) -> Result<ApiKeyRecord, StoreError>;
     /// Revokes a key now. Returns false when it was already revoked.
     async fn revoke_api_key(&self, id: Uuid) -> Result<bool, StoreError>;
+    /// Sets whether `project_ref`'s `service_role` keys are accepted on requests a browser
+    /// made ([`ProjectRecord::browser_secret_keys`]). `NotFound` when there is no such project.
+    async fn set_browser_secret_keys(
+        &self,
+        project_ref: &str,
+        allowed: bool,
+    ) -> Result<(), StoreError>;
+    /// Adds a trusted issuer to a project (the record passed [`IssuerRecord::check`]).
+    /// `NotFound` without the project; `Conflict` `issuer_exists` (the project trusts that `iss`
+    /// already) or `too_many_issuers` (it has [`MAX_ISSUERS`]).
+    async fn add_issuer(&self, issuer: &IssuerRecord) -> Result<(), StoreError>;
+    /// Removes a project's trusted issuer by id. Returns false when the project has no such
+    /// issuer.
+    async fn remove_issuer(&self, project_ref: &str, id: Uuid) -> Result<bool, StoreError>;
     /// Stores a policy module under its digest (idempotent).
     async fn put_module(&self, digest: &str, module: &[u8]) -> Result<(), StoreError>;
     /// A stored policy module.

@@ -10,9 +10,11 @@ use std::str::FromStr as _;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use uuid::Uuid;
 
+use super::records::MAX_INLINE_KEYS;
 use super::{
-    ApiKeyRecord, ControlStore, DbEngine, KeyRole, MAX_REPLICAS, OrgRole, PolicyCandidateRecord,
-    PolicyEventRecord, ProjectPolicyRecord, ProjectRecord, ReplicaRecord, StoreError, Topology,
+    ApiKeyRecord, ControlStore, DbEngine, IssuerRecord, KeyRole, MAX_ISSUERS, MAX_REPLICAS,
+    OrgRole, PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, ProjectRecord,
+    ReplicaRecord, StoreError, Topology,
 };
 use crate::config::ControlConfig;
 
@@ -51,6 +53,59 @@ impl PostgresStore {
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_ms))
             .connect_lazy_with(options);
         Ok(Self { pool })
+    }
+
+    /// A project's trusted issuers, oldest first. A row that fails [`IssuerRecord::check`] is
+    /// skipped with an error log: that issuer fails closed, the project's others keep working.
+    async fn issuers(&self, project_ref: &str) -> Result<Vec<IssuerRecord>, StoreError> {
+        type Row = (
+            Uuid,
+            String,
+            Option<String>,
+            Option<String>,
+            Vec<String>,
+            String,
+            Vec<String>,
+            Option<String>,
+            Vec<String>,
+            DateTime<Utc>,
+            Option<String>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT id, issuer, jwks_url, keys, algorithms, audience_claim, audiences, \
+             role_claim, allowed_roles, created_at, created_by \
+             FROM aura_control.project_issuers WHERE project_ref = $1 \
+             ORDER BY created_at, id LIMIT $2",
+        )
+        .bind(project_ref)
+        .bind(MAX_ISSUERS as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(rows
+            .into_iter()
+            .map(|row| IssuerRecord {
+                id: row.0,
+                project_ref: project_ref.to_owned(),
+                issuer: row.1,
+                jwks_url: row.2,
+                keys: row.3,
+                algorithms: row.4,
+                audience_claim: row.5,
+                audiences: row.6,
+                role_claim: row.7,
+                allowed_roles: row.8,
+                created_at: Some(row.9),
+                created_by: row.10,
+            })
+            .filter(|record| match record.check(MAX_INLINE_KEYS) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::error!(project = %project_ref, id = %record.id, error = %e, "a project_issuers row is invalid; that issuer is not trusted");
+                    false
+                }
+            })
+            .collect())
     }
 
     /// Wraps an existing pool.
@@ -98,9 +153,13 @@ impl ControlStore for PostgresStore {
     }
 
     async fn project(&self, project_ref: &str) -> Result<Option<ProjectRecord>, StoreError> {
-        let row: Option<(String, Uuid, String, String, Option<String>, String)> = sqlx::query_as(
-            "SELECT ref, organization_id, db_engine, topology, postgrest_url, plan \
-             FROM aura_control.projects WHERE ref = $1",
+        type Row = (String, Uuid, String, String, Option<String>, String, bool);
+        let row: Option<Row> = sqlx::query_as(
+            "SELECT p.ref, p.organization_id, p.db_engine, p.topology, p.postgrest_url, p.plan, \
+             coalesce(a.browser_secret_keys, false) \
+             FROM aura_control.projects p \
+             LEFT JOIN aura_control.project_auth a ON a.project_ref = p.ref \
+             WHERE p.ref = $1",
         )
         .bind(project_ref)
         .fetch_optional(&self.pool)
@@ -123,8 +182,13 @@ impl ControlStore for PostgresStore {
             .into_iter()
             .map(|(url, region)| ReplicaRecord { url, region })
             .collect();
+        let issuers = if row.is_some() {
+            self.issuers(project_ref).await?
+        } else {
+            Vec::new()
+        };
         row.map(
-            |(project_ref, organization_id, engine, topology, postgrest_url, plan)| {
+            |(project_ref, organization_id, engine, topology, postgrest_url, plan, browser)| {
                 Ok(ProjectRecord {
                     db_engine: DbEngine::parse(&engine).ok_or_else(|| {
                         StoreError::Invalid(format!(
@@ -141,6 +205,8 @@ impl ControlStore for PostgresStore {
                     postgrest_url,
                     plan,
                     replicas,
+                    browser_secret_keys: browser,
+                    issuers,
                 })
             },
         )
@@ -216,6 +282,95 @@ impl ControlStore for PostgresStore {
             "UPDATE aura_control.api_keys SET revoked_at = now() \
              WHERE id = $1 AND revoked_at IS NULL",
         )
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn set_browser_secret_keys(
+        &self,
+        project_ref: &str,
+        allowed: bool,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO aura_control.project_auth (project_ref, browser_secret_keys) \
+             SELECT ref, $2 FROM aura_control.projects WHERE ref = $1 \
+             ON CONFLICT (project_ref) DO UPDATE \
+             SET browser_secret_keys = EXCLUDED.browser_secret_keys, updated_at = now()",
+        )
+        .bind(project_ref)
+        .bind(allowed)
+        .execute(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("project {project_ref:?}")));
+        }
+        Ok(())
+    }
+
+    async fn add_issuer(&self, issuer: &IssuerRecord) -> Result<(), StoreError> {
+        issuer
+            .check(MAX_INLINE_KEYS)
+            .map_err(|e| StoreError::Invalid(format!("project_issuers: {e}")))?;
+        let mut tx = self.pool.begin().await.map_err(unavailable)?;
+        // Serialises the adds of one project: the count below cannot race.
+        let project: Option<(String,)> =
+            sqlx::query_as("SELECT ref FROM aura_control.projects WHERE ref = $1 FOR UPDATE")
+                .bind(&issuer.project_ref)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+        if project.is_none() {
+            return Err(StoreError::NotFound(format!(
+                "project {:?}",
+                issuer.project_ref
+            )));
+        }
+        let (count,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM aura_control.project_issuers WHERE project_ref = $1",
+        )
+        .bind(&issuer.project_ref)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+        if count >= MAX_ISSUERS as i64 {
+            return Err(StoreError::too_many_issuers());
+        }
+        let done = sqlx::query(
+            "INSERT INTO aura_control.project_issuers (id, project_ref, issuer, jwks_url, keys, \
+             algorithms, audience_claim, audiences, role_claim, allowed_roles, created_at, \
+             created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+             coalesce($11, now()), $12) ON CONFLICT (project_ref, issuer) DO NOTHING",
+        )
+        .bind(issuer.id)
+        .bind(&issuer.project_ref)
+        .bind(&issuer.issuer)
+        .bind(&issuer.jwks_url)
+        .bind(&issuer.keys)
+        .bind(&issuer.algorithms)
+        .bind(&issuer.audience_claim)
+        .bind(&issuer.audiences)
+        .bind(&issuer.role_claim)
+        .bind(&issuer.allowed_roles)
+        .bind(issuer.created_at)
+        .bind(&issuer.created_by)
+        .execute(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::issuer_exists());
+        }
+        tx.commit().await.map_err(unavailable)
+    }
+
+    async fn remove_issuer(&self, project_ref: &str, id: Uuid) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM aura_control.project_issuers WHERE project_ref = $1 AND id = $2",
+        )
+        .bind(project_ref)
         .bind(id)
         .execute(&self.pool)
         .await

@@ -145,6 +145,207 @@ pub struct ProjectRecord {
     /// [`MAX_REPLICAS`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<ReplicaRecord>,
+    /// `aura_control.project_auth.browser_secret_keys`: whether the project's `service_role`
+    /// keys are accepted on requests a browser made, where `auth.secret_keys_from_browsers`
+    /// refuses them (the default). Off unless an owner or admin turned it on.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub browser_secret_keys: bool,
+    /// `aura_control.project_issuers`: the identity providers whose user tokens the project
+    /// accepts (at most [`MAX_ISSUERS`], oldest first). Filled by each store from its own table
+    /// (`[[project_issuers]]` in a control file), never written inside a project.
+    #[serde(skip)]
+    pub issuers: Vec<IssuerRecord>,
+}
+
+/// At most this many trusted issuers per project.
+pub const MAX_ISSUERS: usize = 8;
+/// At most this many accepted audiences per issuer.
+pub const MAX_AUDIENCES: usize = 16;
+/// Largest inline JWKS, in bytes.
+pub const MAX_INLINE_KEYS_BYTES: usize = 64 * 1024;
+/// Longest issuer, JWKS URL.
+pub const MAX_ISSUER_URL_BYTES: usize = 2048;
+/// Most keys an inline JWKS may hold in a store (`auth.issuers.max_keys` bounds it further
+/// where it is used).
+pub const MAX_INLINE_KEYS: usize = 256;
+
+fn default_algorithms() -> Vec<String> {
+    vec!["RS256".to_owned(), "ES256".to_owned()]
+}
+
+fn default_audience_claim() -> String {
+    "aud".to_owned()
+}
+
+fn default_allowed_roles() -> Vec<String> {
+    vec!["authenticated".to_owned()]
+}
+
+/// `aura_control.project_issuers`: an identity provider (Clerk, Auth0, Firebase Auth, Cognito,
+/// WorkOS, any OIDC issuer) whose user tokens a project accepts, selected by the token's `iss`
+/// exactly.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssuerRecord {
+    pub id: Uuid,
+    pub project_ref: String,
+    /// The exact `iss` of its tokens (compared byte for byte: a trailing `/` matters).
+    pub issuer: String,
+    /// Where its keys are. Neither this nor `keys`: OIDC discovery from `issuer` (`https`).
+    #[serde(default)]
+    pub jwks_url: Option<String>,
+    /// Its keys inline (a JWKS, JSON text, public keys only), instead of fetching them.
+    #[serde(default)]
+    pub keys: Option<String>,
+    /// The accepted `alg`s, a non-empty subset of `RS256`, `ES256`. Never taken from the token.
+    #[serde(default = "default_algorithms")]
+    pub algorithms: Vec<String>,
+    /// The claim holding the audience: `aud`, `azp` (Clerk) or `client_id` (Cognito access
+    /// tokens).
+    #[serde(default = "default_audience_claim")]
+    pub audience_claim: String,
+    /// The accepted audiences (at most [`MAX_AUDIENCES`]): the claim must be one of them, or
+    /// an array holding at least one. Empty: the audience is not checked — written explicitly.
+    pub audiences: Vec<String>,
+    /// The claim naming the platform role (`role`, `metadata.role`: at most 4 dotted
+    /// segments). None: every verified user is `authenticated`.
+    #[serde(default)]
+    pub role_claim: Option<String>,
+    /// The values of `role_claim` accepted, a non-empty subset of `authenticated`, `anon`: a
+    /// project's issuer can never make `service_role` or `console`.
+    #[serde(default = "default_allowed_roles")]
+    pub allowed_roles: Vec<String>,
+    #[serde(default)]
+    pub created_at: Option<DateTime<Utc>>,
+    /// The console user who added it.
+    #[serde(default)]
+    pub created_by: Option<String>,
+}
+
+impl IssuerRecord {
+    /// How its keys are found: `discovery`, `jwks_url` or `keys`.
+    pub fn source_kind(&self) -> &'static str {
+        match (&self.jwks_url, &self.keys) {
+            (Some(_), _) => "jwks_url",
+            (None, Some(_)) => "keys",
+            (None, None) => "discovery",
+        }
+    }
+
+    /// Checks the record against the bounds both stores keep (the file store on load, the
+    /// database's constraints, the management API on add); the error names the field. An
+    /// inline JWKS must hold at most `max_keys` keys.
+    pub fn check(&self, max_keys: usize) -> Result<(), String> {
+        let visible = |s: &str| s.bytes().all(|b| (0x21..=0x7e).contains(&b));
+        if self.issuer.is_empty()
+            || self.issuer.len() > MAX_ISSUER_URL_BYTES
+            || !visible(&self.issuer)
+        {
+            return Err(format!(
+                "issuer: 1 to {MAX_ISSUER_URL_BYTES} visible ASCII characters"
+            ));
+        }
+        match (&self.jwks_url, &self.keys) {
+            (Some(_), Some(_)) => return Err("jwks_url and keys: one or the other".into()),
+            (Some(url), None) => check_https_url(url).map_err(|e| format!("jwks_url: {e}"))?,
+            (None, Some(keys)) => {
+                if keys.len() > MAX_INLINE_KEYS_BYTES {
+                    return Err(format!("keys: at most {MAX_INLINE_KEYS_BYTES} bytes"));
+                }
+                crate::auth::keyset::parse_set(keys.as_bytes(), max_keys)
+                    .map_err(|e| format!("keys: {}", e.message))?;
+            }
+            (None, None) => check_https_url(&self.issuer).map_err(|e| {
+                format!(
+                    "issuer: {e} (its keys are found by OIDC discovery; or give jwks_url or keys)"
+                )
+            })?,
+        }
+        let mut seen = Vec::new();
+        if self.algorithms.is_empty() {
+            return Err("algorithms: at least one of RS256, ES256".into());
+        }
+        for alg in &self.algorithms {
+            if !matches!(alg.as_str(), "RS256" | "ES256") || seen.contains(&alg) {
+                return Err(format!(
+                    "algorithms: {alg:?} (RS256 or ES256, each at most once)"
+                ));
+            }
+            seen.push(alg);
+        }
+        if !matches!(self.audience_claim.as_str(), "aud" | "azp" | "client_id") {
+            return Err("audience_claim: aud, azp or client_id".into());
+        }
+        if self.audiences.len() > MAX_AUDIENCES {
+            return Err(format!("audiences: at most {MAX_AUDIENCES}"));
+        }
+        if self
+            .audiences
+            .iter()
+            .any(|a| a.is_empty() || a.len() > 256 || a.chars().any(char::is_control))
+        {
+            return Err("audiences: each 1 to 256 characters, no control characters".into());
+        }
+        if let Some(claim) = &self.role_claim {
+            let segments: Vec<&str> = claim.split('.').collect();
+            let ok = claim.len() <= 64
+                && segments.len() <= 4
+                && segments.iter().all(|s| {
+                    !s.is_empty()
+                        && s.bytes().all(|b| {
+                            b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b':'
+                        })
+                });
+            if !ok {
+                return Err(
+                    "role_claim: a claim name or a dotted path of at most 4 names (64 characters)"
+                        .into(),
+                );
+            }
+        }
+        if self.allowed_roles.is_empty()
+            || self
+                .allowed_roles
+                .iter()
+                .any(|r| !matches!(r.as_str(), "authenticated" | "anon"))
+        {
+            return Err(
+                "allowed_roles: a non-empty subset of authenticated, anon (a project's issuer \
+                 cannot grant service_role)"
+                    .into(),
+            );
+        }
+        if self.created_by.as_ref().is_some_and(|c| c.len() > 64) {
+            return Err("created_by: at most 64 characters".into());
+        }
+        Ok(())
+    }
+}
+
+/// An `https` URL of at most [`MAX_ISSUER_URL_BYTES`] bytes, with a host, without user
+/// information or fragment.
+pub fn check_https_url(url: &str) -> Result<(), String> {
+    if url.len() > MAX_ISSUER_URL_BYTES {
+        return Err(format!("at most {MAX_ISSUER_URL_BYTES} bytes"));
+    }
+    let parsed = reqwest::Url::parse(url).map_err(|_| "not a URL".to_owned())?;
+    if parsed.scheme() != "https" {
+        return Err("must be an https URL".into());
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("must not carry user information".into());
+    }
+    if parsed.fragment().is_some() {
+        return Err("must not have a fragment".into());
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err("must name a host".into());
+    }
+    Ok(())
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// At most this many read replicas of a project are passed to the db-routing stage.

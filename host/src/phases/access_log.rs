@@ -1,5 +1,5 @@
 //! Phase 6, the access log: one line per request (target `aura::access`) with request id, plane,
-//! route group, method, path, status, latency, error code and the side that failed, actor role and key id — never the key
+//! route group, method, path, status, latency, error code and the side that failed, actor role, key id and user token issuer — never the key
 //! itself. The line is built only when `aura::access` is enabled at `info`, and written through
 //! the non-blocking log writer ([`crate::telemetry`]).
 
@@ -29,6 +29,11 @@ pub fn line(cx: &RequestContext, method: &Method, path: &str, response: &Respons
         side = error.map_or("-", |e| e.side.as_str()),
         role = actor.map(|a| a.role.as_str()).unwrap_or("-"),
         key_id = actor.and_then(|a| a.key_id.as_deref()).unwrap_or("-"),
+        // The issuer of a verified user token (`platform` or the project's trusted `iss`),
+        // never the token.
+        issuer = actor
+            .and_then(|a| a.issuer.as_ref())
+            .map_or("-", |i| i.as_str()),
         "access"
     );
 }

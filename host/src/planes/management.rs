@@ -31,6 +31,18 @@ fn extra_routes() -> Router<AppState> {
             "/v1/projects/{project_ref}/logs",
             nats_route(Service::Control, Some(MethodFilter::GET)),
         )
+        .route(
+            "/v1/projects/{project_ref}/issuers",
+            get(super::issuers::list).post(super::issuers::add),
+        )
+        .route(
+            "/v1/projects/{project_ref}/issuers/{id}",
+            get(super::issuers::get).delete(super::issuers::remove),
+        )
+        .route(
+            "/v1/projects/{project_ref}/auth-settings",
+            get(super::auth_settings::get).put(super::auth_settings::put),
+        )
         .route("/v1/policies/reload", post(super::policies::reload))
         .merge(super::admin::routes())
         .route(

@@ -3,11 +3,14 @@
 //! the phases in order ([`chain`]).
 
 pub mod admin;
+pub mod auth_settings;
 pub mod chain;
 pub mod data;
 pub mod handlers;
+pub mod issuers;
 pub mod management;
 pub mod policies;
+pub mod project_route;
 pub mod routes;
 
 pub use data::build_data_plane_router;

@@ -22,7 +22,6 @@ use serde::Deserialize;
 
 use crate::control::{PolicyEventRecord, store_failed};
 use crate::error::GatewayError;
-use crate::phases::context::RouteContext;
 use crate::policy::history::Action;
 use crate::policy::installs::{Install, Installed, ModuleRef};
 use crate::policy::rollout::ShadowReport;
@@ -79,11 +78,7 @@ impl axum::extract::FromRequestParts<AppState> for StageChange {
     ) -> Result<Self, GatewayError> {
         let path = Path::<(String, String)>::from_request_parts(parts, state).await;
         let (project, stage) = path_params(path)?;
-        let user = parts
-            .extensions
-            .get::<RouteContext>()
-            .and_then(|route| route.actor.user_id.clone())
-            .unwrap_or_else(|| "-".to_owned());
+        let user = super::project_route::console_user(parts);
         Ok(Self {
             project,
             stage,

@@ -63,6 +63,22 @@ pub(crate) fn is_body_limit(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Reads a small request body of at most `max` bytes (refused `413` past it, without reading
+/// the rest); `what` names it in the error.
+pub async fn read_small_body(
+    body: Body,
+    max: usize,
+    what: &str,
+) -> Result<bytes::Bytes, GatewayError> {
+    axum::body::to_bytes(body, max).await.map_err(|e| {
+        if is_body_limit(&e) {
+            GatewayError::payload_too_large(format!("{what} is at most {max} bytes"))
+        } else {
+            GatewayError::bad_request("invalid_body", "the request body could not be read")
+        }
+    })
+}
+
 /// Reads a request body, mapping an exceeded limit to 413.
 pub async fn read_body(body: Body) -> Result<bytes::Bytes, GatewayError> {
     axum::body::to_bytes(body, usize::MAX).await.map_err(|e| {

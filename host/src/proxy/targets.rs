@@ -49,6 +49,22 @@ impl TargetAllowList {
         Ok(list)
     }
 
+    /// Whether `ip` is inside a listed network (an IPv4-mapped IPv6 address as its IPv4).
+    pub fn allows_ip(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        self.nets.iter().any(|n| n.contains(&ip))
+    }
+
+    /// Whether host name `name` is listed, or ends with a listed suffix (case and a final `.`
+    /// ignored).
+    pub fn allows_name(&self, name: &str) -> bool {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        self.hosts.contains(&name) || self.suffixes.iter().any(|s| name.ends_with(s.as_str()))
+    }
+
     /// Checks a target URL.
     pub fn check(&self, url: &str) -> Result<(), TargetRefused> {
         let uri: http::Uri = url.parse().map_err(|_| TargetRefused::NotHttp)?;
@@ -62,12 +78,8 @@ impl TargetAllowList {
         let host = authority.host();
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let allowed = match bare.parse::<IpAddr>() {
-            Ok(ip) => self.nets.iter().any(|n| n.contains(&ip)),
-            Err(_) => {
-                let name = bare.trim_end_matches('.').to_ascii_lowercase();
-                self.hosts.contains(&name)
-                    || self.suffixes.iter().any(|s| name.ends_with(s.as_str()))
-            }
+            Ok(ip) => self.allows_ip(ip),
+            Err(_) => self.allows_name(bare),
         };
         if allowed {
             Ok(())

@@ -134,10 +134,16 @@ pub fn bound(
         value.ok_or(RuleRefused::ScopeUnknown(scope))
     }
     let address;
+    // A user of a project's own issuer: the issuer is part of the name, so two identity
+    // providers handing out the same `sub` never share a bucket.
+    let issuer = match (&answered.scope, &actor.issuer) {
+        (Scope::User, Some(crate::auth::user_token::IssuerLabel::Project { id, .. })) => Some(*id),
+        _ => None,
+    };
     let (tag, first, second): (&str, &str, Option<&str>) = match answered.scope {
         Scope::Key => ("k:", known(actor.key_id.as_deref(), "key")?, None),
         Scope::User => (
-            "u:",
+            if issuer.is_some() { "v:" } else { "u:" },
             project.unwrap_or("-"),
             Some(known(actor.user_id.as_deref(), "user")?),
         ),
@@ -189,12 +195,17 @@ pub fn bound(
     }
     bucket.push_str(tag);
     match second {
-        // `u:<len>:<project>:<user>`: the length keeps a project and a user apart.
+        // `u:<len>:<project>:<user>`: the length keeps a project and a user apart;
+        // `v:<len>:<project>:<issuer id, 32 hex>:<user>` for a project issuer's user.
         Some(second) => {
             bucket.push_str(itoa::Buffer::new().format(first.len()));
             bucket.push(':');
             bucket.push_str(first);
             bucket.push(':');
+            if let Some(id) = issuer {
+                bucket.push_str(id.simple().encode_lower(&mut uuid::Uuid::encode_buffer()));
+                bucket.push(':');
+            }
             bucket.push_str(second);
         }
         None => bucket.push_str(first),
@@ -359,6 +370,22 @@ mod tests {
         assert_eq!(name(o, &actor, Scope::Key), Ok("o:k:key-1".into()));
         assert_eq!(
             name(o, &actor, Scope::User),
+            Ok("o:u:5:alpha:user:1".into())
+        );
+        // The same sub from a project's own issuer: another bucket.
+        let mut issued = actor.clone();
+        let id = uuid::Uuid::from_u128(0xabc);
+        issued.issuer = Some(crate::auth::user_token::IssuerLabel::Project {
+            id,
+            iss: "https://id.example".into(),
+        });
+        assert_eq!(
+            name(o, &issued, Scope::User),
+            Ok(format!("o:v:5:alpha:{}:user:1", id.simple()))
+        );
+        issued.issuer = Some(crate::auth::user_token::IssuerLabel::Platform);
+        assert_eq!(
+            name(o, &issued, Scope::User),
             Ok("o:u:5:alpha:user:1".into())
         );
         assert_eq!(name(o, &actor, Scope::ConsoleUser), Ok("o:c:user:1".into()));

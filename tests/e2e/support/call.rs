@@ -189,6 +189,15 @@ impl Answer {
             .to_owned()
     }
 
+    /// The status and the contract's error code (empty when the body carries none).
+    pub fn status_and_code(&self) -> (StatusCode, String) {
+        let code = self.json_or_null()["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        (self.status, code)
+    }
+
     /// The value of header `name`, which must be there and be text.
     pub fn header(&self, name: &str) -> &str {
         self.headers[name].to_str().expect("a text header")

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use aura_gateway::auth::keys::hash_key;
 use aura_gateway::control::file::FileStore;
 use aura_gateway::control::{
-    ApiKeyRecord, ControlStore, KeyRole, OrgRole, PolicyCandidateRecord as Candidate,
+    ApiKeyRecord, ControlStore, IssuerRecord, KeyRole, OrgRole, PolicyCandidateRecord as Candidate,
     PolicyEventRecord as Event, ProjectPolicyRecord, ProjectRecord, StoreError,
 };
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -324,6 +324,15 @@ impl ControlStore for CountingStore {
     }
     async fn revoke_api_key(&self, id: Uuid) -> Found<bool> {
         self.inner.revoke_api_key(id).await
+    }
+    async fn set_browser_secret_keys(&self, p: &str, allowed: bool) -> Found<()> {
+        self.inner.set_browser_secret_keys(p, allowed).await
+    }
+    async fn add_issuer(&self, issuer: &IssuerRecord) -> Found<()> {
+        self.inner.add_issuer(issuer).await
+    }
+    async fn remove_issuer(&self, p: &str, id: Uuid) -> Found<bool> {
+        self.inner.remove_issuer(p, id).await
     }
     async fn put_module(&self, d: &str, m: &[u8]) -> Found<()> {
         self.inner.put_module(d, m).await

@@ -10,6 +10,7 @@ pub mod config;
 pub mod fixture;
 pub mod gateway;
 pub mod h2raw;
+pub mod issuer;
 pub mod metrics;
 pub mod nats_server;
 pub mod otlp;

@@ -1,0 +1,786 @@
+//! Verification keys from a JWKS, kept off the request path: the platform's user and console
+//! keys (`auth.*_jwt.jwks_url`) and each trusted issuer's ([`super::issuers`]).
+//!
+//! A [`KeySource`] fetches its set first when it is created, then in the background when older
+//! than its maximum age or when a token names an unknown `kid` — at most once per cooldown
+//! either way. Requests verify against the last good set and never wait for a fetch, except a
+//! token whose `kid` is unknown (or any token before the first set arrived): it waits for the
+//! fetch in progress at most its unknown-`kid` wait. A failed, slow, oversized or refused fetch
+//! leaves the last good set in force.
+//!
+//! Every fetch is bounded: one deadline over connect, TLS, headers and body; a body over
+//! `max_bytes` is refused before or while it is read; a set with more than `max_keys` keys is
+//! refused whole (never cut to its first keys); no redirects, no proxy. A source may also learn
+//! its JWKS URL by OIDC discovery, whose document must name the issuer exactly.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey};
+use tokio::time::Instant;
+
+/// Why a fetch failed: its `outcome` label, and a message that names no secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{outcome}: {message}")]
+pub struct FetchFailure {
+    /// `status`, `timeout`, `connect`, `too_large`, `too_many_keys`, `invalid`, `not_allowed`,
+    /// `discovery_mismatch` or `busy`.
+    pub outcome: &'static str,
+    pub message: String,
+}
+
+impl FetchFailure {
+    pub fn new(outcome: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            outcome,
+            message: message.into(),
+        }
+    }
+}
+
+/// The bounds of one fetch.
+#[derive(Debug, Clone, Copy)]
+pub struct FetchLimits {
+    /// The whole fetch: a permit, connect, TLS, headers and body.
+    pub timeout: Duration,
+    /// Largest document.
+    pub max_bytes: usize,
+    /// Most keys in a set.
+    pub max_keys: usize,
+}
+
+/// How often a source fetches, and how long a token may wait.
+#[derive(Debug, Clone, Copy)]
+pub struct Freshness {
+    pub cooldown: Duration,
+    pub max_age: Duration,
+    pub unknown_kid_wait: Duration,
+    /// How long a JWKS URL learned by discovery is used.
+    pub discovery_max_age: Duration,
+}
+
+/// One verification key and the algorithm it is for.
+#[derive(Clone)]
+struct Key {
+    alg: Algorithm,
+    key: DecodingKey,
+}
+
+/// Keys of a JWKS by `kid`.
+#[derive(Default)]
+pub struct KeySet {
+    keys: HashMap<String, Vec<Key>>,
+    unnamed: Vec<Key>,
+    fetched_at: Option<Instant>,
+}
+
+impl std::fmt::Debug for KeySet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeySet")
+            .field("kids", &self.kids())
+            .field("unnamed", &self.unnamed.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeySet {
+    /// How many keys the set holds.
+    pub fn len(&self) -> usize {
+        self.unnamed.len() + self.keys.values().map(Vec::len).sum::<usize>()
+    }
+
+    /// Whether the set holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The key ids, sorted.
+    pub fn kids(&self) -> Vec<String> {
+        let mut kids: Vec<String> = self.keys.keys().cloned().collect();
+        kids.sort();
+        kids
+    }
+
+    fn find(&self, kid: Option<&str>, alg: Algorithm) -> Option<DecodingKey> {
+        let candidates = match kid {
+            Some(kid) => self.keys.get(kid)?,
+            None => &self.unnamed,
+        };
+        candidates
+            .iter()
+            .find(|k| k.alg == alg)
+            .map(|k| k.key.clone())
+    }
+}
+
+/// Least RSA modulus accepted, in bytes (2048 bits).
+const MIN_RSA_MODULUS_BYTES: usize = 256;
+
+/// Parses a JWKS document into its usable public signing keys. More than `max_keys` keys is
+/// `too_many_keys` (the whole set refused); symmetric keys, private keys, keys for encryption,
+/// RSA keys under 2048 bits and EC keys on another curve than P-256 are skipped; a key whose
+/// `alg` names another algorithm than its type allows is skipped; a set with no usable key is
+/// `invalid`.
+pub fn parse_set(bytes: &[u8], max_keys: usize) -> Result<KeySet, FetchFailure> {
+    let document: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|_| FetchFailure::new("invalid", "the JWKS is not JSON"))?;
+    let list = document
+        .get("keys")
+        .and_then(|k| k.as_array())
+        .ok_or_else(|| FetchFailure::new("invalid", "the JWKS has no keys array"))?;
+    if list.len() > max_keys {
+        return Err(FetchFailure::new(
+            "too_many_keys",
+            format!("the JWKS has {} keys, over {max_keys}", list.len()),
+        ));
+    }
+    let mut set = KeySet::default();
+    for value in list {
+        let Some(object) = value.as_object() else {
+            continue;
+        };
+        // Private parameters: a set that publishes them is broken; such a key is never used.
+        if ["d", "p", "q", "dp", "dq", "qi", "k"]
+            .iter()
+            .any(|field| object.contains_key(*field))
+        {
+            continue;
+        }
+        let Ok(jwk) = serde_json::from_value::<Jwk>(value.clone()) else {
+            continue;
+        };
+        if matches!(
+            jwk.common.public_key_use,
+            Some(PublicKeyUse::Encryption | PublicKeyUse::Other(_))
+        ) {
+            continue;
+        }
+        let alg = match &jwk.algorithm {
+            AlgorithmParameters::RSA(rsa) => {
+                let modulus = base64_len(&rsa.n);
+                if modulus < MIN_RSA_MODULUS_BYTES {
+                    continue;
+                }
+                Algorithm::RS256
+            }
+            AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
+                Algorithm::ES256
+            }
+            // Symmetric keys never come from a JWKS; other curves and types are not accepted.
+            _ => continue,
+        };
+        if let Some(declared) = &jwk.common.key_algorithm {
+            let declared = format!("{declared:?}");
+            if declared != format!("{alg:?}") {
+                continue;
+            }
+        }
+        let Ok(key) = DecodingKey::from_jwk(&jwk) else {
+            continue;
+        };
+        let key = Key { alg, key };
+        match &jwk.common.key_id {
+            Some(kid) => set.keys.entry(kid.clone()).or_default().push(key),
+            None => set.unnamed.push(key),
+        }
+    }
+    if set.is_empty() {
+        return Err(FetchFailure::new(
+            "invalid",
+            "the JWKS has no usable public RS256 or ES256 signing key",
+        ));
+    }
+    Ok(set)
+}
+
+/// Decoded length of a base64url value without padding, leading zero bytes not counted.
+fn base64_len(value: &str) -> usize {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(value.trim_end_matches('='))
+        .map(|bytes| bytes.iter().skip_while(|b| **b == 0).count())
+        .unwrap_or(0)
+}
+
+/// Checks a URL before anything connects to it (an issuer's SSRF rule).
+pub trait UrlGuard: Send + Sync + 'static {
+    /// `not_allowed` when `url` may not be fetched.
+    fn check(&self, url: &str) -> Result<(), FetchFailure>;
+}
+
+/// GETs `url` within `limits`: status 200, a body of at most `max_bytes` (a larger declared
+/// length is refused before reading; a longer body is cut off where it crosses the bound).
+/// The deadline is the caller's (one over the whole fetch).
+pub async fn fetch_document(
+    client: &reqwest::Client,
+    url: &str,
+    limits: &FetchLimits,
+    guard: Option<&dyn UrlGuard>,
+) -> Result<bytes::Bytes, FetchFailure> {
+    if let Some(guard) = guard {
+        guard.check(url)?;
+    }
+    let mut response = client
+        .get(url)
+        .header(http::header::ACCEPT, "application/json")
+        .send()
+        .await
+        .map_err(|e| FetchFailure::new(send_outcome(&e), describe_send(&e)))?;
+    if response.status() != reqwest::StatusCode::OK {
+        return Err(FetchFailure::new(
+            "status",
+            format!("status {}", response.status().as_u16()),
+        ));
+    }
+    if response
+        .content_length()
+        .is_some_and(|n| n > limits.max_bytes as u64)
+    {
+        return Err(FetchFailure::new(
+            "too_large",
+            format!("the document is over {} bytes", limits.max_bytes),
+        ));
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| FetchFailure::new("connect", format!("reading the body: {}", kind_of(&e))))?
+    {
+        if body.len() + chunk.len() > limits.max_bytes {
+            return Err(FetchFailure::new(
+                "too_large",
+                format!("the document is over {} bytes", limits.max_bytes),
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+fn send_outcome(e: &reqwest::Error) -> &'static str {
+    if e.is_timeout() {
+        "timeout"
+    } else if is_refused_address(e) {
+        "not_allowed"
+    } else {
+        "connect"
+    }
+}
+
+/// Whether the error comes from the resolver refusing every address of the host.
+fn is_refused_address(e: &reqwest::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<super::issuers::AddressRefused>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+fn describe_send(e: &reqwest::Error) -> String {
+    if is_refused_address(e) {
+        return "the issuer's address is in a denied network".to_owned();
+    }
+    kind_of(e)
+}
+
+fn kind_of(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timed out".to_owned()
+    } else if e.is_connect() {
+        "could not connect".to_owned()
+    } else if e.is_redirect() {
+        "redirects are not followed".to_owned()
+    } else {
+        let mut message = e.to_string();
+        message.truncate(200);
+        message
+    }
+}
+
+/// What a fetch reports, for metrics.
+pub trait FetchObserver: Send + Sync + 'static {
+    /// A fetch ended: `ok`, or a [`FetchFailure`] outcome.
+    fn fetched(&self, outcome: &'static str);
+    /// The keys now in force.
+    fn keys(&self, count: usize);
+}
+
+/// Where a source's keys come from.
+#[derive(Debug)]
+pub enum Origin {
+    /// A JWKS URL.
+    Url(String),
+    /// OIDC discovery from an issuer URL: its `jwks_uri`, learned and kept for
+    /// `discovery_max_age`.
+    Discovery {
+        issuer: String,
+        learned: std::sync::Mutex<Option<(String, Instant)>>,
+    },
+    /// Keys given inline: never fetched.
+    Inline,
+}
+
+impl Origin {
+    /// OIDC discovery from `issuer`.
+    pub fn discovery(issuer: String) -> Self {
+        Origin::Discovery {
+            issuer,
+            learned: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Origin::Url(url) => url.clone(),
+            Origin::Discovery { issuer, .. } => format!("discovery of {issuer}"),
+            Origin::Inline => "inline keys".to_owned(),
+        }
+    }
+}
+
+/// The state of a source, for the management API.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SourceStatus {
+    /// `ok`, `failing` (the last fetch failed; the last good keys, if any, stay in force) or
+    /// `not_loaded`.
+    pub status: &'static str,
+    /// Keys in force.
+    pub count: usize,
+    /// Their key ids.
+    pub kids: Vec<String>,
+    /// Seconds since they were fetched.
+    pub age_secs: Option<u64>,
+    /// Why the last fetch failed.
+    pub last_error: Option<String>,
+    /// The JWKS URL in use (learned by discovery, or configured).
+    pub jwks_url: Option<String>,
+}
+
+/// What a source's fetches share with others: permits, metrics, the URL rule.
+#[derive(Default)]
+pub struct Fetching {
+    /// Fetches in flight, every source sharing it together.
+    pub permits: Option<Arc<tokio::sync::Semaphore>>,
+    pub observer: Option<Box<dyn FetchObserver>>,
+    pub guard: Option<Arc<dyn UrlGuard>>,
+}
+
+impl std::fmt::Debug for Fetching {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fetching")
+            .field("permits", &self.permits.is_some())
+            .field("observer", &self.observer.is_some())
+            .field("guard", &self.guard.is_some())
+            .finish()
+    }
+}
+
+/// A set of verification keys and how it stays fresh.
+pub struct KeySource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    origin: Origin,
+    client: reqwest::Client,
+    limits: FetchLimits,
+    freshness: Freshness,
+    /// Fetches in flight, every source sharing it together.
+    permits: Option<Arc<tokio::sync::Semaphore>>,
+    observer: Option<Box<dyn FetchObserver>>,
+    guard: Option<Arc<dyn UrlGuard>>,
+    keys: arc_swap::ArcSwap<KeySet>,
+    /// When the last fetch started, and whether one is running.
+    fetching: std::sync::Mutex<(Option<Instant>, bool)>,
+    /// Bumped after every fetch, good or not.
+    fetched: tokio::sync::watch::Sender<u64>,
+    last_error: std::sync::Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeySource")
+            .field("origin", &self.inner.origin.describe())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why no key was found for a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoKey {
+    /// No key with the token's `kid` and algorithm, even after a fetch.
+    UnknownKid,
+}
+
+impl KeySource {
+    /// Starts the source's first fetch (when a runtime is there to run it), and returns it.
+    pub fn started(self) -> Self {
+        self.start_fetch();
+        self
+    }
+
+    /// A source that fetches only when asked ([`KeySource::probe`]).
+    pub fn detached(
+        origin: Origin,
+        client: reqwest::Client,
+        limits: FetchLimits,
+        fetching: Fetching,
+    ) -> Self {
+        let once = Freshness {
+            cooldown: Duration::MAX,
+            max_age: Duration::MAX,
+            unknown_kid_wait: Duration::ZERO,
+            discovery_max_age: Duration::ZERO,
+        };
+        Self::new(origin, client, limits, once, fetching)
+    }
+
+    /// A source over keys given inline (already parsed); never fetched.
+    pub fn inline(set: KeySet) -> Self {
+        let set = KeySet {
+            fetched_at: Some(Instant::now()),
+            ..set
+        };
+        let none = FetchLimits {
+            timeout: Duration::ZERO,
+            max_bytes: 0,
+            max_keys: 0,
+        };
+        let this = Self::detached(
+            Origin::Inline,
+            reqwest::Client::new(),
+            none,
+            Fetching::default(),
+        );
+        this.inner.keys.store(Arc::new(set));
+        this
+    }
+
+    /// A source fetching from `origin` with `client` (which must follow no redirects and use
+    /// no proxy) within `limits`, kept fresh by `freshness`; nothing is fetched before
+    /// [`KeySource::started`] or a token asks.
+    pub fn new(
+        origin: Origin,
+        client: reqwest::Client,
+        limits: FetchLimits,
+        freshness: Freshness,
+        fetching: Fetching,
+    ) -> Self {
+        let Fetching {
+            permits,
+            observer,
+            guard,
+        } = fetching;
+        Self {
+            inner: Arc::new(Inner {
+                origin,
+                client,
+                limits,
+                freshness,
+                permits,
+                observer,
+                guard,
+                keys: arc_swap::ArcSwap::from_pointee(KeySet::default()),
+                fetching: std::sync::Mutex::new((None, false)),
+                fetched: tokio::sync::watch::channel(0).0,
+                last_error: std::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Starts a background fetch unless one runs or the last started within the cooldown.
+    /// Returns whether a fetch is running now.
+    pub fn start_fetch(&self) -> bool {
+        if matches!(self.inner.origin, Origin::Inline) {
+            return false;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        {
+            let mut fetching = self
+                .inner
+                .fetching
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if fetching.1 {
+                return true;
+            }
+            if fetching
+                .0
+                .is_some_and(|at| at.elapsed() < self.inner.freshness.cooldown)
+            {
+                return false;
+            }
+            *fetching = (Some(Instant::now()), true);
+        }
+        let inner = self.inner.clone();
+        runtime.spawn(async move {
+            let result = tokio::time::timeout(inner.limits.timeout, inner.fetch())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(FetchFailure::new(
+                        "timeout",
+                        format!("no keys within {} ms", inner.limits.timeout.as_millis()),
+                    ))
+                });
+            let outcome = match result {
+                Ok(set) => {
+                    if let Some(observer) = &inner.observer {
+                        observer.keys(set.len());
+                    }
+                    inner.keys.store(Arc::new(set));
+                    *inner.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    "ok"
+                }
+                Err(e) => {
+                    tracing::warn!(origin = %inner.origin.describe(), error = %e, "JWKS fetch failed; keeping the last good keys");
+                    if e.outcome != "not_allowed" {
+                        // Discovery is run again after a failure: the JWKS may have moved.
+                        inner.forget_learned();
+                    }
+                    let outcome = e.outcome;
+                    *inner.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(e.to_string());
+                    outcome
+                }
+            };
+            if let Some(observer) = &inner.observer {
+                observer.fetched(outcome);
+            }
+            inner
+                .fetching
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .1 = false;
+            inner.fetched.send_modify(|n| *n += 1);
+        });
+        true
+    }
+
+    /// The key for a token's `kid` and `alg`. Starts a background fetch when the set is older
+    /// than its maximum age; waits (at most the unknown-`kid` wait) only when the `kid` is
+    /// unknown.
+    pub async fn key(&self, kid: Option<&str>, alg: Algorithm) -> Result<DecodingKey, NoKey> {
+        // Subscribed before looking, so that a fetch ending meanwhile is not missed.
+        let mut fetched = self.inner.fetched.subscribe();
+        let set = self.inner.keys.load_full();
+        let stale = set
+            .fetched_at
+            .is_none_or(|at| at.elapsed() >= self.inner.freshness.max_age);
+        if stale {
+            self.start_fetch();
+        }
+        if let Some(key) = set.find(kid, alg) {
+            return Ok(key);
+        }
+        // An unknown kid may be a rotated key: fetch (at most once per cooldown) and wait a
+        // little for it; every other request keeps verifying meanwhile.
+        if self.start_fetch() {
+            let wait = self.inner.freshness.unknown_kid_wait;
+            let _ = tokio::time::timeout(wait, fetched.changed()).await;
+        }
+        let set = self.inner.keys.load_full();
+        set.find(kid, alg).ok_or(NoKey::UnknownKid)
+    }
+
+    /// Whether a set was ever loaded.
+    pub fn is_loaded(&self) -> bool {
+        self.inner.keys.load().fetched_at.is_some()
+    }
+
+    /// The state of the source.
+    pub fn status(&self) -> SourceStatus {
+        let set = self.inner.keys.load_full();
+        let last_error = self
+            .inner
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let status = match (&last_error, set.fetched_at) {
+            (Some(_), _) => "failing",
+            (None, Some(_)) => "ok",
+            (None, None) => "not_loaded",
+        };
+        let jwks_url = match &self.inner.origin {
+            Origin::Url(url) => Some(url.clone()),
+            Origin::Discovery { learned, .. } => learned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(|(url, _)| url.clone()),
+            Origin::Inline => None,
+        };
+        SourceStatus {
+            status,
+            count: set.len(),
+            kids: set.kids(),
+            age_secs: set.fetched_at.map(|at| at.elapsed().as_secs()),
+            last_error,
+            jwks_url,
+        }
+    }
+
+    /// Fetches once, now, within the limits (a permit included), and returns the set without
+    /// putting it in force: the check of an issuer being added.
+    pub async fn probe(&self) -> Result<KeySet, FetchFailure> {
+        match tokio::time::timeout(self.inner.limits.timeout, self.inner.fetch()).await {
+            Ok(result) => result,
+            Err(_) => Err(FetchFailure::new(
+                "timeout",
+                format!(
+                    "no keys within {} ms",
+                    self.inner.limits.timeout.as_millis()
+                ),
+            )),
+        }
+    }
+}
+
+impl Inner {
+    async fn fetch(&self) -> Result<KeySet, FetchFailure> {
+        let _permit = match &self.permits {
+            Some(permits) => Some(
+                permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| FetchFailure::new("busy", "no fetch permit"))?,
+            ),
+            None => None,
+        };
+        let url = self.jwks_url().await?;
+        let body = fetch_document(&self.client, &url, &self.limits, self.guard.as_deref()).await?;
+        let mut set = parse_set(&body, self.limits.max_keys)?;
+        set.fetched_at = Some(Instant::now());
+        Ok(set)
+    }
+
+    /// The JWKS URL: configured, or learned by discovery (again once older than
+    /// `discovery_max_age`).
+    async fn jwks_url(&self) -> Result<String, FetchFailure> {
+        let (issuer, learned) = match &self.origin {
+            Origin::Url(url) => return Ok(url.clone()),
+            Origin::Inline => return Err(FetchFailure::new("invalid", "inline keys")),
+            Origin::Discovery { issuer, learned } => (issuer, learned),
+        };
+        if let Some((url, at)) = learned.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
+            && at.elapsed() < self.freshness.discovery_max_age
+        {
+            return Ok(url.clone());
+        }
+        let url = discover(&self.client, issuer, &self.limits, self.guard.as_deref()).await?;
+        *learned.lock().unwrap_or_else(|p| p.into_inner()) = Some((url.clone(), Instant::now()));
+        Ok(url)
+    }
+
+    fn forget_learned(&self) {
+        if let Origin::Discovery { learned, .. } = &self.origin {
+            *learned.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+}
+
+/// The discovery document's URL of `issuer` (OIDC Discovery §4).
+pub fn discovery_url(issuer: &str) -> String {
+    format!(
+        "{}/.well-known/openid-configuration",
+        issuer.trim_end_matches('/')
+    )
+}
+
+/// OIDC discovery: the `jwks_uri` of `issuer`'s document, whose `issuer` must be `issuer`
+/// exactly (OIDC Discovery §4.3) and whose `jwks_uri` must be `https`.
+pub async fn discover(
+    client: &reqwest::Client,
+    issuer: &str,
+    limits: &FetchLimits,
+    guard: Option<&dyn UrlGuard>,
+) -> Result<String, FetchFailure> {
+    let body = fetch_document(client, &discovery_url(issuer), limits, guard).await?;
+    let document: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|_| FetchFailure::new("invalid", "the discovery document is not JSON"))?;
+    if document.get("issuer").and_then(|i| i.as_str()) != Some(issuer) {
+        return Err(FetchFailure::new(
+            "discovery_mismatch",
+            "the discovery document names another issuer",
+        ));
+    }
+    let jwks_uri = document
+        .get("jwks_uri")
+        .and_then(|u| u.as_str())
+        .ok_or_else(|| FetchFailure::new("invalid", "the discovery document has no jwks_uri"))?;
+    if !jwks_uri.starts_with("https://") || jwks_uri.len() > 2048 {
+        return Err(FetchFailure::new(
+            "invalid",
+            "the discovery document's jwks_uri is not an https URL",
+        ));
+    }
+    Ok(jwks_uri.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> String {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures")
+            .join(name);
+        std::fs::read_to_string(path).expect("fixture")
+    }
+
+    #[test]
+    fn a_set_is_bounded_and_only_public_signing_keys_are_kept() {
+        let good = fixture("jwks.json");
+        let set = parse_set(good.as_bytes(), 32).expect("the fixture parses");
+        assert_eq!(set.kids(), vec!["ec-1".to_owned(), "rsa-1".to_owned()]);
+        // Too many keys: the whole set is refused, not cut.
+        let document: serde_json::Value = serde_json::from_str(&good).expect("json");
+        let one = document["keys"][0].clone();
+        let many = serde_json::json!({ "keys": vec![one.clone(); 33] });
+        let e = parse_set(many.to_string().as_bytes(), 32).expect_err("refused");
+        assert_eq!(e.outcome, "too_many_keys");
+        // A private key, a symmetric key, an encryption key, a weak RSA key, a key whose alg
+        // contradicts its type: none is usable.
+        let mut private = one.clone();
+        private["d"] = serde_json::json!("AAAA");
+        let symmetric = serde_json::json!({ "kty": "oct", "k": "c2VjcmV0", "kid": "s" });
+        let mut encryption = one.clone();
+        encryption["use"] = serde_json::json!("enc");
+        let weak =
+            serde_json::json!({ "kty": "RSA", "kid": "w", "n": "AQAB".repeat(40), "e": "AQAB" });
+        let mut lying = one.clone();
+        lying["alg"] = serde_json::json!("HS256");
+        for bad in [private, symmetric, encryption, weak, lying] {
+            let doc = serde_json::json!({ "keys": [bad] });
+            let e = parse_set(doc.to_string().as_bytes(), 32).expect_err("refused");
+            assert_eq!(e.outcome, "invalid", "{doc}");
+        }
+        for junk in ["", "[]", "{\"keys\": 3}", "not json"] {
+            assert_eq!(
+                parse_set(junk.as_bytes(), 32).err().map(|e| e.outcome),
+                Some("invalid")
+            );
+        }
+    }
+
+    #[test]
+    fn discovery_urls_drop_one_trailing_slash() {
+        assert_eq!(
+            discovery_url("https://id.example/"),
+            "https://id.example/.well-known/openid-configuration"
+        );
+        assert_eq!(
+            discovery_url("https://id.example/tenant"),
+            "https://id.example/tenant/.well-known/openid-configuration"
+        );
+    }
+}
