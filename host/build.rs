@@ -3,8 +3,8 @@
 //! embedded in the binary.
 //!
 //! The plugins are built once per change by a nested cargo with its own target directory
-//! (`target/plugins`), shared by every profile of the host: debug, release, test and clippy
-//! builds all reuse the same components.
+//! (`target/plugins/<checkout>`, one per checkout path), shared by every profile of the host:
+//! debug, release, test and clippy builds all reuse the same components.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -65,7 +65,11 @@ fn main() {
             }
         })
         .unwrap_or_else(|| workspace.join("target"))
-        .join("plugins");
+        .join("plugins")
+        // The nested build's fingerprints are relative to its workspace: two checkouts sharing
+        // one target directory would each take the plugins the other built last. Each
+        // checkout builds into a directory of its own.
+        .join(workspace_key(&workspace));
 
     println!(
         "cargo:rerun-if-changed={}",
@@ -130,6 +134,14 @@ fn main() {
         let artifact = built.join(format!("{}.wasm", package.replace('-', "_")));
         copy(&artifact, &out_dir.join(file));
     }
+}
+
+/// A short name for the checkout at `workspace` (a hash of its path).
+fn workspace_key(workspace: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    workspace.hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
 }
 
 /// Installs the wasm32-wasip2 standard library through rustup when it is missing, so that a
