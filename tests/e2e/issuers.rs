@@ -702,3 +702,66 @@ async fn an_issuer_added_on_one_instance_is_trusted_by_all_three() {
         assert!(gone, "every instance stops trusting the removed issuer");
     }
 }
+
+#[tokio::test]
+async fn three_instances_on_one_control_file_share_issuers() {
+    let fx = Fixture::new();
+    let (_pki_dir, pki) = pki();
+    let dir = tempfile::tempdir().expect("dir");
+    let shared = dir.path().join("shared.toml");
+    std::fs::write(&shared, fx.control_file()).expect("control file");
+    let prefix = crate::support::unique_prefix();
+    let nats = crate::support::nats_server::shared().url();
+    let toml = format!(
+        "[control]\nfile = \"{}\"\nreload_interval_ms = 200\n\n{}",
+        shared.display(),
+        issuers_toml(&pki)
+    );
+    let gws: Vec<Process> = (0..3)
+        .map(|i| {
+            let sub = dir.path().join(format!("gw{i}"));
+            std::fs::create_dir_all(&sub).expect("dir");
+            Gateway::builder()
+                .nats(&nats)
+                .prefix(&prefix)
+                .fixture(&fx)
+                .dir(&sub)
+                .toml(&toml)
+                .binary()
+                .gw
+        })
+        .collect();
+    let _envelopes = Bus::new(&nats, &prefix).record(&["auth"], json_ok).await;
+    let key = TestKey::ec("k");
+    let issuer = TestIssuer::start(&pki, std::slice::from_ref(&key)).await;
+    let token = issuer.token(&key, json!({}));
+    for gw in &gws {
+        assert_eq!(user_call(gw, &fx.anon_key, &token).await, refused());
+    }
+    let added = add(&gws[1], "alpha", fx.admin, &body(&issuer)).await;
+    assert_eq!(added.status, StatusCode::CREATED, "{}", added.text());
+    let id = added.json()["id"].as_str().expect("id").to_owned();
+    let text = std::fs::read_to_string(&shared).expect("file");
+    assert!(
+        text.contains(&issuer.url),
+        "written to the shared file: {text}"
+    );
+    for gw in &gws {
+        let trusted = eventually(Duration::from_secs(5), async || {
+            user_call(gw, &fx.anon_key, &token).await == ok()
+        })
+        .await;
+        assert!(trusted, "every instance on the file trusts the new issuer");
+    }
+    Call::delete(gws[0].mgmt_url(&format!("/v1/projects/alpha/issuers/{id}")))
+        .console(fx.owner)
+        .expect(204)
+        .await;
+    for gw in &gws {
+        let gone = eventually(Duration::from_secs(5), async || {
+            user_call(gw, &fx.anon_key, &token).await == refused()
+        })
+        .await;
+        assert!(gone, "every instance on the file stops trusting it");
+    }
+}
