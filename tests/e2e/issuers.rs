@@ -643,20 +643,12 @@ async fn issuers_are_managed_by_owners_and_admins_only() {
     assert_eq!(user_call(&gw, &fx.anon_key, &token).await, refused());
 }
 
-#[tokio::test]
-async fn an_issuer_added_on_one_instance_is_trusted_by_all_three() {
-    let fx = Fixture::new();
-    let (db, _store) = TestDatabase::seeded(&fx).await;
-    let (_pki_dir, pki) = pki();
+/// Three gateway binaries over `toml` (their store), on one NATS subject prefix: an issuer
+/// added on one is trusted by all three, and once removed on another, by none.
+async fn three_instances_follow(fx: &Fixture, pki: &Pki, toml: &str) {
     let dir = tempfile::tempdir().expect("dir");
     let prefix = crate::support::unique_prefix();
     let nats = crate::support::nats_server::shared().url();
-    // Project records cached for 30 s: only change events make an instance read them again.
-    let toml = format!(
-        "{}notifications = true\n\n[auth]\nproject_cache_ttl_secs = 30\n\n{}",
-        control_table(&db.url),
-        issuers_toml(&pki)
-    );
     let gws: Vec<Process> = (0..3)
         .map(|i| {
             let sub = dir.path().join(format!("gw{i}"));
@@ -664,43 +656,53 @@ async fn an_issuer_added_on_one_instance_is_trusted_by_all_three() {
             Gateway::builder()
                 .nats(&nats)
                 .prefix(&prefix)
-                .fixture(&fx)
+                .fixture(fx)
                 .dir(&sub)
-                .toml(&toml)
+                .toml(toml)
                 .binary()
                 .gw
         })
         .collect();
-    let bus = Bus::new(&nats, &prefix);
-    let _envelopes = bus.record(&["auth"], json_ok).await;
+    let _envelopes = Bus::new(&nats, &prefix).record(&["auth"], json_ok).await;
     let key = TestKey::ec("k");
-    let issuer = TestIssuer::start(&pki, std::slice::from_ref(&key)).await;
+    let issuer = TestIssuer::start(pki, std::slice::from_ref(&key)).await;
     let token = issuer.token(&key, json!({}));
     // Every instance has alpha cached, without the issuer.
     for gw in &gws {
         assert_eq!(user_call(gw, &fx.anon_key, &token).await, refused());
     }
-    let added = add(&gws[0], "alpha", fx.owner, &body(&issuer)).await;
+    let added = add(&gws[1], "alpha", fx.admin, &body(&issuer)).await;
     assert_eq!(added.status, StatusCode::CREATED, "{}", added.text());
     let id = added.json()["id"].as_str().expect("id").to_owned();
-    for gw in &gws {
-        let trusted = eventually(Duration::from_secs(5), async || {
-            user_call(gw, &fx.anon_key, &token).await == ok()
-        })
-        .await;
-        assert!(trusted, "every instance trusts the new issuer");
-    }
+    let all_answer = async |expected: (StatusCode, String)| {
+        for gw in &gws {
+            let followed = eventually(Duration::from_secs(5), async || {
+                user_call(gw, &fx.anon_key, &token).await == expected
+            })
+            .await;
+            assert!(followed, "instance {} answers {expected:?}", gw.port);
+        }
+    };
+    all_answer(ok()).await;
     Call::delete(gws[2].mgmt_url(&format!("/v1/projects/alpha/issuers/{id}")))
         .console(fx.owner)
         .expect(204)
         .await;
-    for gw in &gws {
-        let gone = eventually(Duration::from_secs(5), async || {
-            user_call(gw, &fx.anon_key, &token).await == refused()
-        })
-        .await;
-        assert!(gone, "every instance stops trusting the removed issuer");
-    }
+    all_answer(refused()).await;
+}
+
+#[tokio::test]
+async fn an_issuer_added_on_one_instance_is_trusted_by_all_three() {
+    let fx = Fixture::new();
+    let (db, _store) = TestDatabase::seeded(&fx).await;
+    let (_pki_dir, pki) = pki();
+    // Project records cached for 30 s: only change events make an instance read them again.
+    let toml = format!(
+        "{}notifications = true\n\n[auth]\nproject_cache_ttl_secs = 30\n\n{}",
+        control_table(&db.url),
+        issuers_toml(&pki)
+    );
+    three_instances_follow(&fx, &pki, &toml).await;
 }
 
 #[tokio::test]
@@ -710,58 +712,15 @@ async fn three_instances_on_one_control_file_share_issuers() {
     let dir = tempfile::tempdir().expect("dir");
     let shared = dir.path().join("shared.toml");
     std::fs::write(&shared, fx.control_file()).expect("control file");
-    let prefix = crate::support::unique_prefix();
-    let nats = crate::support::nats_server::shared().url();
     let toml = format!(
         "[control]\nfile = \"{}\"\nreload_interval_ms = 200\n\n{}",
         shared.display(),
         issuers_toml(&pki)
     );
-    let gws: Vec<Process> = (0..3)
-        .map(|i| {
-            let sub = dir.path().join(format!("gw{i}"));
-            std::fs::create_dir_all(&sub).expect("dir");
-            Gateway::builder()
-                .nats(&nats)
-                .prefix(&prefix)
-                .fixture(&fx)
-                .dir(&sub)
-                .toml(&toml)
-                .binary()
-                .gw
-        })
-        .collect();
-    let _envelopes = Bus::new(&nats, &prefix).record(&["auth"], json_ok).await;
-    let key = TestKey::ec("k");
-    let issuer = TestIssuer::start(&pki, std::slice::from_ref(&key)).await;
-    let token = issuer.token(&key, json!({}));
-    for gw in &gws {
-        assert_eq!(user_call(gw, &fx.anon_key, &token).await, refused());
-    }
-    let added = add(&gws[1], "alpha", fx.admin, &body(&issuer)).await;
-    assert_eq!(added.status, StatusCode::CREATED, "{}", added.text());
-    let id = added.json()["id"].as_str().expect("id").to_owned();
+    three_instances_follow(&fx, &pki, &toml).await;
     let text = std::fs::read_to_string(&shared).expect("file");
     assert!(
-        text.contains(&issuer.url),
-        "written to the shared file: {text}"
+        !text.contains("[[project_issuers]]"),
+        "removed from the shared file: {text}"
     );
-    for gw in &gws {
-        let trusted = eventually(Duration::from_secs(5), async || {
-            user_call(gw, &fx.anon_key, &token).await == ok()
-        })
-        .await;
-        assert!(trusted, "every instance on the file trusts the new issuer");
-    }
-    Call::delete(gws[0].mgmt_url(&format!("/v1/projects/alpha/issuers/{id}")))
-        .console(fx.owner)
-        .expect(204)
-        .await;
-    for gw in &gws {
-        let gone = eventually(Duration::from_secs(5), async || {
-            user_call(gw, &fx.anon_key, &token).await == refused()
-        })
-        .await;
-        assert!(gone, "every instance on the file stops trusting it");
-    }
 }

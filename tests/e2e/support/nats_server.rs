@@ -16,13 +16,22 @@ pub struct NatsServer {
 }
 
 impl NatsServer {
-    /// Starts a server; `extra_config` is appended to its configuration file.
+    /// Starts a server; `extra_config` is appended to its configuration file. A port taken by
+    /// another test between being picked and being bound is picked again (up to five times).
     pub fn start(extra_config: &str) -> Self {
-        Self::start_on(free_port(), extra_config)
+        (0..5)
+            .find_map(|_| Self::try_start_on(free_port(), extra_config))
+            .expect("nats-server did not start on any of five free ports")
     }
 
     /// Starts a server on `port`.
     pub fn start_on(port: u16, extra_config: &str) -> Self {
+        Self::try_start_on(port, extra_config)
+            .unwrap_or_else(|| panic!("nats-server did not start on port {port}"))
+    }
+
+    /// Starts a server on `port`; `None` when it does not listen there (the port was taken).
+    pub fn try_start_on(port: u16, extra_config: &str) -> Option<Self> {
         let dir = tempfile::tempdir().expect("tempdir");
         let conf: PathBuf = dir.path().join("nats.conf");
         std::fs::write(&conf, format!("listen: 127.0.0.1:{port}\n{extra_config}\n"))
@@ -45,8 +54,7 @@ impl NatsServer {
             port,
             _dir: dir,
         };
-        server.wait_ready();
-        server
+        server.wait_ready().then_some(server)
     }
 
     /// `nats://127.0.0.1:{port}`.
@@ -54,15 +62,15 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&self) -> bool {
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(10) {
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+                return true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("nats-server did not start on port {}", self.port);
+        false
     }
 }
 

@@ -30,28 +30,11 @@ async fn monitor(port: u16, path: &str) -> serde_json::Value {
 impl NatsCluster {
     /// Three servers routed to each other; returns once the cluster is formed.
     pub async fn start() -> Self {
-        let ports: Vec<(u16, u16, u16)> = (0..3)
-            .map(|_| (free_port(), free_port(), free_port()))
-            .collect();
-        let members: Vec<Member> = (0..3)
-            .map(|i| {
-                let (client_port, route_port, monitor_port) = ports[i];
-                let routes: Vec<String> = (0..3)
-                    .filter(|j| *j != i)
-                    .map(|j| format!("nats-route://127.0.0.1:{}", ports[j].1))
-                    .collect();
-                let config = format!(
-                    "server_name: n{i}\nhttp: 127.0.0.1:{monitor_port}\n\
-                     cluster {{\n  name: aura\n  listen: 127.0.0.1:{route_port}\n  routes: [{}]\n}}\n",
-                    routes.join(", ")
-                );
-                Member {
-                    server: Some(NatsServer::start_on(client_port, &config)),
-                    client_port,
-                    monitor_port,
-                }
-            })
-            .collect();
+        // Ports picked free can be taken by another test before a member binds them: the
+        // whole cluster is started again on new ones (up to five times).
+        let members = (0..5)
+            .find_map(|_| Self::members())
+            .expect("the cluster's servers did not start on five sets of free ports");
         let started = Instant::now();
         for m in &members {
             while monitor(m.monitor_port, "/routez").await["num_routes"].as_u64() != Some(2) {
@@ -63,6 +46,32 @@ impl NatsCluster {
             }
         }
         Self { members }
+    }
+
+    /// Three members on fresh ports, or `None` when one of them could not bind its port.
+    fn members() -> Option<Vec<Member>> {
+        let ports: Vec<(u16, u16, u16)> = (0..3)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
+        (0..3)
+            .map(|i| {
+                let (client_port, route_port, monitor_port) = ports[i];
+                let routes: Vec<String> = (0..3)
+                    .filter(|j| *j != i)
+                    .map(|j| format!("nats-route://127.0.0.1:{}", ports[j].1))
+                    .collect();
+                let config = format!(
+                    "server_name: n{i}\nhttp: 127.0.0.1:{monitor_port}\n\
+                     cluster {{\n  name: aura\n  listen: 127.0.0.1:{route_port}\n  routes: [{}]\n}}\n",
+                    routes.join(", ")
+                );
+                Some(Member {
+                    server: Some(NatsServer::try_start_on(client_port, &config)?),
+                    client_port,
+                    monitor_port,
+                })
+            })
+            .collect()
     }
 
     /// The three seed URLs, comma-separated (`nats.url`).
