@@ -2,7 +2,8 @@
 //!
 //! `bench_peers http ADDR`: a one-thread HTTP/1.1 upstream. Any `GET` answers `200` with a
 //! 13-byte body; `GET …/stream/BYTES` streams BYTES zero bytes in 64 KiB chunks; any request
-//! with a body reads it to the end and answers its length.
+//! with a body reads it to the end and answers its length; a WebSocket handshake is answered
+//! `101` and the connection then held, whatever it sends read and dropped (idle tunnels).
 //!
 //! `bench_peers nats URL SUBJECT`: a NATS responder answering every envelope on SUBJECT with
 //! the same 13-byte `200` reply.
@@ -29,7 +30,26 @@ fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed_unsync()
 }
 
-async fn serve(request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+async fn serve(mut request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    if let Some(key) = request.headers().get("sec-websocket-key") {
+        let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+        let upgrade = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt as _;
+            if let Ok(upgraded) = upgrade.await {
+                let mut io = hyper_util::rt::TokioIo::new(upgraded);
+                let mut buf = [0u8; 512];
+                while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+            }
+        });
+        return Ok(Response::builder()
+            .status(101)
+            .header("connection", "upgrade")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-accept", accept)
+            .body(full(Bytes::new()))
+            .expect("response"));
+    }
     let path = request.uri().path().to_owned();
     if let Some(n) = path
         .rsplit_once("/stream/")
@@ -86,6 +106,7 @@ async fn http(addr: SocketAddr) -> anyhow::Result<()> {
                     hyper_util::rt::TokioIo::new(stream),
                     hyper::service::service_fn(serve),
                 )
+                .with_upgrades()
                 .await;
         });
     }

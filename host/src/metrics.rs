@@ -95,6 +95,9 @@ pub struct Metrics {
     pub streams_refused: IntCounterVec,
     /// Long-lived exchanges open now (streamed HTTP-backend bodies, WebSocket tunnels), by plane.
     pub streams_open: IntGaugeVec,
+    /// HTTP/1.1 keep-alive connections waiting for their next request with their HTTP state
+    /// released (`server.idle_release_ms`), by plane.
+    pub connections_parked: IntGaugeVec,
     /// Module uploads answered `503 uploads_busy`, by scope (`organization`: its share in
     /// progress; `instance`: every place taken).
     pub tenant_uploads_busy: IntCounterVec,
@@ -356,6 +359,14 @@ impl Metrics {
             &["plane"],
         )
         .expect("valid metric");
+        let connections_parked = IntGaugeVec::new(
+            Opts::new(
+                "connections_parked",
+                "HTTP/1.1 keep-alive connections waiting for their next request with their HTTP state released (server.idle_release_ms), by plane",
+            ),
+            &["plane"],
+        )
+        .expect("valid metric");
         let tenant_uploads_busy = counter(
             "tenant_uploads_busy_total",
             "Module uploads answered 503 uploads_busy, by scope (organization, instance)",
@@ -376,6 +387,7 @@ impl Metrics {
             Box::new(connections_closed.clone()),
             Box::new(streams_refused.clone()),
             Box::new(streams_open.clone()),
+            Box::new(connections_parked.clone()),
             Box::new(tenant_uploads_busy.clone()),
             Box::new(change_events_refused.clone()),
             Box::new(change_actions.clone()),
@@ -428,6 +440,7 @@ impl Metrics {
             connections_closed,
             streams_refused,
             streams_open,
+            connections_parked,
             tenant_uploads_busy,
             change_events_refused,
             change_actions,

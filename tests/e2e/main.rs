@@ -25,6 +25,7 @@ mod identity;
 mod image;
 mod issuers;
 mod jwks;
+mod keep_alive;
 mod nats;
 mod nats_cluster;
 mod operability;

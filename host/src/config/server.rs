@@ -13,6 +13,13 @@ pub struct ServerConfig {
     /// Time allowed to receive a request's headers, a new connection's first byte, and the next
     /// request on a keep-alive connection (slowloris and idle guard), in milliseconds.
     pub header_read_timeout_ms: u64,
+    /// An HTTP/1.1 keep-alive connection with no request in progress for this long releases its
+    /// HTTP state (hyper's read and write buffers, the room for a request) and waits for the
+    /// client's next bytes with its socket alone; the next request starts a new HTTP/1.1
+    /// connection on the same socket. In milliseconds; 0: never released. Plain-text
+    /// listeners only (a TLS connection keeps its state). A released connection is still
+    /// closed `header_read_timeout_ms` after its last answer.
+    pub idle_release_ms: u64,
     /// Open connections accepted per listener; further connections wait in the backlog.
     pub max_connections: usize,
     /// Requests processed at once per listener (up to their response head); past it a request
@@ -61,6 +68,7 @@ impl Default for ServerConfig {
         Self {
             max_body_bytes: 10 * 1024 * 1024,
             header_read_timeout_ms: 10_000,
+            idle_release_ms: 1_000,
             max_connections: 20_000,
             max_in_flight: 10_000,
             shutdown_grace_secs: 30,
@@ -101,6 +109,12 @@ impl ServerConfig {
             return Err(problem(
                 &format!("{key}.header_read_timeout_ms"),
                 "must be at least 1",
+            ));
+        }
+        if self.idle_release_ms > 3_600_000 {
+            return Err(problem(
+                &format!("{key}.idle_release_ms"),
+                "must be at most 3600000 (0: never release)",
             ));
         }
         if self.max_connections == 0 {

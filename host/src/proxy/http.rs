@@ -199,7 +199,7 @@ impl HttpTransport {
             .retry_after(r.retry_after)
         })?;
         let upgrade = is_websocket_upgrade(request.headers());
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let client_upgrade = upgrade.then(|| super::tunnels::ClientUpgrade::of(&mut request));
         let slot = request
             .extensions()
             .get::<super::tunnels::ConnectionSlot>()
@@ -300,9 +300,10 @@ impl HttpTransport {
             let upstream_upgrade = hyper::upgrade::on(&mut response);
             // The tunnel keeps its client connection's slot and ends within the shutdown grace.
             self.tunnels.spawn(slot, place.take(), async move {
+                let upstream_upgrade = async { upstream_upgrade.await.map_err(|e| e.to_string()) };
                 match tokio::try_join!(client_upgrade, upstream_upgrade) {
                     Ok((client, upstream)) => {
-                        pump(TokioIo::new(client), TokioIo::new(upstream), idle).await;
+                        pump(client, TokioIo::new(upstream), idle).await;
                     }
                     Err(e) => tracing::debug!(error = %e, "WebSocket upgrade did not complete"),
                 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, Sleep};
@@ -117,6 +117,28 @@ where
     }
 }
 
+/// What a quiet direction of a tunnel reads into: most WebSocket frames of an idle or chatty
+/// connection (pings, small messages) fit, and an idle tunnel holds no more than this.
+const QUIET_READ: usize = 512;
+/// What a busy direction reads into, once a read filled the quiet buffer.
+const BUSY_READ: usize = 16 * 1024;
+
+/// The buffer for the next read of a direction whose last read was `n` bytes into `buf`: a
+/// larger one when it filled the buffer (more is coming), the quiet one again when it used
+/// less than half of a busy one (the traffic is light again), else `buf` emptied. The buffers
+/// are not zeroed: reads fill the capacity.
+fn next_buffer(mut buf: BytesMut, n: usize) -> BytesMut {
+    let capacity = buf.capacity();
+    if n >= capacity && capacity < BUSY_READ {
+        BytesMut::with_capacity(BUSY_READ)
+    } else if capacity > QUIET_READ && n < capacity / 2 {
+        BytesMut::with_capacity(QUIET_READ)
+    } else {
+        buf.clear();
+        buf
+    }
+}
+
 async fn one_way<R, W>(
     mut from: R,
     mut to: W,
@@ -127,12 +149,12 @@ async fn one_way<R, W>(
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; 16 * 1024];
+    let mut buf = BytesMut::with_capacity(QUIET_READ);
     loop {
         let since = Duration::from_millis(last.load(Ordering::Relaxed));
         let deadline = started + since + idle;
         let read = tokio::select! {
-            r = from.read(&mut buf) => r,
+            r = from.read_buf(&mut buf) => r,
             _ = tokio::time::sleep_until(deadline) => {
                 // Traffic the other way counts: look again before closing.
                 if Duration::from_millis(last.load(Ordering::Relaxed)) > since {
@@ -148,8 +170,75 @@ async fn one_way<R, W>(
                 if to.write_all(&buf[..n]).await.is_err() || to.flush().await.is_err() {
                     break;
                 }
+                buf = next_buffer(buf, n);
             }
         }
     }
     let _ = to.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_direction_grows_its_buffer_when_a_read_fills_it_and_shrinks_it_when_traffic_is_light() {
+        let quiet = BytesMut::with_capacity(QUIET_READ);
+        let busy = next_buffer(quiet, QUIET_READ);
+        assert!(
+            busy.capacity() >= BUSY_READ,
+            "a full quiet read moves to the busy buffer"
+        );
+        let still_busy = next_buffer(busy, BUSY_READ / 2 + 1);
+        assert!(still_busy.capacity() >= BUSY_READ && still_busy.is_empty());
+        let light = next_buffer(still_busy, 100);
+        assert!(
+            light.capacity() < BUSY_READ,
+            "a short read gives the busy buffer back"
+        );
+        let quiet_again = next_buffer(light, 10);
+        assert!(quiet_again.capacity() < BUSY_READ && quiet_again.is_empty());
+    }
+
+    /// Bulk bytes one way and small messages the other come through whole and in order while
+    /// the buffers change size.
+    #[tokio::test]
+    async fn a_tunnel_carries_bulk_and_small_traffic_whole_in_both_directions() {
+        let (client, client_far) = tokio::io::duplex(4096);
+        let (upstream, upstream_far) = tokio::io::duplex(4096);
+        let pumping = tokio::spawn(pump(client_far, upstream_far, Duration::from_secs(5)));
+        let bulk: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let (mut client_read, mut client_write) = tokio::io::split(client);
+        let (mut upstream_read, mut upstream_write) = tokio::io::split(upstream);
+        let sent = bulk.clone();
+        let up = tokio::spawn(async move {
+            for chunk in sent.chunks(7_777) {
+                client_write.write_all(chunk).await.expect("write");
+            }
+            client_write
+        });
+        let mut got = vec![0u8; bulk.len()];
+        upstream_read.read_exact(&mut got).await.expect("bulk");
+        assert!(got == bulk, "bulk bytes changed on the way");
+        let mut client_write = up.await.expect("writer");
+        for i in 0..200u32 {
+            let message = format!("message {i};");
+            upstream_write
+                .write_all(message.as_bytes())
+                .await
+                .expect("write");
+            let mut back = vec![0u8; message.len()];
+            client_read.read_exact(&mut back).await.expect("small");
+            assert_eq!(back, message.as_bytes());
+            client_write.write_all(b"ok").await.expect("write");
+            let mut ok = [0u8; 2];
+            upstream_read.read_exact(&mut ok).await.expect("ok");
+            assert_eq!(&ok, b"ok");
+        }
+        drop((client_write, client_read));
+        tokio::time::timeout(Duration::from_secs(5), pumping)
+            .await
+            .expect("the tunnel ends with its client")
+            .expect("pump");
+    }
 }

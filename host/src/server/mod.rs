@@ -4,6 +4,8 @@
 //! HTTP/1.1 head (slowloris guard), an idle timeout and a PING budget for HTTP/2, a connection
 //! cap, load shedding, and a bounded graceful shutdown.
 
+mod http1;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -138,6 +140,10 @@ struct Listener {
     header_timeout: Duration,
     /// `server.http2_idle_timeout_ms`.
     http2_idle: Duration,
+    /// `server.idle_release_ms` (`None`: 0, never).
+    idle_release: Option<Duration>,
+    /// `aura_connections_parked` of the plane.
+    parked: prometheus::IntGauge,
     closed: [prometheus::IntCounter; 3],
     handshake_failures: prometheus::IntCounter,
 }
@@ -159,8 +165,9 @@ impl Listener {
         let header_timeout = Duration::from_millis(s.header_read_timeout_ms);
         let mut http1 = hyper::server::conn::http1::Builder::new();
         http1
-            .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
+            // The header timeout is the connection driver's (`http1.rs`): one timer per
+            // connection instead of hyper's one per request.
+            .header_read_timeout(None)
             // Heads up to twice the limit reach the request-limits phase, which answers them
             // with the contract's JSON `431`; larger ones are cut here (at least 8192, hyper's
             // least).
@@ -189,6 +196,10 @@ impl Listener {
             http2_enabled: s.http2,
             header_timeout,
             http2_idle: Duration::from_millis(s.http2_idle_timeout_ms),
+            idle_release: (s.idle_release_ms > 0).then(|| Duration::from_millis(s.idle_release_ms)),
+            parked: metrics
+                .connections_parked
+                .with_label_values(&[plane.as_str()]),
             closed: [closed("silent"), closed("http2_refused"), closed("idle")],
             handshake_failures: metrics
                 .tls_handshake_failures
@@ -261,6 +272,13 @@ async fn serve_plane(
         let force_close = force_close.clone();
         connections.spawn(async move {
             let serve = serve_connection(&settings, stream, peer, acceptor, requests, stop);
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                eprintln!(
+                    "SIZE serve_connection future {}",
+                    std::mem::size_of_val(&serve)
+                )
+            });
             tokio::select! {
                 () = serve => {}
                 () = force_close.cancelled() => {}
@@ -345,7 +363,7 @@ async fn serve_connection(
         };
         return serve_http(
             settings,
-            TokioIo::new(stream),
+            Prefixed::new(stream, bytes::Bytes::new()),
             protocol,
             deadline,
             requests,
@@ -353,6 +371,25 @@ async fn serve_connection(
         )
         .await;
     };
+    // Boxed: a plain-text connection's task (parked while idle) does not carry the room for
+    // a TLS session.
+    Box::pin(serve_tls(
+        settings, stream, peer, acceptor, deadline, requests, stop,
+    ))
+    .await;
+}
+
+/// Serves a TLS connection: the handshake and the protocol's detection by `deadline`, then
+/// HTTP/1.1 or HTTP/2.
+async fn serve_tls(
+    settings: &Listener,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    deadline: tokio::time::Instant,
+    requests: Requests,
+    stop: watch::Receiver<bool>,
+) {
     let mut stream = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
@@ -387,7 +424,7 @@ async fn serve_connection(
         tracing::debug!(%peer, "TLS connection started no request within the header timeout; closed");
         return;
     };
-    let io = TokioIo::new(Prefixed::new(stream, first));
+    let io = Prefixed::new(stream, bytes::Bytes::from(first));
     serve_http(settings, io, protocol, deadline, requests, stop).await;
 }
 
@@ -419,31 +456,16 @@ async fn peek_protocol(
 /// Serves `io` as `protocol` until the connection ends; an HTTP/2 connection is closed
 /// (GOAWAY, then dropped if it lingers) when it has had no stream open for
 /// `server.http2_idle_timeout_ms`, or none at all by `first_stream_by`.
-async fn serve_http<I>(
+async fn serve_http<S: http1::Socket>(
     settings: &Listener,
-    io: TokioIo<I>,
+    io: Prefixed<S>,
     protocol: Protocol,
     first_stream_by: tokio::time::Instant,
     requests: Requests,
-    mut stop: watch::Receiver<bool>,
-) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+    stop: watch::Receiver<bool>,
+) {
     match protocol {
-        Protocol::Http1 => {
-            let service = hyper::service::service_fn(move |request| {
-                let requests = requests.clone();
-                async move { Ok::<_, Infallible>(requests.serve(request).await) }
-            });
-            let connection = settings.http1.serve_connection(io, service).with_upgrades();
-            tokio::pin!(connection);
-            // hyper closes an idle keep-alive connection itself (`header_read_timeout`).
-            tokio::select! {
-                result = connection.as_mut() => return log_end(result),
-                _ = stopped(&mut stop) => connection.as_mut().graceful_shutdown(),
-            }
-            log_end(connection.await);
-        }
+        Protocol::Http1 => http1::serve(settings, io, requests, stop).await,
         Protocol::Http2 if !settings.http2_enabled => {
             settings.count(Closed::Http2Refused);
             tracing::debug!(
@@ -451,42 +473,55 @@ async fn serve_http<I>(
                 "HTTP/2 connection refused (server.http2 is off)"
             );
         }
+        // Boxed: an HTTP/1.1 connection's task (parked while idle) is not as large as
+        // HTTP/2's connection state.
         Protocol::Http2 => {
-            let streams = Streams::default();
-            let counted = streams.clone();
-            let service = hyper::service::service_fn(move |request| {
-                let requests = requests.clone();
-                let open = counted.open();
-                async move {
-                    let response = requests.serve(request).await;
-                    // The stream stays open until its answer's body is done.
-                    Ok::<_, Infallible>(
-                        response.map(|body| Body::new(crate::proxy::Holding::new(body, open))),
-                    )
-                }
-            });
-            let connection = settings.http2.serve_connection(io, service);
-            tokio::pin!(connection);
-            let idle = streams.idle(first_stream_by, settings.http2_idle);
-            tokio::pin!(idle);
-            let lingering = settings.header_timeout;
-            tokio::select! {
-                result = connection.as_mut() => return log_end(result),
-                _ = stopped(&mut stop) => connection.as_mut().graceful_shutdown(),
-                () = idle.as_mut() => {
-                    settings.count(Closed::Idle);
-                    connection.as_mut().graceful_shutdown();
-                    // A client that does not close after the GOAWAY (a half-sent stream) is
-                    // dropped after the header timeout.
-                    if let Ok(result) = tokio::time::timeout(lingering, connection.as_mut()).await {
-                        log_end(result);
-                    }
-                    return;
-                }
-            }
-            log_end(connection.await);
+            Box::pin(serve_http2(settings, io, first_stream_by, requests, stop)).await;
         }
     }
+}
+
+/// Serves `io` as HTTP/2 until it ends, goes idle, or shutdown asks it to finish.
+async fn serve_http2<S: http1::Socket>(
+    settings: &Listener,
+    io: Prefixed<S>,
+    first_stream_by: tokio::time::Instant,
+    requests: Requests,
+    mut stop: watch::Receiver<bool>,
+) {
+    let streams = Streams::default();
+    let counted = streams.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let requests = requests.clone();
+        let open = counted.open();
+        async move {
+            let response = requests.serve(request).await;
+            // The stream stays open until its answer's body is done.
+            Ok::<_, Infallible>(
+                response.map(|body| Body::new(crate::proxy::Holding::new(body, open))),
+            )
+        }
+    });
+    let connection = settings.http2.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let idle = streams.idle(first_stream_by, settings.http2_idle);
+    tokio::pin!(idle);
+    let lingering = settings.header_timeout;
+    tokio::select! {
+        result = connection.as_mut() => return log_end(result),
+        _ = stopped(&mut stop) => connection.as_mut().graceful_shutdown(),
+        () = idle.as_mut() => {
+            settings.count(Closed::Idle);
+            connection.as_mut().graceful_shutdown();
+            // A client that does not close after the GOAWAY (a half-sent stream) is
+            // dropped after the header timeout.
+            if let Ok(result) = tokio::time::timeout(lingering, connection.as_mut()).await {
+                log_end(result);
+            }
+            return;
+        }
+    }
+    log_end(connection.await);
 }
 
 fn log_end(result: Result<(), hyper::Error>) {
@@ -554,18 +589,45 @@ impl Streams {
 
 /// A stream with bytes already read from it put back in front.
 struct Prefixed<S> {
-    prefix: Vec<u8>,
-    at: usize,
+    prefix: bytes::Bytes,
     inner: S,
 }
 
 impl<S> Prefixed<S> {
-    fn new(inner: S, prefix: Vec<u8>) -> Self {
-        Self {
-            prefix,
-            at: 0,
-            inner,
-        }
+    fn new(inner: S, prefix: bytes::Bytes) -> Self {
+        Self { prefix, inner }
+    }
+
+    /// Whether bytes put back are still to be read.
+    fn has_prefix(&self) -> bool {
+        !self.prefix.is_empty()
+    }
+
+    fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// The stream with `read` (bytes read from it and not used) put back in front of what is
+    /// still to be read. `read` is copied out: hyper hands back its whole read buffer's
+    /// allocation behind them (8 KiB or more, even when empty), which would otherwise stay
+    /// with the parked connection or the tunnel for as long as it lives.
+    fn with_prefix(mut self, read: bytes::Bytes) -> Self {
+        let read = if read.is_empty() {
+            bytes::Bytes::new()
+        } else {
+            bytes::Bytes::copy_from_slice(&read)
+        };
+        self.prefix = if self.prefix.is_empty() {
+            read
+        } else if read.is_empty() {
+            self.prefix
+        } else {
+            let mut both = bytes::BytesMut::with_capacity(read.len() + self.prefix.len());
+            both.extend_from_slice(&read);
+            both.extend_from_slice(&self.prefix);
+            both.freeze()
+        };
+        self
     }
 }
 
@@ -575,11 +637,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        if self.at < self.prefix.len() {
-            let n = (self.prefix.len() - self.at).min(buf.remaining());
-            let at = self.at;
-            buf.put_slice(&self.prefix[at..at + n]);
-            self.at += n;
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix.split_to(n));
+            if self.prefix.is_empty() {
+                // Read through: let go of the allocation behind it.
+                self.prefix = bytes::Bytes::new();
+            }
             return std::task::Poll::Ready(Ok(()));
         }
         std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
@@ -729,5 +793,74 @@ mod tests {
         drop(open);
         let lived = watcher.await.expect("watcher");
         assert_eq!(lived, Duration::from_secs(360));
+    }
+
+    /// Whether `bytes` points into the `len` bytes from `start`.
+    fn within(bytes: &bytes::Bytes, start: *const u8, len: usize) -> bool {
+        let at = bytes.as_ptr() as usize;
+        at >= start as usize && at <= start as usize + len
+    }
+
+    #[tokio::test]
+    async fn bytes_put_back_keep_none_of_the_read_buffer_behind_them() {
+        use tokio::io::AsyncReadExt as _;
+        // hyper's read buffer as `into_parts` hands it back: read through, or with a few
+        // bytes of the next request left, its 8 KiB allocation behind either.
+        let mut buffer = bytes::BytesMut::with_capacity(8192);
+        buffer.extend_from_slice(b"GET / HTTP/1.1\r\n\r\nGET /ne");
+        let start = buffer.as_ptr();
+        let mut read = buffer.freeze();
+        let rest = read.split_off(read.len() - 7);
+        let empty = rest.slice(7..);
+        assert!(within(&empty, start, 8192) && within(&rest, start, 8192));
+
+        let io = Prefixed::new(tokio::io::empty(), bytes::Bytes::new()).with_prefix(empty);
+        assert!(!io.has_prefix());
+        assert!(
+            !within(&io.prefix, start, 8192),
+            "an empty rest keeps the buffer"
+        );
+
+        let mut io = Prefixed::new(tokio::io::empty(), bytes::Bytes::new()).with_prefix(rest);
+        assert!(io.has_prefix());
+        assert!(
+            !within(&io.prefix, start, 8192),
+            "the rest keeps the buffer"
+        );
+        let copied = io.prefix.as_ptr();
+        let mut got = Vec::new();
+        io.read_to_end(&mut got).await.expect("read");
+        assert_eq!(got, b"GET /ne");
+        assert!(
+            !within(&io.prefix, copied, 7),
+            "read through, the copy is kept"
+        );
+        drop(read);
+    }
+
+    /// The size of what `f` answers, without calling it.
+    fn output_size<F, A, B, C, D, E, G, R>(_: &F) -> usize
+    where
+        F: FnOnce(A, B, C, D, E, G) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    #[test]
+    fn a_plain_text_connection_task_is_small() {
+        // Every connection's task holds this future for as long as it lives, idle or not: the
+        // TLS session and HTTP/2's state are boxed away from it, hyper's HTTP/1.1 state too.
+        let size = output_size::<
+            _,
+            &'static Listener,
+            tokio::net::TcpStream,
+            SocketAddr,
+            Option<tokio_rustls::TlsAcceptor>,
+            Requests,
+            watch::Receiver<bool>,
+            _,
+        >(&serve_connection);
+        eprintln!("a connection's future: {size} bytes");
+        assert!(size <= 1536, "a connection's future: {size} bytes");
     }
 }
