@@ -25,8 +25,9 @@ const ALLOCATOR_TRIM: std::time::Duration = std::time::Duration::from_secs(1);
 /// inside its own calls, some time after the memory was freed: a gateway that goes quiet right
 /// after a burst (10,000 keep-alive connections answered, then idle and released) would keep
 /// the burst's pages for as long as it stays quiet. The collection runs on a worker, whose
-/// own cached pages it takes too; measured with `bench/run`, it keeps an idle keep-alive
-/// connection at about a third less resident memory, at no cost per request.
+/// own cached pages it takes too; measured with `bench/run`, it cut an idle keep-alive
+/// connection's resident memory by about half (6.8 to 3.3 KiB), for one collection a second
+/// (purging at every free instead cost 8–14 % more CPU per request).
 async fn trim_allocator() {
     let mut every = tokio::time::interval(ALLOCATOR_TRIM);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -168,6 +168,10 @@ fn validation_names_the_key() {
     assert_eq!(e.key, "port");
     let e = load("[management_plane.plugins.api_key]\n", &[]).expect_err("no api keys there");
     assert!(e.to_string().contains("api_key"), "{e}");
+    let e = load("[server]\nidle_release_ms = 3600001\n", &[]).expect_err("over an hour");
+    assert_eq!(e.key, "server.idle_release_ms");
+    let c = load("[server]\nidle_release_ms = 0\n", &[]).expect("0: never released");
+    assert_eq!(c.server.idle_release_ms, 0);
     let e = load("[metrics]\ntoken = \"a token with spaces!\"\n", &[]).expect_err("not a bearer");
     assert_eq!(e.key, "metrics.token");
     let e = load(
