@@ -11,6 +11,15 @@
 //! `bench_peers proxy ADDR UPSTREAM`: the floor of the gateway's stack, a bare reverse proxy
 //! with nothing of the gateway in it: hyper's server, hyper-util's pooled client (as the
 //! gateway's HTTP route uses them), on a multi-thread runtime sized like the gateway's.
+//! `bench_peers proxy-ct ADDR UPSTREAM`: the same on a current-thread runtime (the runtime
+//! shape measured on the floor).
+//!
+//! `bench_peers lean ADDR UPSTREAM`: the floor under hyper, tokio and `httparse` alone on a
+//! current-thread runtime: each client connection gets one upstream connection of its own; a
+//! request head is parsed, rewritten (hop-by-hop headers dropped) and sent with its
+//! `Content-Length` body in one write, the answer likewise. No chunked bodies, no upgrades, no
+//! limits beyond a 16 KiB head: a measurement of what parsing and forwarding cost without an
+//! HTTP library's state machine, not a server.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -159,6 +168,133 @@ async fn proxy(addr: SocketAddr, upstream: &str) -> anyhow::Result<()> {
     }
 }
 
+/// One HTTP/1.1 message read from `io` into `buf` (a head of at most [`LEAN_HEAD`] bytes and its
+/// `Content-Length` body), re-written into `out` without hop-by-hop headers. `None` at a clean
+/// end of the stream.
+async fn lean_message(
+    io: &mut tokio::net::TcpStream,
+    buf: &mut bytes::BytesMut,
+    out: &mut Vec<u8>,
+    request: bool,
+) -> anyhow::Result<Option<()>> {
+    use tokio::io::AsyncReadExt as _;
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let parsed = if request {
+            let mut head = httparse::Request::new(&mut headers);
+            match head.parse(buf)? {
+                httparse::Status::Complete(len) => {
+                    out.extend_from_slice(head.method.unwrap_or("GET").as_bytes());
+                    out.push(b' ');
+                    out.extend_from_slice(head.path.unwrap_or("/").as_bytes());
+                    out.extend_from_slice(b" HTTP/1.1\r\n");
+                    Some((len, head.headers.len()))
+                }
+                httparse::Status::Partial => None,
+            }
+        } else {
+            let mut head = httparse::Response::new(&mut headers);
+            match head.parse(buf)? {
+                httparse::Status::Complete(len) => {
+                    out.extend_from_slice(b"HTTP/1.1 ");
+                    let mut code = itoa::Buffer::new();
+                    out.extend_from_slice(code.format(head.code.unwrap_or(502)).as_bytes());
+                    out.push(b' ');
+                    out.extend_from_slice(head.reason.unwrap_or("").as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                    Some((len, head.headers.len()))
+                }
+                httparse::Status::Partial => None,
+            }
+        };
+        if let Some((len, count)) = parsed {
+            let mut body = 0usize;
+            for h in &headers[..count] {
+                let name = h.name;
+                if name.eq_ignore_ascii_case("connection")
+                    || name.eq_ignore_ascii_case("keep-alive")
+                {
+                    continue;
+                }
+                if name.eq_ignore_ascii_case("transfer-encoding") {
+                    anyhow::bail!("chunked bodies are not forwarded");
+                }
+                if name.eq_ignore_ascii_case("content-length") {
+                    body = std::str::from_utf8(h.value)?.trim().parse()?;
+                }
+                out.extend_from_slice(name.as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(h.value);
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"\r\n");
+            let _ = buf.split_to(len);
+            while buf.len() < body {
+                if io.read_buf(buf).await? == 0 {
+                    anyhow::bail!("the stream ended inside a body");
+                }
+            }
+            out.extend_from_slice(&buf.split_to(body));
+            return Ok(Some(()));
+        }
+        if buf.len() >= LEAN_HEAD {
+            anyhow::bail!("a head over {LEAN_HEAD} bytes");
+        }
+        if io.read_buf(buf).await? == 0 {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            anyhow::bail!("the stream ended inside a head");
+        }
+    }
+}
+
+/// The longest head `bench_peers lean` reads.
+const LEAN_HEAD: usize = 16 * 1024;
+
+async fn lean(addr: SocketAddr, upstream: SocketAddr) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt as _;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    loop {
+        let (mut client, _) = listener.accept().await?;
+        let _ = client.set_nodelay(true);
+        tokio::spawn(async move {
+            let mut upstream_io: Option<tokio::net::TcpStream> = None;
+            let mut from_client = bytes::BytesMut::with_capacity(4096);
+            let mut from_upstream = bytes::BytesMut::with_capacity(4096);
+            let mut out = Vec::with_capacity(4096);
+            loop {
+                out.clear();
+                match lean_message(&mut client, &mut from_client, &mut out, true).await {
+                    Ok(Some(())) => {}
+                    _ => return,
+                }
+                let io = match &mut upstream_io {
+                    Some(io) => io,
+                    None => match tokio::net::TcpStream::connect(upstream).await {
+                        Ok(io) => {
+                            let _ = io.set_nodelay(true);
+                            upstream_io.insert(io)
+                        }
+                        Err(_) => return,
+                    },
+                };
+                if io.write_all(&out).await.is_err() {
+                    return;
+                }
+                out.clear();
+                match lean_message(io, &mut from_upstream, &mut out, false).await {
+                    Ok(Some(())) => {}
+                    _ => return,
+                }
+                if client.write_all(&out).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
 async fn nats(url: &str, subject: &str) -> anyhow::Result<()> {
     use base64::Engine as _;
     let client = async_nats::connect(url).await?;
@@ -197,9 +333,12 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
             .block_on(proxy(addr.parse()?, upstream)),
+        ["proxy-ct", addr, upstream] => runtime.block_on(proxy(addr.parse()?, upstream)),
+        ["lean", addr, upstream] => runtime.block_on(lean(addr.parse()?, upstream.parse()?)),
         _ => anyhow::bail!(
             "usage: bench_peers http ADDR | bench_peers nats URL SUBJECT | \
-             bench_peers proxy ADDR UPSTREAM"
+             bench_peers proxy ADDR UPSTREAM | bench_peers proxy-ct ADDR UPSTREAM | \
+             bench_peers lean ADDR UPSTREAM"
         ),
     }
 }
