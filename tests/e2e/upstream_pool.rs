@@ -19,7 +19,9 @@ use crate::support::poll::poll_every;
 /// A raw HTTP/1.1 backend, so that it can misbehave in ways a framework would not allow. By
 /// path: `/keep` answers `keep` and keeps the connection; `/close-after` answers the same and
 /// then closes it, without saying so; `/big` answers 8 MiB slowly; `/short` promises 100 bytes,
-/// sends 10 and closes; `/switch` switches protocols unasked.
+/// sends 10 and closes; `/switch` switches protocols unasked; `/chunked` answers `keep` in
+/// chunked coding, with a chunk extension and a trailer; `/smuggle` sends both a
+/// `Content-Length` and a `Transfer-Encoding`; `/huge-head` sends a 200 KiB header.
 struct RawBackend {
     url: String,
     accepted: Arc<AtomicUsize>,
@@ -118,6 +120,29 @@ async fn serve_connection(mut stream: tokio::net::TcpStream) {
                     .await;
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 return;
+            }
+            "/object/chunked" => {
+                stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2;ext=1\r\nke\r\n2\r\nep\r\n0\r\nx-trailer: t\r\n\r\n",
+                    )
+                    .await
+            }
+            "/object/smuggle" => {
+                // Framed twice: a proxy that picked the length would read the chunk framing as
+                // the next answer.
+                stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\ntransfer-encoding: chunked\r\n\r\n4\r\nkeep\r\n0\r\n\r\n",
+                    )
+                    .await
+            }
+            "/object/huge-head" => {
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nx-big: {}\r\ncontent-length: 4\r\n\r\nkeep",
+                    "a".repeat(200 * 1024)
+                );
+                stream.write_all(head.as_bytes()).await
             }
             "/object/short" => {
                 let _ = stream
@@ -274,4 +299,50 @@ async fn a_burst_opens_connections_as_needed_and_keeps_at_most_the_idle_limit() 
     }
     let reused = backend.accepted() == accepted;
     assert!(reused, "the idle connections were used");
+}
+
+#[tokio::test]
+async fn hostile_backend_answers_are_refused_with_a_502_and_their_connections_never_reused() {
+    let backend = RawBackend::start().await;
+    let (Started { gw, .. }, key) = start_gateway(&backend, 8);
+    assert_eq!(keep(&gw, &key).await, kept());
+
+    // Chunked coding, an extension and a trailer: decoded, and the connection reused.
+    let chunked = get(&gw, &key, "/v1/storage/object/chunked").await;
+    assert_eq!(chunked, kept());
+    assert_eq!(keep(&gw, &key).await, kept());
+    assert_eq!(
+        backend.accepted(),
+        1,
+        "the connection was reused after a chunked answer"
+    );
+
+    // Framed twice, or a head past the gateway's bound: the contract's JSON 502, and the
+    // connection closed rather than read from again.
+    for path in ["/v1/storage/object/smuggle", "/v1/storage/object/huge-head"] {
+        let accepted = backend.accepted();
+        let (status, body) = get(&gw, &key, path).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{path}: {body}");
+        let body: serde_json::Value = serde_json::from_str(&body).expect("json error");
+        assert_eq!(body["error"]["code"], "upstream_error", "{path}: {body}");
+        for _ in 0..3 {
+            assert_eq!(
+                keep(&gw, &key).await,
+                kept(),
+                "{path}: the next requests served cleanly"
+            );
+        }
+        assert_eq!(
+            backend.accepted(),
+            accepted + 1,
+            "{path}: its connection was not reused"
+        );
+    }
+    let metrics = gw.metrics().await;
+    let failed = metric(
+        &metrics,
+        "aura_http_requests_total",
+        &["group=\"storage\"", "status=\"502\""],
+    );
+    assert!(failed >= 2.0, "the refusals are counted: {metrics}");
 }

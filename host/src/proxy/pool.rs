@@ -1,11 +1,12 @@
 //! HTTP/1.1 connections to the HTTP backends, pooled per origin and driven by the request that
 //! uses one.
 //!
-//! A connection is not a task of its own. The request that checked it out polls it while it
-//! waits for the answer's head, and the answer's body polls it while the body streams to the
-//! client. So an exchange costs no hand-over to a connection task and back (two task wake-ups
-//! and a channel each way), and no pool lookup by a hashed authority: each backend resolves its
-//! origin's pool once ([`Backend`]).
+//! A connection is not a task of its own. The request that checked it out writes the request
+//! and reads the answer's head itself, and the answer's body reads from it while the body
+//! streams to the client, through the gateway's own HTTP/1.1 codec ([`super::h1`]). So an
+//! exchange costs no hand-over to a connection task and back (two task wake-ups and a channel
+//! each way), no HTTP library's state machine, and no pool lookup by a hashed authority: each
+//! backend resolves its origin's pool once ([`Backend`]).
 //!
 //! - **Reuse.** When the answer's body has ended and the connection is ready for another
 //!   exchange, it goes back to its origin's pool (the last returned is the first taken). A body
@@ -16,20 +17,20 @@
 //! - **A request never written is sent again**, once, on a new connection: a reused connection
 //!   that closed under it hands the request back before any byte of it left. A request that
 //!   was written is never sent twice.
-//! - **WebSocket upgrades** take a new connection, driven by a task of its own until the
-//!   handshake hands the connection to the tunnel.
+//! - **WebSocket upgrades** take a new connection, driven by hyper's client in a task of its
+//!   own until the handshake hands the connection to the tunnel.
 
 use std::collections::HashMap;
-use std::future::{Future, poll_fn};
-use std::pin::{Pin, pin};
+use std::future::poll_fn;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll, Waker, ready};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, Uri, header};
-use http_body::{Body as _, Frame, SizeHint};
+use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
@@ -39,6 +40,7 @@ use prometheus::{IntCounter, IntCounterVec};
 use tokio::net::TcpStream;
 use tower::ServiceExt;
 
+use super::h1::{Connection, SendError, WireError};
 use crate::error::GatewayError;
 
 /// What dials a backend: TCP (with the connect timeout), then TLS for `https://`.
@@ -62,44 +64,21 @@ pub enum UpstreamError {
     ClosedBeforeSending,
     /// The exchange broke: the request may have reached the backend.
     #[error("exchange: {0}")]
-    Exchange(#[source] hyper::Error),
+    Exchange(#[source] WireError),
+    /// A WebSocket handshake broke: the request may have reached the backend.
+    #[error("upgrade exchange: {0}")]
+    Upgrade(#[source] hyper::Error),
 }
 
 impl UpstreamError {
     /// Whether the backend could not be reached at all.
     pub fn is_connect(&self) -> bool {
-        !matches!(self, Self::Exchange(_))
+        !matches!(self, Self::Exchange(_) | Self::Upgrade(_))
     }
 }
 
-/// One connection: the handle requests are sent on, and the state machine that does the I/O
-/// (`None` once the connection has closed).
-struct Conn {
-    sender: http1::SendRequest<Body>,
-    driver: Option<http1::Connection<Io, Body>>,
-}
-
-impl Conn {
-    /// Drives the connection's I/O; `true` once it has closed, for good. A closed connection's
-    /// state is dropped at once: that fails the exchange still queued on it (handing back a
-    /// request it never wrote) instead of leaving it waiting for an answer that cannot come.
-    fn poll_closed(&mut self, cx: &mut Context<'_>) -> bool {
-        if let Some(driver) = &mut self.driver
-            && let Poll::Ready(result) = Pin::new(driver).poll(cx)
-        {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "backend connection closed with an error");
-            }
-            self.driver = None;
-        }
-        self.driver.is_none()
-    }
-
-    /// Whether the connection takes another request now.
-    fn is_reusable(&self) -> bool {
-        self.driver.is_some() && self.sender.is_ready()
-    }
-}
+/// One connection, read and written by the request that holds it.
+type Conn = Connection<TokioIo<Io>>;
 
 struct Idle {
     conn: Box<Conn>,
@@ -150,47 +129,32 @@ impl OriginPool {
                 Some(conn) => conn,
                 // Boxed: connecting is the rare case, and its state would otherwise make the
                 // future of every request larger.
-                None => Box::pin(self.connect()).await?,
+                None => Box::pin(self.open()).await?,
             };
-            // A pooled connection was ready when taken; a new one gets ready after its first
-            // turns.
-            if !conn.sender.is_ready() {
-                let ready = poll_fn(|cx| {
-                    if conn.poll_closed(cx) {
-                        return Poll::Ready(false);
-                    }
-                    conn.sender.poll_ready(cx).map(|r| r.is_ok())
-                })
-                .await;
-                if !ready {
-                    if reused {
-                        continue;
-                    }
-                    return Err(UpstreamError::ClosedBeforeSending);
-                }
-            }
-            let mut exchange = pin!(conn.sender.try_send_request(request));
-            // The connection is driven first (it writes the request, then reads the answer and
-            // hands it over), then the exchange is asked for the answer.
-            let result = poll_fn(|cx| {
-                conn.poll_closed(cx);
-                exchange.as_mut().poll(cx)
-            })
-            .await;
-            match result {
-                Ok(response) => {
+            match conn.send(request).await {
+                Ok(head) => {
                     let pool = self.clone();
-                    return Ok(response.map(|body| PooledBody {
-                        body,
+                    let body = PooledBody {
                         conn: Some(conn),
                         pool,
-                    }));
+                    };
+                    return Ok(head.map(|()| body));
                 }
-                Err(mut failed) => match failed.take_message() {
-                    // Handed back unwritten by a connection that closed under it.
-                    Some(unsent) if reused => request = unsent,
-                    _ => return Err(UpstreamError::Exchange(failed.into_error())),
-                },
+                // Nothing of it written: a reused connection that closed under it hands it
+                // back, for a new connection.
+                Err(SendError::Unsent(unsent)) if reused => {
+                    tracing::debug!(error = %unsent.error, "reused backend connection closed; sending again");
+                    request = unsent.request;
+                }
+                Err(SendError::Unsent(unsent)) => {
+                    return Err(match unsent.error {
+                        e @ (WireError::Body(_) | WireError::BodyLength) => {
+                            UpstreamError::Exchange(e)
+                        }
+                        _ => UpstreamError::ClosedBeforeSending,
+                    });
+                }
+                Err(SendError::Sent(e)) => return Err(UpstreamError::Exchange(e)),
             }
         }
     }
@@ -204,10 +168,12 @@ impl OriginPool {
         request
             .headers_mut()
             .insert(header::HOST, self.host.clone());
-        let Conn { mut sender, driver } = *self.connect().await?;
-        let Some(driver) = driver else {
-            return Err(UpstreamError::ClosedBeforeSending);
-        };
+        let io = self.dial().await?;
+        let (mut sender, driver) = http1::Builder::new()
+            .handshake(io)
+            .await
+            .map_err(|e| UpstreamError::Connect(e.into()))?;
+        self.opened.inc();
         tokio::spawn(async move {
             if let Err(e) = driver.with_upgrades().await {
                 tracing::debug!(error = %e, "backend upgrade connection ended with an error");
@@ -216,7 +182,7 @@ impl OriginPool {
         sender
             .send_request(request)
             .await
-            .map_err(UpstreamError::Exchange)
+            .map_err(UpstreamError::Upgrade)
     }
 
     /// The most recently returned idle connection still usable, if any. Others met on the way
@@ -227,8 +193,8 @@ impl OriginPool {
             if now.duration_since(entry.since) > IDLE_TIMEOUT {
                 continue;
             }
-            // Driven once: a connection the backend closed reads its end now.
-            if entry.conn.poll_closed(cx) || !entry.conn.is_reusable() {
+            // Read once: a connection the backend closed reads its end now.
+            if entry.conn.poll_idle_closed(cx) {
                 continue;
             }
             return Some(entry.conn);
@@ -236,7 +202,8 @@ impl OriginPool {
     }
 
     /// Returns a connection after its exchange; closed instead when the pool is full.
-    fn put(&self, conn: Box<Conn>, now: Instant) {
+    fn put(&self, mut conn: Box<Conn>, now: Instant) {
+        conn.shrink_idle();
         let Ok(mut idle) = self.idle.lock() else {
             return;
         };
@@ -248,24 +215,21 @@ impl OriginPool {
         }
     }
 
-    /// Opens a connection. Boxed: the connection's state (buffers, TLS session) is kilobytes,
-    /// and every future holding it would grow by as much and move it on each poll.
-    async fn connect(&self) -> Result<Box<Conn>, UpstreamError> {
-        let io = self
-            .connector
+    /// Dials the origin (TCP, then TLS for `https://`).
+    async fn dial(&self) -> Result<Io, UpstreamError> {
+        self.connector
             .clone()
             .oneshot(self.origin.clone())
             .await
-            .map_err(UpstreamError::Connect)?;
-        let (sender, driver) = http1::Builder::new()
-            .handshake(io)
-            .await
-            .map_err(|e| UpstreamError::Connect(e.into()))?;
+            .map_err(UpstreamError::Connect)
+    }
+
+    /// Opens a connection. Boxed: the connection's state (buffers, TLS session) is kilobytes,
+    /// and every future holding it would grow by as much and move it on each poll.
+    async fn open(&self) -> Result<Box<Conn>, UpstreamError> {
+        let io = self.dial().await?;
         self.opened.inc();
-        Ok(Box::new(Conn {
-            sender,
-            driver: Some(driver),
-        }))
+        Ok(Box::new(Connection::new(TokioIo::new(io))))
     }
 
     /// Drops idle connections past [`IDLE_TIMEOUT`] or closed by the backend; answers how many.
@@ -278,7 +242,8 @@ impl OriginPool {
             let mut kept = Vec::with_capacity(idle.len());
             let mut dropped = Vec::new();
             for mut entry in idle.drain(..) {
-                if now.duration_since(entry.since) > IDLE_TIMEOUT || entry.conn.poll_closed(&mut cx)
+                if now.duration_since(entry.since) > IDLE_TIMEOUT
+                    || entry.conn.poll_idle_closed(&mut cx)
                 {
                     dropped.push(entry);
                 } else {
@@ -293,9 +258,9 @@ impl OriginPool {
 }
 
 /// An answer's body, streamed from its connection. The connection goes back to its pool once
-/// the body has ended, and is closed if the body is dropped before.
+/// the body has ended, and is closed if the body is dropped before (or fails).
 pub struct PooledBody {
-    body: Incoming,
+    /// `None` once the body has ended or failed.
     conn: Option<Box<Conn>>,
     pool: Arc<OriginPool>,
 }
@@ -309,12 +274,10 @@ impl std::fmt::Debug for PooledBody {
 }
 
 impl PooledBody {
-    /// Gives the connection back if the exchange is over and it takes another request.
-    fn release(&mut self, cx: &mut Context<'_>) {
-        if let Some(mut conn) = self.conn.take()
-            // Usually the connection asked for the next request as it delivered the body's
-            // end; if not, one more turn lets it finish the exchange.
-            && (conn.is_reusable() || (!conn.poll_closed(cx) && conn.is_reusable()))
+    /// Gives the connection back if it takes another request.
+    fn release(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && conn.is_reusable()
         {
             self.pool.put(conn, Instant::now());
         }
@@ -323,41 +286,36 @@ impl PooledBody {
 
 impl http_body::Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = WireError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, WireError>>> {
         let this = &mut *self;
-        // The body is read first: what the connection already delivered needs no turn of it.
-        let frame = match Pin::new(&mut this.body).poll_frame(cx) {
-            Poll::Ready(frame) => frame,
-            Poll::Pending => {
-                let Some(conn) = &mut this.conn else {
-                    return Poll::Pending;
-                };
-                if conn.poll_closed(cx) {
-                    this.conn = None;
-                }
-                ready!(Pin::new(&mut this.body).poll_frame(cx))
-            }
+        let Some(conn) = &mut this.conn else {
+            return Poll::Ready(None);
         };
+        let frame = std::task::ready!(conn.poll_body(cx));
         match &frame {
             Some(Err(_)) => this.conn = None,
-            None => this.release(cx),
-            Some(Ok(_)) if this.body.is_end_stream() => this.release(cx),
+            None => this.release(),
+            // The last bytes: the connection goes back now, not at the next poll.
+            Some(Ok(_)) if conn.body_ended() => this.release(),
             Some(Ok(_)) => {}
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|r| r.map(Frame::data)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.conn.as_ref().is_none_or(|c| c.body_ended())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match self.conn.as_ref().map_or(Some(0), |c| c.body_left()) {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
     }
 }
 
@@ -365,8 +323,8 @@ impl Drop for PooledBody {
     fn drop(&mut self) {
         // A body with nothing to read (no content, or all of it read) is not always polled to
         // its end: the exchange is over all the same.
-        if self.conn.is_some() && self.body.is_end_stream() {
-            self.release(&mut Context::from_waker(Waker::noop()));
+        if self.conn.as_ref().is_some_and(|c| c.body_ended()) {
+            self.release();
         }
     }
 }
@@ -645,7 +603,7 @@ mod tests {
         let b = backend(&url);
         let mut cx = Context::from_waker(Waker::noop());
         let t0 = Instant::now();
-        let conn = b.pool.connect().await.expect("connected");
+        let conn = b.pool.open().await.expect("connected");
         until_open(&open, 1).await;
         b.pool.put(conn, t0);
         assert_eq!(b.pool.idle_count(), 1);
@@ -666,7 +624,7 @@ mod tests {
         until_open(&open, 0).await;
 
         // The sweep keeps what is within the timeout and closes what is past it.
-        let conn = b.pool.connect().await.expect("connected");
+        let conn = b.pool.open().await.expect("connected");
         until_open(&open, 1).await;
         b.pool.put(conn, t0);
         assert_eq!(b.pool.sweep(t0 + Duration::from_secs(1)), 0);

@@ -1,0 +1,1093 @@
+//! The HTTP/1.1 client side of a backend connection: the gateway's own codec over `httparse`.
+//!
+//! A request's head is written in one write, its body after it (`Content-Length` when its
+//! length is known, chunked otherwise); the answer's head is parsed by `httparse` into an
+//! `http::Response` and its body read as the caller polls for it, framed by `Content-Length`,
+//! chunked coding or the connection's end (RFC 9112 §6.3). No task, no channel: the request
+//! that holds the connection does the I/O (`proxy/pool.rs`).
+//!
+//! A backend is trusted less than the gateway: everything it answers is bounded and refused
+//! rather than guessed at — a head over [`MAX_HEAD_BYTES`] or with more than [`MAX_HEADERS`]
+//! headers, a `Content-Length` beside a `Transfer-Encoding`, `Content-Length`s that differ or
+//! are not digits, a chunk-size line over [`MAX_CHUNK_LINE`] bytes, chunk extensions or
+//! trailers over [`MAX_CHUNK_EXTRAS`] bytes in all, more than [`MAX_INFORMATIONAL`] `1xx`
+//! heads, a `101` it was not asked for. Such a connection is never used again.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version, header};
+use http_body::Body;
+use http_body_util::BodyExt as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
+
+/// The longest answer head read (hyper's client reads up to about 400 KiB).
+pub const MAX_HEAD_BYTES: usize = 128 * 1024;
+/// The most headers an answer head may carry (hyper's client default).
+pub const MAX_HEADERS: usize = 100;
+/// The longest chunk-size line (the size and its extensions).
+pub const MAX_CHUNK_LINE: usize = 4 * 1024;
+/// The most bytes of chunk extensions and trailers in one body, all counted.
+pub const MAX_CHUNK_EXTRAS: usize = 16 * 1024;
+/// The most informational (`1xx`) heads read before an answer.
+pub const MAX_INFORMATIONAL: usize = 16;
+/// How much room a read asks for at least.
+const READ_CHUNK: usize = 8 * 1024;
+/// A body read asks for this much room when the body is larger.
+const BODY_READ_CHUNK: usize = 64 * 1024;
+/// A buffer larger than this is not kept while the connection is idle.
+const KEEP_IDLE_BUFFER: usize = 16 * 1024;
+/// Request body data up to this size is copied into one write with its chunk framing.
+const COALESCE: usize = 16 * 1024;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an exchange failed on the connection. Every one of them closes the connection.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// Reading from the backend failed.
+    #[error("reading from the backend: {0}")]
+    Read(#[source] io::Error),
+    /// Writing to the backend failed.
+    #[error("writing to the backend: {0}")]
+    Write(#[source] io::Error),
+    /// The backend closed the connection before its answer (head or body) was complete.
+    #[error("the backend closed the connection before its answer was complete")]
+    Incomplete,
+    /// The answer is not HTTP/1.x the gateway accepts; says why.
+    #[error("the backend's answer is refused: {0}")]
+    Invalid(&'static str),
+    /// The request body failed (its source says why: a limit, the client's idle timeout…).
+    #[error("the request body: {0}")]
+    Body(#[source] BoxError),
+    /// The request body's length differed from the `Content-Length` sent for it.
+    #[error("the request body's length differs from its Content-Length")]
+    BodyLength,
+}
+
+/// How a message's body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// This many bytes remain.
+    Length(u64),
+    /// Chunked coding, at this point of it.
+    Chunked(Chunk),
+    /// Everything until the backend closes the connection.
+    UntilClose,
+    /// The body has ended.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// This many bytes of the current chunk remain.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// The trailer section after the last chunk.
+    Trailers,
+}
+
+/// What the request's body is sent with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sending {
+    Nothing,
+    Length(u64),
+    Chunked,
+}
+
+/// A request that failed before any byte of it reached the connection: handed back, to be
+/// sent on another.
+#[derive(Debug)]
+pub struct Unsent<B> {
+    pub request: http::Request<B>,
+    pub error: WireError,
+}
+
+/// How sending a request failed.
+#[derive(Debug)]
+pub enum SendError<B> {
+    /// Nothing of it was written (boxed: the request is most of the error's size).
+    Unsent(Box<Unsent<B>>),
+    /// Some of it may have reached the backend.
+    Sent(WireError),
+}
+
+/// One HTTP/1.1 connection to a backend.
+#[derive(Debug)]
+pub struct Connection<T> {
+    io: T,
+    buf: BytesMut,
+    write: Vec<u8>,
+    /// Whether the connection takes another request once the current exchange ends.
+    keep_alive: bool,
+    /// The answer's body: how it ends.
+    framing: Framing,
+    /// Chunk extensions and trailer bytes read in the current body.
+    extras: usize,
+}
+
+impl<T> Connection<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    /// A connection over `io`, newly opened.
+    pub fn new(io: T) -> Self {
+        Self {
+            io,
+            buf: BytesMut::new(),
+            write: Vec::new(),
+            keep_alive: true,
+            framing: Framing::Done,
+            extras: 0,
+        }
+    }
+
+    /// Whether this idle connection has closed (or sent bytes nobody asked for, which makes
+    /// it unusable as well). Registers `cx` for the connection's next read.
+    pub fn poll_idle_closed(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.is_reusable() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        let mut read = tokio::io::ReadBuf::new(&mut probe);
+        match Pin::new(&mut self.io).poll_read(cx, &mut read) {
+            Poll::Pending => false,
+            // An end, an error or unasked bytes: closed either way.
+            Poll::Ready(_) => {
+                self.keep_alive = false;
+                true
+            }
+        }
+    }
+
+    /// Whether the last exchange ended cleanly and the connection takes another.
+    pub fn is_reusable(&self) -> bool {
+        self.keep_alive && self.framing == Framing::Done && self.buf.is_empty()
+    }
+
+    /// Gives back a large read buffer before the connection waits idle.
+    pub fn shrink_idle(&mut self) {
+        if self.buf.is_empty() && self.buf.capacity() > KEEP_IDLE_BUFFER {
+            self.buf = BytesMut::new();
+        }
+        if self.write.capacity() > KEEP_IDLE_BUFFER {
+            self.write = Vec::new();
+        }
+    }
+
+    /// Sends `request` (its URI in origin form) and reads the answer's head; the answer's body
+    /// is then read with [`Self::poll_body`].
+    pub async fn send<B>(&mut self, request: http::Request<B>) -> Result<Response<()>, SendError<B>>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        let sending = match sending(&request) {
+            Ok(sending) => sending,
+            Err(error) => return Err(SendError::Unsent(Box::new(Unsent { request, error }))),
+        };
+        self.write.clear();
+        encode_head(&mut self.write, &request, sending);
+        if let Err(e) = self.io.write_all(&self.write).await {
+            self.keep_alive = false;
+            return Err(SendError::Unsent(Box::new(Unsent {
+                request,
+                error: WireError::Write(e),
+            })));
+        }
+        let head_request = request.method() == Method::HEAD;
+        let closes = has_token(request.headers(), "close");
+        let body = request.into_body();
+        let written = self.write_body(body, sending).await;
+        if let Err(e) = written {
+            self.keep_alive = false;
+            // A backend that refuses the body may have answered before it closed (a `413`):
+            // that answer is the exchange's, if it is there.
+            if matches!(e, WireError::Write(_))
+                && let Ok(response) = self.read_head(head_request).await
+            {
+                self.keep_alive = false;
+                return Ok(response);
+            }
+            return Err(SendError::Sent(e));
+        }
+        if let Err(e) = self.io.flush().await {
+            self.keep_alive = false;
+            return Err(SendError::Sent(WireError::Write(e)));
+        }
+        let response = self.read_head(head_request).await.map_err(|e| {
+            self.keep_alive = false;
+            SendError::Sent(e)
+        })?;
+        if closes {
+            self.keep_alive = false;
+        }
+        Ok(response)
+    }
+
+    async fn write_body<B>(&mut self, body: B, sending: Sending) -> Result<(), WireError>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        let mut body = body;
+        let mut left = match sending {
+            Sending::Nothing => return Ok(()),
+            Sending::Length(n) => Some(n),
+            Sending::Chunked => None,
+        };
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| WireError::Body(e.into()))?;
+            // Trailers of the client's body are not forwarded.
+            let Ok(mut data) = frame.into_data() else {
+                continue;
+            };
+            if data.is_empty() {
+                continue;
+            }
+            match &mut left {
+                Some(left) => {
+                    let n = data.len() as u64;
+                    if n > *left {
+                        return Err(WireError::BodyLength);
+                    }
+                    *left -= n;
+                    self.io
+                        .write_all_buf(&mut data)
+                        .await
+                        .map_err(WireError::Write)?;
+                }
+                None => {
+                    self.write.clear();
+                    self.write
+                        .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    if data.len() <= COALESCE {
+                        self.write.extend_from_slice(&data);
+                        self.write.extend_from_slice(b"\r\n");
+                        self.io
+                            .write_all(&self.write)
+                            .await
+                            .map_err(WireError::Write)?;
+                    } else {
+                        self.io
+                            .write_all(&self.write)
+                            .await
+                            .map_err(WireError::Write)?;
+                        self.io
+                            .write_all_buf(&mut data)
+                            .await
+                            .map_err(WireError::Write)?;
+                        self.io.write_all(b"\r\n").await.map_err(WireError::Write)?;
+                    }
+                }
+            }
+        }
+        match left {
+            Some(0) => Ok(()),
+            Some(_) => Err(WireError::BodyLength),
+            None => self
+                .io
+                .write_all(b"0\r\n\r\n")
+                .await
+                .map_err(WireError::Write),
+        }
+    }
+
+    /// Reads the answer's head (informational heads skipped) and sets the body's framing.
+    async fn read_head(&mut self, head_request: bool) -> Result<Response<()>, WireError> {
+        let mut informational = 0;
+        loop {
+            // A head that ends past the bound is never complete: one read may bring it all.
+            let within = &self.buf[..self.buf.len().min(MAX_HEAD_BYTES)];
+            if let Some((len, head)) = parse_head(within)? {
+                self.buf.advance(len);
+                let status = head.status;
+                if status == StatusCode::SWITCHING_PROTOCOLS {
+                    return Err(WireError::Invalid("a 101 the request did not ask for"));
+                }
+                if status.is_informational() {
+                    informational += 1;
+                    if informational > MAX_INFORMATIONAL {
+                        return Err(WireError::Invalid("too many informational answers"));
+                    }
+                    continue;
+                }
+                let framing = if head_request
+                    || status == StatusCode::NO_CONTENT
+                    || status == StatusCode::NOT_MODIFIED
+                    || head.framing == Framing::Length(0)
+                {
+                    Framing::Done
+                } else {
+                    head.framing
+                };
+                self.keep_alive = head.keep_alive && framing != Framing::UntilClose;
+                self.framing = framing;
+                self.extras = 0;
+                let mut response = Response::new(());
+                *response.status_mut() = status;
+                *response.version_mut() = head.version;
+                *response.headers_mut() = head.headers;
+                return Ok(response);
+            }
+            if self.buf.len() >= MAX_HEAD_BYTES {
+                return Err(WireError::Invalid("an answer head over 128 KiB"));
+            }
+            let n = std::future::poll_fn(|cx| self.poll_fill(cx, READ_CHUNK))
+                .await
+                .map_err(WireError::Read)?;
+            if n == 0 {
+                return Err(WireError::Incomplete);
+            }
+        }
+    }
+
+    /// Reads into the buffer, with room for at least `room` bytes.
+    fn poll_fill(&mut self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < room / 2 {
+            self.buf.reserve(room);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+    }
+
+    /// Whether the answer's body has ended.
+    pub fn body_ended(&self) -> bool {
+        self.framing == Framing::Done
+    }
+
+    /// The bytes left in the answer's body, when its length is known.
+    pub fn body_left(&self) -> Option<u64> {
+        match self.framing {
+            Framing::Length(n) => Some(n),
+            Framing::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// The answer body's next bytes; `None` at its end.
+    pub fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, WireError>>> {
+        let result = self.poll_body_inner(cx);
+        if let Poll::Ready(Some(Err(_))) = result {
+            self.keep_alive = false;
+            self.framing = Framing::Done;
+        }
+        result
+    }
+
+    fn poll_body_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, WireError>>> {
+        loop {
+            match self.framing {
+                Framing::Done => return Poll::Ready(None),
+                Framing::Length(0) => {
+                    self.framing = Framing::Done;
+                    return Poll::Ready(None);
+                }
+                Framing::Length(left) => {
+                    if self.buf.is_empty() {
+                        let room = usize::try_from(left)
+                            .unwrap_or(usize::MAX)
+                            .min(BODY_READ_CHUNK);
+                        match ready!(self.poll_fill(cx, room.max(READ_CHUNK))) {
+                            Ok(0) => return Poll::Ready(Some(Err(WireError::Incomplete))),
+                            Ok(_) => {}
+                            Err(e) => return Poll::Ready(Some(Err(WireError::Read(e)))),
+                        }
+                    }
+                    let take = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(self.buf.len());
+                    let left = left - take as u64;
+                    self.framing = if left == 0 {
+                        Framing::Done
+                    } else {
+                        Framing::Length(left)
+                    };
+                    return Poll::Ready(Some(Ok(self.buf.split_to(take).freeze())));
+                }
+                Framing::UntilClose => {
+                    if self.buf.is_empty() {
+                        match ready!(self.poll_fill(cx, BODY_READ_CHUNK)) {
+                            Ok(0) => {
+                                self.framing = Framing::Done;
+                                return Poll::Ready(None);
+                            }
+                            Ok(_) => {}
+                            Err(e) => return Poll::Ready(Some(Err(WireError::Read(e)))),
+                        }
+                    }
+                    return Poll::Ready(Some(Ok(self.buf.split().freeze())));
+                }
+                Framing::Chunked(chunk) => match self.step_chunked(chunk) {
+                    Step::Next(next) => self.framing = next,
+                    Step::Data(data, next) => {
+                        self.framing = next;
+                        return Poll::Ready(Some(Ok(data)));
+                    }
+                    Step::Refused(why) => {
+                        return Poll::Ready(Some(Err(WireError::Invalid(why))));
+                    }
+                    Step::More(room) => match ready!(self.poll_fill(cx, room)) {
+                        Ok(0) => return Poll::Ready(Some(Err(WireError::Incomplete))),
+                        Ok(_) => {}
+                        Err(e) => return Poll::Ready(Some(Err(WireError::Read(e)))),
+                    },
+                },
+            }
+        }
+    }
+
+    /// One step of chunked decoding over what is buffered.
+    fn step_chunked(&mut self, chunk: Chunk) -> Step {
+        match chunk {
+            Chunk::Size => {
+                let Some(end) = find_crlf(&self.buf, MAX_CHUNK_LINE) else {
+                    return if self.buf.len() >= MAX_CHUNK_LINE {
+                        Step::Refused("a chunk-size line over 4 KiB")
+                    } else {
+                        Step::More(READ_CHUNK)
+                    };
+                };
+                let (size, extension) = match chunk_size(&self.buf[..end]) {
+                    Ok(parsed) => parsed,
+                    Err(why) => return Step::Refused(why),
+                };
+                self.extras += extension;
+                if self.extras > MAX_CHUNK_EXTRAS {
+                    return Step::Refused("chunk extensions and trailers over 16 KiB");
+                }
+                self.buf.advance(end + 2);
+                Step::Next(if size == 0 {
+                    Framing::Chunked(Chunk::Trailers)
+                } else {
+                    Framing::Chunked(Chunk::Data(size))
+                })
+            }
+            Chunk::Data(left) => {
+                if self.buf.is_empty() {
+                    let room = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(BODY_READ_CHUNK);
+                    return Step::More(room.max(READ_CHUNK));
+                }
+                let take = usize::try_from(left)
+                    .unwrap_or(usize::MAX)
+                    .min(self.buf.len());
+                let left = left - take as u64;
+                let next = if left == 0 {
+                    Chunk::DataEnd
+                } else {
+                    Chunk::Data(left)
+                };
+                Step::Data(self.buf.split_to(take).freeze(), Framing::Chunked(next))
+            }
+            Chunk::DataEnd => {
+                if self.buf.len() < 2 {
+                    return Step::More(READ_CHUNK);
+                }
+                if &self.buf[..2] != b"\r\n" {
+                    return Step::Refused("a chunk's data not followed by CRLF");
+                }
+                self.buf.advance(2);
+                Step::Next(Framing::Chunked(Chunk::Size))
+            }
+            Chunk::Trailers => {
+                let room = MAX_CHUNK_EXTRAS.saturating_sub(self.extras);
+                let Some(end) = find_crlf(&self.buf, room + 2) else {
+                    return if self.buf.len() >= room + 2 {
+                        Step::Refused("chunk extensions and trailers over 16 KiB")
+                    } else {
+                        Step::More(READ_CHUNK)
+                    };
+                };
+                self.buf.advance(end + 2);
+                if end == 0 {
+                    return Step::Next(Framing::Done);
+                }
+                // A trailer field: read and dropped (the gateway forwards none).
+                self.extras += end + 2;
+                if self.extras > MAX_CHUNK_EXTRAS {
+                    return Step::Refused("chunk extensions and trailers over 16 KiB");
+                }
+                Step::Next(Framing::Chunked(Chunk::Trailers))
+            }
+        }
+    }
+}
+
+enum Step {
+    /// Go on with this framing.
+    Next(Framing),
+    /// Body bytes, and the framing after them.
+    Data(Bytes, Framing),
+    /// More bytes are needed; room to ask for.
+    More(usize),
+    Refused(&'static str),
+}
+
+/// The position of the first CRLF within the first `within` bytes.
+fn find_crlf(buf: &[u8], within: usize) -> Option<usize> {
+    let window = &buf[..buf.len().min(within)];
+    window.windows(2).position(|w| w == b"\r\n")
+}
+
+/// A chunk-size line (without its CRLF): the size and the extension's length.
+fn chunk_size(line: &[u8]) -> Result<(u64, usize), &'static str> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 {
+        return Err("a chunk-size line without a size");
+    }
+    if digits > 16 {
+        return Err("a chunk size over 64 bits");
+    }
+    let mut size = 0u64;
+    for &b in &line[..digits] {
+        let value = (b as char).to_digit(16).map_or(0, u64::from);
+        size = size << 4 | value;
+    }
+    let rest = &line[digits..];
+    // Whitespace may come before an extension (`BWS ";"`); nothing else may follow the size.
+    let after_space = rest
+        .iter()
+        .position(|b| *b != b' ' && *b != b'\t')
+        .unwrap_or(rest.len());
+    match rest.get(after_space) {
+        None if after_space == 0 => Ok((size, 0)),
+        None => Err("whitespace after a chunk size"),
+        Some(b';') => {
+            if rest.iter().any(|b| *b == b'\r' || *b == b'\n' || *b == 0) {
+                return Err("a control character in a chunk extension");
+            }
+            Ok((size, rest.len()))
+        }
+        Some(_) => Err("a chunk size followed by something other than an extension"),
+    }
+}
+
+/// A parsed answer head.
+struct Head {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+/// The answer head at the start of `buf`, if it is all there, and its length.
+fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, WireError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut headers);
+    let len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(WireError::Invalid("more than 100 headers"));
+        }
+        Err(_) => return Err(WireError::Invalid("not an HTTP/1.x answer head")),
+    };
+    let status = parsed
+        .code
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or(WireError::Invalid("an invalid status code"))?;
+    let version = match parsed.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let mut map = HeaderMap::with_capacity(parsed.headers.len());
+    let mut length: Option<u64> = None;
+    let mut chunked_last = None;
+    let mut close = false;
+    let mut keep_alive_token = false;
+    // Whether the length came as anything but one plain number (a list, or several fields).
+    let mut restate_length = false;
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| WireError::Invalid("an invalid header name"))?;
+        let value = HeaderValue::from_bytes(h.value)
+            .map_err(|_| WireError::Invalid("an invalid header value"))?;
+        if name == header::CONTENT_LENGTH {
+            restate_length |= length.is_some() || h.value.contains(&b',');
+            for part in h.value.split(|b| *b == b',') {
+                let n =
+                    content_length(part).ok_or(WireError::Invalid("an invalid Content-Length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(WireError::Invalid("Content-Lengths that differ"));
+                }
+                length = Some(n);
+            }
+        } else if name == header::TRANSFER_ENCODING {
+            // The last coding of the last field decides.
+            let last = h
+                .value
+                .rsplit(|b| *b == b',')
+                .map(<[u8]>::trim_ascii)
+                .find(|c| !c.is_empty());
+            chunked_last = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
+        } else if name == header::CONNECTION {
+            for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                close |= token.eq_ignore_ascii_case(b"close");
+                keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+        map.append(name, value);
+    }
+    if restate_length && let Some(n) = length {
+        // Passed on as the one number it means.
+        map.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    }
+    let framing = match (chunked_last, length) {
+        (Some(_), Some(_)) => {
+            return Err(WireError::Invalid(
+                "both Content-Length and Transfer-Encoding",
+            ));
+        }
+        (Some(true), None) => Framing::Chunked(Chunk::Size),
+        // A transfer coding other than chunked last: the body runs to the connection's end.
+        (Some(false), None) => Framing::UntilClose,
+        (None, Some(n)) => Framing::Length(n),
+        (None, None) => Framing::UntilClose,
+    };
+    let keep_alive = match version {
+        Version::HTTP_10 => keep_alive_token && !close,
+        _ => !close,
+    };
+    Ok(Some((
+        len,
+        Head {
+            status,
+            version,
+            headers: map,
+            framing,
+            keep_alive,
+        },
+    )))
+}
+
+/// A `Content-Length` value: digits only (after optional whitespace), at most 19 of them.
+fn content_length(value: &[u8]) -> Option<u64> {
+    let value = value.trim_ascii();
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
+/// Whether a `Connection` header of `headers` has `token`.
+fn has_token(headers: &HeaderMap, token: &str) -> bool {
+    headers.get_all(header::CONNECTION).iter().any(|v| {
+        v.as_bytes()
+            .split(|b| *b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+    })
+}
+
+/// How a request's body is sent: the `Content-Length` it carries (checked against the body as
+/// it streams), else the body's exact length, else chunked; nothing for an ended body, except
+/// `Content-Length: 0` for the methods that define a meaning for a body.
+fn sending<B: Body>(request: &http::Request<B>) -> Result<Sending, WireError> {
+    let body = request.body();
+    let declared = request.headers().get_all(header::CONTENT_LENGTH);
+    let mut length = None;
+    for value in declared {
+        let n = content_length(value.as_bytes()).ok_or(WireError::BodyLength)?;
+        if length.is_some_and(|l| l != n) {
+            return Err(WireError::BodyLength);
+        }
+        length = Some(n);
+    }
+    if body.is_end_stream() {
+        if length.is_some_and(|n| n > 0) {
+            return Err(WireError::BodyLength);
+        }
+        let says_empty = length.is_some()
+            || matches!(
+                *request.method(),
+                Method::POST | Method::PUT | Method::PATCH
+            );
+        return Ok(if says_empty {
+            Sending::Length(0)
+        } else {
+            Sending::Nothing
+        });
+    }
+    Ok(match length.or(body.size_hint().exact()) {
+        Some(n) => Sending::Length(n),
+        None => Sending::Chunked,
+    })
+}
+
+/// Writes the request head into `out`: its own framing header, none of the request's.
+fn encode_head<B>(out: &mut Vec<u8>, request: &http::Request<B>, sending: Sending) {
+    out.extend_from_slice(request.method().as_str().as_bytes());
+    out.push(b' ');
+    let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
+    out.extend_from_slice(if target.is_empty() {
+        b"/"
+    } else {
+        target.as_bytes()
+    });
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in request.headers() {
+        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match sending {
+        Sending::Nothing => {}
+        Sending::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Sending::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{Full, StreamBody};
+    use tokio::io::{AsyncReadExt as _, DuplexStream};
+
+    fn pair() -> (Connection<DuplexStream>, DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        (Connection::new(ours), theirs)
+    }
+
+    /// A connection whose backend has already written `answer`.
+    async fn answered(answer: &[u8]) -> (Connection<DuplexStream>, DuplexStream) {
+        let (conn, mut peer) = pair();
+        peer.write_all(answer).await.expect("answer");
+        (conn, peer)
+    }
+
+    fn get(path: &str) -> http::Request<Full<Bytes>> {
+        http::Request::get(path)
+            .header("host", "backend")
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    }
+
+    /// Reads what the connection wrote until `until` appears.
+    async fn written(peer: &mut DuplexStream, until: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !out.windows(until.len()).any(|w| w == until) {
+            let n = peer.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed before {:?}", String::from_utf8_lossy(until));
+            out.extend_from_slice(&buf[..n]);
+        }
+        out
+    }
+
+    async fn body(conn: &mut Connection<DuplexStream>) -> Result<Vec<u8>, WireError> {
+        let mut out = Vec::new();
+        while let Some(bytes) = std::future::poll_fn(|cx| conn.poll_body(cx)).await {
+            out.extend_from_slice(&bytes?);
+        }
+        Ok(out)
+    }
+
+    /// Answers `answer` to one request and reads the whole exchange.
+    async fn exchange(answer: &[u8]) -> (Connection<DuplexStream>, Result<Vec<u8>, WireError>) {
+        let (mut conn, _peer) = answered(answer).await;
+        let result = match conn.send(get("/x")).await {
+            Ok(head) => {
+                assert_eq!(head.status(), StatusCode::OK);
+                body(&mut conn).await
+            }
+            Err(SendError::Sent(e)) => Err(e),
+            Err(SendError::Unsent(u)) => Err(u.error),
+        };
+        (conn, result)
+    }
+
+    fn refused(result: Result<Vec<u8>, WireError>) -> &'static str {
+        match result {
+            Err(WireError::Invalid(why)) => why,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_get_is_one_head_and_a_length_answer_leaves_the_connection_reusable() {
+        let (mut conn, mut peer) =
+            answered(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nX-A: 2\r\n\r\nhello")
+                .await;
+        let head = match conn.send(get("/o/a?b=1")).await {
+            Ok(head) => head,
+            Err(_) => panic!("send failed"),
+        };
+        assert_eq!(head.status(), StatusCode::OK);
+        assert_eq!(head.headers().get_all("x-a").iter().count(), 2);
+        assert_eq!(conn.body_left(), Some(5));
+        assert_eq!(body(&mut conn).await.expect("body"), b"hello");
+        assert!(conn.is_reusable());
+        let request = written(&mut peer, b"\r\n\r\n").await;
+        assert_eq!(request, b"GET /o/a?b=1 HTTP/1.1\r\nhost: backend\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn bodies_are_sent_with_their_length_or_chunked() {
+        let (mut conn, mut peer) = pair();
+        let answer = b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n";
+        peer.write_all(answer).await.expect("answer");
+        let post = http::Request::post("/p")
+            .header("content-length", "999")
+            .body(Full::new(Bytes::from_static(b"abc")))
+            .expect("request");
+        // The declared length is the client's: a body that differs fails the exchange.
+        assert!(matches!(
+            conn.send(post).await,
+            Err(SendError::Sent(WireError::BodyLength))
+        ));
+
+        let (mut conn, mut peer) = answered(answer).await;
+        let post = http::Request::post("/p")
+            .body(Full::new(Bytes::from_static(b"abc")))
+            .expect("request");
+        assert!(conn.send(post).await.is_ok());
+        let sent = written(&mut peer, b"abc").await;
+        assert!(sent.ends_with(b"content-length: 3\r\n\r\nabc"), "{sent:?}");
+
+        // A body of unknown length goes chunked, its trailers dropped.
+        let (mut conn, mut peer) = answered(answer).await;
+        let frames: Vec<Result<http_body::Frame<Bytes>, std::convert::Infallible>> = vec![
+            Ok(http_body::Frame::data(Bytes::from_static(b"hello "))),
+            Ok(http_body::Frame::data(Bytes::from_static(b"world"))),
+            Ok(http_body::Frame::trailers(HeaderMap::new())),
+        ];
+        let put = http::Request::put("/p")
+            .header("transfer-encoding", "gzip, chunked")
+            .body(StreamBody::new(futures::stream::iter(frames)))
+            .expect("request");
+        assert!(conn.send(put).await.is_ok());
+        let sent = written(&mut peer, b"0\r\n\r\n").await;
+        let sent = String::from_utf8(sent).expect("text");
+        assert!(
+            sent.ends_with(
+                "transfer-encoding: chunked\r\n\r\n6\r\nhello \r\n5\r\nworld\r\n0\r\n\r\n"
+            ),
+            "{sent}"
+        );
+        assert!(!sent.contains("gzip"), "{sent}");
+
+        // An empty POST says so; an empty GET carries no framing.
+        let (mut conn, mut peer) = answered(answer).await;
+        let post = http::Request::post("/p")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        assert!(conn.send(post).await.is_ok());
+        let sent = written(&mut peer, b"\r\n\r\n").await;
+        assert!(sent.ends_with(b"content-length: 0\r\n\r\n"), "{sent:?}");
+    }
+
+    #[tokio::test]
+    async fn chunked_answers_are_decoded_with_extensions_and_trailers_dropped() {
+        let (conn, result) = exchange(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;name=value\r\nhello\r\n1 \t;x\r\n!\r\n0\r\nx-trailer: 1\r\n\r\n",
+        )
+        .await;
+        assert_eq!(result.expect("body"), b"hello!");
+        assert!(conn.is_reusable());
+    }
+
+    #[tokio::test]
+    async fn answers_without_a_length_run_to_the_close_and_are_not_reused() {
+        let (mut conn, peer) = answered(b"HTTP/1.1 200 OK\r\n\r\nto the end").await;
+        let sending = tokio::spawn(async move {
+            let head = conn.send(get("/x")).await.map_err(|_| ()).expect("head");
+            assert_eq!(head.status(), StatusCode::OK);
+            let bytes = body(&mut conn).await.expect("body");
+            (conn, bytes)
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        drop(peer);
+        let (conn, bytes) = sending.await.expect("task");
+        assert_eq!(bytes, b"to the end");
+        assert!(!conn.is_reusable());
+    }
+
+    #[tokio::test]
+    async fn informational_answers_are_skipped_and_head_answers_have_no_body() {
+        let (conn, result) =
+            exchange(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+        assert_eq!(result.expect("body"), b"ok");
+        assert!(conn.is_reusable());
+
+        let (mut conn, _peer) = answered(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n").await;
+        let head = http::Request::head("/x")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        assert!(conn.send(head).await.is_ok());
+        assert!(conn.body_ended());
+        assert!(conn.is_reusable());
+
+        // A 204 carries no body whatever it says.
+        let (mut conn, _peer) =
+            answered(b"HTTP/1.1 204 No Content\r\ncontent-length: 3\r\n\r\n").await;
+        assert!(conn.send(get("/x")).await.is_ok());
+        assert!(conn.body_ended());
+    }
+
+    #[tokio::test]
+    async fn connection_close_and_http_1_0_end_the_connection_after_the_answer() {
+        let (conn, result) =
+            exchange(b"HTTP/1.1 200 OK\r\nconnection: Close\r\ncontent-length: 1\r\n\r\nx").await;
+        assert_eq!(result.expect("body"), b"x");
+        assert!(!conn.is_reusable());
+        let (conn, result) = exchange(b"HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\nx").await;
+        assert_eq!(result.expect("body"), b"x");
+        assert!(!conn.is_reusable());
+        let (conn, result) =
+            exchange(b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\nx")
+                .await;
+        assert_eq!(result.expect("body"), b"x");
+        assert!(conn.is_reusable());
+        // Bytes past the answer: the backend is out of step, the connection is not reused.
+        let (conn, result) =
+            exchange(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nxHTTP/1.1 200 OK\r\n").await;
+        assert_eq!(result.expect("body"), b"x");
+        assert!(!conn.is_reusable());
+    }
+
+    #[tokio::test]
+    async fn ambiguous_or_oversized_answers_are_refused() {
+        let both =
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+        assert_eq!(
+            refused(exchange(both).await.1),
+            "both Content-Length and Transfer-Encoding"
+        );
+        let differ = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd";
+        assert_eq!(
+            refused(exchange(differ).await.1),
+            "Content-Lengths that differ"
+        );
+        let list = b"HTTP/1.1 200 OK\r\ncontent-length: 3, 4\r\n\r\nabcd";
+        assert_eq!(
+            refused(exchange(list).await.1),
+            "Content-Lengths that differ"
+        );
+        // The same length twice is one length.
+        let (mut conn, _peer) =
+            answered(b"HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\n\r\nabc").await;
+        let head = conn.send(get("/x")).await.map_err(|_| ()).expect("head");
+        assert_eq!(
+            head.headers()["content-length"],
+            "3",
+            "restated as one number"
+        );
+        assert_eq!(body(&mut conn).await.expect("body"), b"abc");
+        for bad in ["+3", "-3", "3x", "0x3", "", "99999999999999999999"] {
+            let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {bad}\r\n\r\nabc");
+            assert_eq!(
+                refused(exchange(answer.as_bytes()).await.1),
+                "an invalid Content-Length",
+                "{bad:?}"
+            );
+        }
+        let switch = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n";
+        assert_eq!(
+            refused(exchange(switch).await.1),
+            "a 101 the request did not ask for"
+        );
+        let hints = b"HTTP/1.1 103 Early Hints\r\n\r\n".repeat(MAX_INFORMATIONAL + 1);
+        assert_eq!(
+            refused(exchange(&hints).await.1),
+            "too many informational answers"
+        );
+        let mut many = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..=MAX_HEADERS {
+            many.extend_from_slice(format!("x-{i}: v\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(refused(exchange(&many).await.1), "more than 100 headers");
+        let mut huge = b"HTTP/1.1 200 OK\r\nx-big: ".to_vec();
+        huge.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES));
+        assert_eq!(
+            refused(exchange(&huge).await.1),
+            "an answer head over 128 KiB"
+        );
+        // Complete, and all read at once: still over the bound.
+        huge.extend_from_slice(b"\r\ncontent-length: 0\r\n\r\n");
+        let (mut conn, _peer) = pair();
+        conn.buf.extend_from_slice(&huge);
+        assert!(matches!(
+            conn.read_head(false).await,
+            Err(WireError::Invalid("an answer head over 128 KiB"))
+        ));
+        assert_eq!(
+            refused(exchange(b"SMTP ready\r\n\r\n").await.1),
+            "not an HTTP/1.x answer head"
+        );
+    }
+
+    #[tokio::test]
+    async fn chunked_bodies_out_of_bounds_are_refused() {
+        let chunked =
+            |rest: &str| format!("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{rest}");
+        let cases = [
+            ("zz\r\n", "a chunk-size line without a size"),
+            ("1ffffffffffffffff\r\n", "a chunk size over 64 bits"),
+            (
+                "3 x\r\nabc\r\n0\r\n\r\n",
+                "a chunk size followed by something other than an extension",
+            ),
+            ("3 \r\nabc\r\n0\r\n\r\n", "whitespace after a chunk size"),
+            (
+                "3\r\nabcX\r\n0\r\n\r\n",
+                "a chunk's data not followed by CRLF",
+            ),
+        ];
+        for (rest, why) in cases {
+            assert_eq!(
+                refused(exchange(chunked(rest).as_bytes()).await.1),
+                why,
+                "{rest:?}"
+            );
+        }
+        let long_line = format!("1;{}\r\nx\r\n0\r\n\r\n", "e".repeat(MAX_CHUNK_LINE));
+        assert_eq!(
+            refused(exchange(chunked(&long_line).as_bytes()).await.1),
+            "a chunk-size line over 4 KiB"
+        );
+        // Extensions within a line's bound, but over the body's bound in all.
+        let ext = format!("1;{}\r\nx\r\n", "e".repeat(2000));
+        let many = format!("{}0\r\n\r\n", ext.repeat(10));
+        assert_eq!(
+            refused(exchange(chunked(&many).as_bytes()).await.1),
+            "chunk extensions and trailers over 16 KiB"
+        );
+        let trailers = format!("0\r\n{}\r\n", "x-t: v\r\n".repeat(3000));
+        assert_eq!(
+            refused(exchange(chunked(&trailers).as_bytes()).await.1),
+            "chunk extensions and trailers over 16 KiB"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_answer_is_incomplete_and_an_idle_close_is_seen() {
+        let (mut conn, peer) = answered(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc").await;
+        assert!(conn.send(get("/x")).await.is_ok());
+        drop(peer);
+        assert!(matches!(body(&mut conn).await, Err(WireError::Incomplete)));
+        assert!(!conn.is_reusable());
+
+        let (mut conn, peer) = answered(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+        assert!(conn.send(get("/x")).await.is_ok());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(!conn.poll_idle_closed(&mut cx), "open and quiet");
+        drop(peer);
+        assert!(conn.poll_idle_closed(&mut cx), "closed by the backend");
+    }
+}
