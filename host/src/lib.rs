@@ -14,6 +14,7 @@ pub mod dev;
 pub mod error;
 pub mod files;
 pub mod fleet;
+pub mod framing;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod headers;

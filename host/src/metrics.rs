@@ -88,7 +88,8 @@ pub struct Metrics {
     /// Connections the listener closed before or between requests, by plane and reason
     /// (`silent`: no request started within `server.header_read_timeout_ms`; `http2_refused`:
     /// an HTTP/2 preface with `server.http2` off; `idle`: an HTTP/2 connection without a stream
-    /// for `server.http2_idle_timeout_ms`).
+    /// for `server.http2_idle_timeout_ms`; `malformed`: an HTTP/1.1 request head refused with
+    /// its `400` or `431`).
     pub connections_closed: IntCounterVec,
     /// Long-lived exchanges refused because the listener's `server.max_streams` were open, by
     /// plane.
@@ -343,7 +344,7 @@ impl Metrics {
         );
         let connections_closed = counter(
             "connections_closed_total",
-            "Connections closed by the listener before or between requests, by plane and reason (silent, http2_refused, idle)",
+            "Connections closed by the listener before or between requests, by plane and reason (silent, http2_refused, idle, malformed)",
             &["plane", "reason"],
         );
         let streams_refused = counter(

@@ -21,6 +21,7 @@ mod hardening_misc;
 mod hardening_tenants;
 mod hostile;
 mod hot_swap;
+mod http1;
 mod identity;
 mod image;
 mod issuers;

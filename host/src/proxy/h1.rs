@@ -19,6 +19,9 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version, header};
+
+use crate::framing::{Decoded, Decoder, Framing, READ_CHUNK, content_length, has_token};
+pub use crate::framing::{MAX_CHUNK_EXTRAS, MAX_CHUNK_LINE};
 use http_body::Body;
 use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
@@ -27,16 +30,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 pub const MAX_HEAD_BYTES: usize = 128 * 1024;
 /// The most headers an answer head may carry (hyper's client default).
 pub const MAX_HEADERS: usize = 100;
-/// The longest chunk-size line (the size and its extensions).
-pub const MAX_CHUNK_LINE: usize = 4 * 1024;
-/// The most bytes of chunk extensions and trailers in one body, all counted.
-pub const MAX_CHUNK_EXTRAS: usize = 16 * 1024;
 /// The most informational (`1xx`) heads read before an answer.
 pub const MAX_INFORMATIONAL: usize = 16;
-/// How much room a read asks for at least.
-const READ_CHUNK: usize = 8 * 1024;
-/// A body read asks for this much room when the body is larger.
-const BODY_READ_CHUNK: usize = 64 * 1024;
 /// A buffer larger than this is not kept while the connection is idle.
 const KEEP_IDLE_BUFFER: usize = 16 * 1024;
 /// Request body data up to this size is copied into one write with its chunk framing.
@@ -65,31 +60,6 @@ pub enum WireError {
     /// The request body's length differed from the `Content-Length` sent for it.
     #[error("the request body's length differs from its Content-Length")]
     BodyLength,
-}
-
-/// How a message's body ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    /// This many bytes remain.
-    Length(u64),
-    /// Chunked coding, at this point of it.
-    Chunked(Chunk),
-    /// Everything until the backend closes the connection.
-    UntilClose,
-    /// The body has ended.
-    Done,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    /// Before a chunk-size line.
-    Size,
-    /// This many bytes of the current chunk remain.
-    Data(u64),
-    /// The CRLF after a chunk's data.
-    DataEnd,
-    /// The trailer section after the last chunk.
-    Trailers,
 }
 
 /// What the request's body is sent with.
@@ -125,10 +95,8 @@ pub struct Connection<T> {
     write: Vec<u8>,
     /// Whether the connection takes another request once the current exchange ends.
     keep_alive: bool,
-    /// The answer's body: how it ends.
-    framing: Framing,
-    /// Chunk extensions and trailer bytes read in the current body.
-    extras: usize,
+    /// The answer's body, as it is read.
+    body: Decoder,
 }
 
 impl<T> Connection<T>
@@ -142,8 +110,7 @@ where
             buf: BytesMut::new(),
             write: Vec::new(),
             keep_alive: true,
-            framing: Framing::Done,
-            extras: 0,
+            body: Decoder::new(Framing::Done),
         }
     }
 
@@ -167,7 +134,7 @@ where
 
     /// Whether the last exchange ended cleanly and the connection takes another.
     pub fn is_reusable(&self) -> bool {
-        self.keep_alive && self.framing == Framing::Done && self.buf.is_empty()
+        self.keep_alive && self.body.is_done() && self.buf.is_empty()
     }
 
     /// Gives back a large read buffer before the connection waits idle.
@@ -327,8 +294,7 @@ where
                     head.framing
                 };
                 self.keep_alive = head.keep_alive && framing != Framing::UntilClose;
-                self.framing = framing;
-                self.extras = 0;
+                self.body = Decoder::new(framing);
                 let mut response = Response::new(());
                 *response.status_mut() = status;
                 *response.version_mut() = head.version;
@@ -357,16 +323,12 @@ where
 
     /// Whether the answer's body has ended.
     pub fn body_ended(&self) -> bool {
-        self.framing == Framing::Done
+        self.body.is_done()
     }
 
     /// The bytes left in the answer's body, when its length is known.
     pub fn body_left(&self) -> Option<u64> {
-        match self.framing {
-            Framing::Length(n) => Some(n),
-            Framing::Done => Some(0),
-            _ => None,
-        }
+        self.body.left()
     }
 
     /// The answer body's next bytes; `None` at its end.
@@ -374,197 +336,25 @@ where
         let result = self.poll_body_inner(cx);
         if let Poll::Ready(Some(Err(_))) = result {
             self.keep_alive = false;
-            self.framing = Framing::Done;
+            self.body = Decoder::new(Framing::Done);
         }
         result
     }
 
     fn poll_body_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, WireError>>> {
         loop {
-            match self.framing {
-                Framing::Done => return Poll::Ready(None),
-                Framing::Length(0) => {
-                    self.framing = Framing::Done;
-                    return Poll::Ready(None);
-                }
-                Framing::Length(left) => {
-                    if self.buf.is_empty() {
-                        let room = usize::try_from(left)
-                            .unwrap_or(usize::MAX)
-                            .min(BODY_READ_CHUNK);
-                        match ready!(self.poll_fill(cx, room.max(READ_CHUNK))) {
-                            Ok(0) => return Poll::Ready(Some(Err(WireError::Incomplete))),
-                            Ok(_) => {}
-                            Err(e) => return Poll::Ready(Some(Err(WireError::Read(e)))),
-                        }
-                    }
-                    let take = usize::try_from(left)
-                        .unwrap_or(usize::MAX)
-                        .min(self.buf.len());
-                    let left = left - take as u64;
-                    self.framing = if left == 0 {
-                        Framing::Done
-                    } else {
-                        Framing::Length(left)
-                    };
-                    return Poll::Ready(Some(Ok(self.buf.split_to(take).freeze())));
-                }
-                Framing::UntilClose => {
-                    if self.buf.is_empty() {
-                        match ready!(self.poll_fill(cx, BODY_READ_CHUNK)) {
-                            Ok(0) => {
-                                self.framing = Framing::Done;
-                                return Poll::Ready(None);
-                            }
-                            Ok(_) => {}
-                            Err(e) => return Poll::Ready(Some(Err(WireError::Read(e)))),
-                        }
-                    }
-                    return Poll::Ready(Some(Ok(self.buf.split().freeze())));
-                }
-                Framing::Chunked(chunk) => match self.step_chunked(chunk) {
-                    Step::Next(next) => self.framing = next,
-                    Step::Data(data, next) => {
-                        self.framing = next;
-                        return Poll::Ready(Some(Ok(data)));
-                    }
-                    Step::Refused(why) => {
-                        return Poll::Ready(Some(Err(WireError::Invalid(why))));
-                    }
-                    Step::More(room) => match ready!(self.poll_fill(cx, room)) {
-                        Ok(0) => return Poll::Ready(Some(Err(WireError::Incomplete))),
-                        Ok(_) => {}
-                        Err(e) => return Poll::Ready(Some(Err(WireError::Read(e)))),
-                    },
+            match self.body.decode(&mut self.buf) {
+                Decoded::Data(data) => return Poll::Ready(Some(Ok(data))),
+                Decoded::End => return Poll::Ready(None),
+                Decoded::Refused(why) => return Poll::Ready(Some(Err(WireError::Invalid(why)))),
+                Decoded::More(room) => match ready!(self.poll_fill(cx, room)) {
+                    Ok(0) if self.body.at_eof() => return Poll::Ready(None),
+                    Ok(0) => return Poll::Ready(Some(Err(WireError::Incomplete))),
+                    Ok(_) => {}
+                    Err(e) => return Poll::Ready(Some(Err(WireError::Read(e)))),
                 },
             }
         }
-    }
-
-    /// One step of chunked decoding over what is buffered.
-    fn step_chunked(&mut self, chunk: Chunk) -> Step {
-        match chunk {
-            Chunk::Size => {
-                let Some(end) = find_crlf(&self.buf, MAX_CHUNK_LINE) else {
-                    return if self.buf.len() >= MAX_CHUNK_LINE {
-                        Step::Refused("a chunk-size line over 4 KiB")
-                    } else {
-                        Step::More(READ_CHUNK)
-                    };
-                };
-                let (size, extension) = match chunk_size(&self.buf[..end]) {
-                    Ok(parsed) => parsed,
-                    Err(why) => return Step::Refused(why),
-                };
-                self.extras += extension;
-                if self.extras > MAX_CHUNK_EXTRAS {
-                    return Step::Refused("chunk extensions and trailers over 16 KiB");
-                }
-                self.buf.advance(end + 2);
-                Step::Next(if size == 0 {
-                    Framing::Chunked(Chunk::Trailers)
-                } else {
-                    Framing::Chunked(Chunk::Data(size))
-                })
-            }
-            Chunk::Data(left) => {
-                if self.buf.is_empty() {
-                    let room = usize::try_from(left)
-                        .unwrap_or(usize::MAX)
-                        .min(BODY_READ_CHUNK);
-                    return Step::More(room.max(READ_CHUNK));
-                }
-                let take = usize::try_from(left)
-                    .unwrap_or(usize::MAX)
-                    .min(self.buf.len());
-                let left = left - take as u64;
-                let next = if left == 0 {
-                    Chunk::DataEnd
-                } else {
-                    Chunk::Data(left)
-                };
-                Step::Data(self.buf.split_to(take).freeze(), Framing::Chunked(next))
-            }
-            Chunk::DataEnd => {
-                if self.buf.len() < 2 {
-                    return Step::More(READ_CHUNK);
-                }
-                if &self.buf[..2] != b"\r\n" {
-                    return Step::Refused("a chunk's data not followed by CRLF");
-                }
-                self.buf.advance(2);
-                Step::Next(Framing::Chunked(Chunk::Size))
-            }
-            Chunk::Trailers => {
-                let room = MAX_CHUNK_EXTRAS.saturating_sub(self.extras);
-                let Some(end) = find_crlf(&self.buf, room + 2) else {
-                    return if self.buf.len() >= room + 2 {
-                        Step::Refused("chunk extensions and trailers over 16 KiB")
-                    } else {
-                        Step::More(READ_CHUNK)
-                    };
-                };
-                self.buf.advance(end + 2);
-                if end == 0 {
-                    return Step::Next(Framing::Done);
-                }
-                // A trailer field: read and dropped (the gateway forwards none).
-                self.extras += end + 2;
-                if self.extras > MAX_CHUNK_EXTRAS {
-                    return Step::Refused("chunk extensions and trailers over 16 KiB");
-                }
-                Step::Next(Framing::Chunked(Chunk::Trailers))
-            }
-        }
-    }
-}
-
-enum Step {
-    /// Go on with this framing.
-    Next(Framing),
-    /// Body bytes, and the framing after them.
-    Data(Bytes, Framing),
-    /// More bytes are needed; room to ask for.
-    More(usize),
-    Refused(&'static str),
-}
-
-/// The position of the first CRLF within the first `within` bytes.
-fn find_crlf(buf: &[u8], within: usize) -> Option<usize> {
-    let window = &buf[..buf.len().min(within)];
-    window.windows(2).position(|w| w == b"\r\n")
-}
-
-/// A chunk-size line (without its CRLF): the size and the extension's length.
-fn chunk_size(line: &[u8]) -> Result<(u64, usize), &'static str> {
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    if digits == 0 {
-        return Err("a chunk-size line without a size");
-    }
-    if digits > 16 {
-        return Err("a chunk size over 64 bits");
-    }
-    let mut size = 0u64;
-    for &b in &line[..digits] {
-        let value = (b as char).to_digit(16).map_or(0, u64::from);
-        size = size << 4 | value;
-    }
-    let rest = &line[digits..];
-    // Whitespace may come before an extension (`BWS ";"`); nothing else may follow the size.
-    let after_space = rest
-        .iter()
-        .position(|b| *b != b' ' && *b != b'\t')
-        .unwrap_or(rest.len());
-    match rest.get(after_space) {
-        None if after_space == 0 => Ok((size, 0)),
-        None => Err("whitespace after a chunk size"),
-        Some(b';') => {
-            if rest.iter().any(|b| *b == b'\r' || *b == b'\n' || *b == 0) {
-                return Err("a control character in a chunk extension");
-            }
-            Ok((size, rest.len()))
-        }
-        Some(_) => Err("a chunk size followed by something other than an extension"),
     }
 }
 
@@ -645,7 +435,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, WireError> {
                 "both Content-Length and Transfer-Encoding",
             ));
         }
-        (Some(true), None) => Framing::Chunked(Chunk::Size),
+        (Some(true), None) => Framing::CHUNKED,
         // A transfer coding other than chunked last: the body runs to the connection's end.
         (Some(false), None) => Framing::UntilClose,
         (None, Some(n)) => Framing::Length(n),
@@ -665,24 +455,6 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, WireError> {
             keep_alive,
         },
     )))
-}
-
-/// A `Content-Length` value: digits only (after optional whitespace), at most 19 of them.
-fn content_length(value: &[u8]) -> Option<u64> {
-    let value = value.trim_ascii();
-    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(value).ok()?.parse().ok()
-}
-
-/// Whether a `Connection` header of `headers` has `token`.
-fn has_token(headers: &HeaderMap, token: &str) -> bool {
-    headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.as_bytes()
-            .split(|b| *b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-    })
 }
 
 /// How a request's body is sent: the `Content-Length` it carries (checked against the body as

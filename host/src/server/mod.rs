@@ -1,9 +1,12 @@
 //! Listeners: two TCP listeners, one per plane, served concurrently over one state, with a
 //! deadline on everything before a connection's first request (TLS handshake, protocol
-//! detection, an HTTP/2 connection's first stream), hyper's header-read timeout for each
-//! HTTP/1.1 head (slowloris guard), an idle timeout and a PING budget for HTTP/2, a connection
-//! cap, load shedding, and a bounded graceful shutdown.
+//! detection, an HTTP/2 connection's first stream), a header-read timeout for each HTTP/1.1
+//! head (slowloris guard), an idle timeout and a PING budget for HTTP/2, a connection cap,
+//! load shedding, and a bounded graceful shutdown. HTTP/1.1 is served by the gateway's own
+//! codec (`http1.rs`), HTTP/2 by hyper.
 
+mod body;
+mod head;
 mod http1;
 
 use std::convert::Infallible;
@@ -131,7 +134,9 @@ fn protocol_of(first: &[u8]) -> Option<Protocol> {
 /// The settings every connection of a listener is served with.
 struct Listener {
     plane: Plane,
-    http1: hyper::server::conn::http1::Builder,
+    /// The longest HTTP/1.1 request head read: twice `server.max_header_bytes` (heads over
+    /// the limit and within this reach the request-limits phase and its JSON `431`).
+    max_head: usize,
     http2: hyper::server::conn::http2::Builder<TokioExecutor>,
     /// `server.http2`: a connection opening with the preface is closed when off.
     http2_enabled: bool,
@@ -144,7 +149,7 @@ struct Listener {
     idle_release: Option<Duration>,
     /// `aura_connections_parked` of the plane.
     parked: prometheus::IntGauge,
-    closed: [prometheus::IntCounter; 3],
+    closed: [prometheus::IntCounter; 4],
     handshake_failures: prometheus::IntCounter,
 }
 
@@ -157,21 +162,14 @@ enum Closed {
     Http2Refused = 1,
     /// An HTTP/2 connection with no stream for the idle timeout.
     Idle = 2,
+    /// An HTTP/1.1 request head refused (answered with its error, then closed).
+    Malformed = 3,
 }
 
 impl Listener {
     fn new(plane: Plane, config: &Config, metrics: &crate::metrics::Metrics) -> Self {
         let s = &config.server;
         let header_timeout = Duration::from_millis(s.header_read_timeout_ms);
-        let mut http1 = hyper::server::conn::http1::Builder::new();
-        http1
-            // The header timeout is the connection driver's (`http1.rs`): one timer per
-            // connection instead of hyper's one per request.
-            .header_read_timeout(None)
-            // Heads up to twice the limit reach the request-limits phase, which answers them
-            // with the contract's JSON `431`; larger ones are cut here (at least 8192, hyper's
-            // least).
-            .max_buf_size(2 * s.max_header_bytes as usize);
         let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         http2
             .timer(TokioTimer::new())
@@ -191,7 +189,7 @@ impl Listener {
         };
         Self {
             plane,
-            http1,
+            max_head: (2 * s.max_header_bytes as usize).max(8192),
             http2,
             http2_enabled: s.http2,
             header_timeout,
@@ -200,7 +198,12 @@ impl Listener {
             parked: metrics
                 .connections_parked
                 .with_label_values(&[plane.as_str()]),
-            closed: [closed("silent"), closed("http2_refused"), closed("idle")],
+            closed: [
+                closed("silent"),
+                closed("http2_refused"),
+                closed("idle"),
+                closed("malformed"),
+            ],
             handshake_failures: metrics
                 .tls_handshake_failures
                 .with_label_values(&[plane.as_str()]),
@@ -272,13 +275,6 @@ async fn serve_plane(
         let force_close = force_close.clone();
         connections.spawn(async move {
             let serve = serve_connection(&settings, stream, peer, acceptor, requests, stop);
-            static ONCE: std::sync::Once = std::sync::Once::new();
-            ONCE.call_once(|| {
-                eprintln!(
-                    "SIZE serve_connection future {}",
-                    std::mem::size_of_val(&serve)
-                )
-            });
             tokio::select! {
                 () = serve => {}
                 () = force_close.cancelled() => {}
@@ -320,7 +316,7 @@ struct Requests {
 
 impl Requests {
     /// Serves one request: shed past `server.max_in_flight`, else through the plane's chain.
-    async fn serve(self, mut request: http::Request<Incoming>) -> axum::response::Response {
+    async fn serve(&self, mut request: http::Request<Body>) -> axum::response::Response {
         // Only an upgrade can outlive its exchange (a WebSocket tunnel): it keeps the slot.
         if request.headers().contains_key(http::header::UPGRADE) {
             request.extensions_mut().insert(self.slot.clone());
@@ -335,7 +331,7 @@ impl Requests {
             crate::phases::request_id::stamp_if_missing(response.headers_mut());
             return response;
         };
-        self.plane.handle(request.map(Body::new), self.peer).await
+        self.plane.handle(request, self.peer).await
     }
 }
 
@@ -491,11 +487,11 @@ async fn serve_http2<S: http1::Socket>(
 ) {
     let streams = Streams::default();
     let counted = streams.clone();
-    let service = hyper::service::service_fn(move |request| {
+    let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
         let requests = requests.clone();
         let open = counted.open();
         async move {
-            let response = requests.serve(request).await;
+            let response = requests.serve(request.map(Body::new)).await;
             // The stream stays open until its answer's body is done.
             Ok::<_, Infallible>(
                 response.map(|body| Body::new(crate::proxy::Holding::new(body, open))),
@@ -598,19 +594,9 @@ impl<S> Prefixed<S> {
         Self { prefix, inner }
     }
 
-    /// Whether bytes put back are still to be read.
-    fn has_prefix(&self) -> bool {
-        !self.prefix.is_empty()
-    }
-
-    fn inner(&self) -> &S {
-        &self.inner
-    }
-
     /// The stream with `read` (bytes read from it and not used) put back in front of what is
-    /// still to be read. `read` is copied out: hyper hands back its whole read buffer's
-    /// allocation behind them (8 KiB or more, even when empty), which would otherwise stay
-    /// with the parked connection or the tunnel for as long as it lives.
+    /// still to be read. `read` is copied out: behind it is a connection's whole read buffer
+    /// (8 KiB or more), which would otherwise stay with the tunnel for as long as it lives.
     fn with_prefix(mut self, read: bytes::Bytes) -> Self {
         let read = if read.is_empty() {
             bytes::Bytes::new()
@@ -815,14 +801,14 @@ mod tests {
         assert!(within(&empty, start, 8192) && within(&rest, start, 8192));
 
         let io = Prefixed::new(tokio::io::empty(), bytes::Bytes::new()).with_prefix(empty);
-        assert!(!io.has_prefix());
+        assert!(io.prefix.is_empty());
         assert!(
             !within(&io.prefix, start, 8192),
             "an empty rest keeps the buffer"
         );
 
         let mut io = Prefixed::new(tokio::io::empty(), bytes::Bytes::new()).with_prefix(rest);
-        assert!(io.has_prefix());
+        assert!(!io.prefix.is_empty());
         assert!(
             !within(&io.prefix, start, 8192),
             "the rest keeps the buffer"
@@ -849,7 +835,7 @@ mod tests {
     #[test]
     fn a_plain_text_connection_task_is_small() {
         // Every connection's task holds this future for as long as it lives, idle or not: the
-        // TLS session and HTTP/2's state are boxed away from it, hyper's HTTP/1.1 state too.
+        // TLS session and HTTP/2's state are boxed away from it, a request in progress too.
         let size = output_size::<
             _,
             &'static Listener,
@@ -861,6 +847,6 @@ mod tests {
             _,
         >(&serve_connection);
         eprintln!("a connection's future: {size} bytes");
-        assert!(size <= 1536, "a connection's future: {size} bytes");
+        assert!(size <= 1280, "a connection's future: {size} bytes");
     }
 }

@@ -1,0 +1,438 @@
+//! HTTP/1.1 message framing (RFC 9112 §6, §7), shared by both sides of the gateway's own codec:
+//! a client's request bodies (`server/http1.rs`) and a backend's answers (`proxy/h1.rs`).
+//!
+//! A [`Decoder`] takes a body out of a read buffer as it fills, with no I/O of its own: the
+//! side that owns the connection reads, the decoder says what the bytes are. Everything a peer
+//! sends is bounded here — a chunk-size line of [`MAX_CHUNK_LINE`] bytes, chunk extensions and
+//! trailers of [`MAX_CHUNK_EXTRAS`] bytes in all — and what is not well formed is refused
+//! rather than guessed at.
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use http::{HeaderMap, header};
+
+/// The longest chunk-size line (the size and its extensions).
+pub const MAX_CHUNK_LINE: usize = 4 * 1024;
+/// The most bytes of chunk extensions and trailers in one body, all counted.
+pub const MAX_CHUNK_EXTRAS: usize = 16 * 1024;
+/// How much room a read asks for at least.
+pub const READ_CHUNK: usize = 8 * 1024;
+/// A body read asks for this much room when the body is larger.
+pub const BODY_READ_CHUNK: usize = 64 * 1024;
+
+/// How a message's body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// This many bytes remain.
+    Length(u64),
+    /// Chunked coding, at this point of it.
+    Chunked(Chunk),
+    /// Everything until the peer closes the connection (answers only).
+    UntilClose,
+    /// The body has ended.
+    Done,
+}
+
+impl Framing {
+    /// A chunked body, before its first chunk.
+    pub const CHUNKED: Self = Self::Chunked(Chunk::Size);
+}
+
+/// Where a chunked body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// This many bytes of the current chunk remain.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// The trailer section after the last chunk.
+    Trailers,
+}
+
+/// What the buffered bytes are, to a [`Decoder`].
+#[derive(Debug)]
+pub enum Decoded {
+    /// Body bytes (taken out of the buffer).
+    Data(Bytes),
+    /// The body has ended; the bytes after it stay in the buffer.
+    End,
+    /// More bytes are needed: read, with room for this many.
+    More(usize),
+    /// The bytes are not a body the gateway accepts; says why.
+    Refused(&'static str),
+}
+
+/// A body being taken out of a read buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decoder {
+    framing: Framing,
+    /// Chunk extensions and trailer bytes read so far.
+    extras: usize,
+    /// How much of the buffer's front was searched for the line being waited for: bytes that
+    /// trickle in are searched once, not once per read.
+    scanned: usize,
+}
+
+impl Decoder {
+    /// A body framed by `framing` (`Length(0)` is an ended body).
+    pub fn new(framing: Framing) -> Self {
+        let framing = if framing == Framing::Length(0) {
+            Framing::Done
+        } else {
+            framing
+        };
+        Self {
+            framing,
+            extras: 0,
+            scanned: 0,
+        }
+    }
+
+    /// The framing left.
+    pub fn framing(&self) -> Framing {
+        self.framing
+    }
+
+    /// Whether the body has ended.
+    pub fn is_done(&self) -> bool {
+        self.framing == Framing::Done
+    }
+
+    /// The bytes left in the body, when its length is known.
+    pub fn left(&self) -> Option<u64> {
+        match self.framing {
+            Framing::Length(n) => Some(n),
+            Framing::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// The connection ended with no more bytes: the end of a body that runs to it, else
+    /// `false` (the body was cut).
+    pub fn at_eof(&mut self) -> bool {
+        match self.framing {
+            Framing::UntilClose | Framing::Done => {
+                self.framing = Framing::Done;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The body's next piece out of `buf`.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Decoded {
+        loop {
+            match self.framing {
+                Framing::Done => return Decoded::End,
+                Framing::Length(left) => {
+                    if buf.is_empty() {
+                        return Decoded::More(room_for(left));
+                    }
+                    let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                    let left = left - take as u64;
+                    self.framing = if left == 0 {
+                        Framing::Done
+                    } else {
+                        Framing::Length(left)
+                    };
+                    return Decoded::Data(buf.split_to(take).freeze());
+                }
+                Framing::UntilClose => {
+                    if buf.is_empty() {
+                        return Decoded::More(BODY_READ_CHUNK);
+                    }
+                    return Decoded::Data(buf.split().freeze());
+                }
+                Framing::Chunked(chunk) => match self.step_chunked(chunk, buf) {
+                    Step::Next(next) => self.framing = next,
+                    Step::Data(data, next) => {
+                        self.framing = next;
+                        return Decoded::Data(data);
+                    }
+                    Step::More(room) => return Decoded::More(room),
+                    Step::Refused(why) => return Decoded::Refused(why),
+                },
+            }
+        }
+    }
+
+    /// One step of chunked decoding over what is buffered.
+    fn step_chunked(&mut self, chunk: Chunk, buf: &mut BytesMut) -> Step {
+        match chunk {
+            Chunk::Size => {
+                let Some(end) = self.find_line(buf, MAX_CHUNK_LINE) else {
+                    return if buf.len() >= MAX_CHUNK_LINE {
+                        Step::Refused("a chunk-size line over 4 KiB")
+                    } else {
+                        Step::More(READ_CHUNK)
+                    };
+                };
+                let (size, extension) = match chunk_size(&buf[..end]) {
+                    Ok(parsed) => parsed,
+                    Err(why) => return Step::Refused(why),
+                };
+                self.extras += extension;
+                if self.extras > MAX_CHUNK_EXTRAS {
+                    return Step::Refused("chunk extensions and trailers over 16 KiB");
+                }
+                buf.advance(end + 2);
+                Step::Next(if size == 0 {
+                    Framing::Chunked(Chunk::Trailers)
+                } else {
+                    Framing::Chunked(Chunk::Data(size))
+                })
+            }
+            Chunk::Data(left) => {
+                if buf.is_empty() {
+                    return Step::More(room_for(left));
+                }
+                let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                let left = left - take as u64;
+                let next = if left == 0 {
+                    Chunk::DataEnd
+                } else {
+                    Chunk::Data(left)
+                };
+                Step::Data(buf.split_to(take).freeze(), Framing::Chunked(next))
+            }
+            Chunk::DataEnd => {
+                if buf.len() < 2 {
+                    return Step::More(READ_CHUNK);
+                }
+                if &buf[..2] != b"\r\n" {
+                    return Step::Refused("a chunk's data not followed by CRLF");
+                }
+                buf.advance(2);
+                Step::Next(Framing::Chunked(Chunk::Size))
+            }
+            Chunk::Trailers => {
+                let room = MAX_CHUNK_EXTRAS.saturating_sub(self.extras);
+                let Some(end) = self.find_line(buf, room + 2) else {
+                    return if buf.len() >= room + 2 {
+                        Step::Refused("chunk extensions and trailers over 16 KiB")
+                    } else {
+                        Step::More(READ_CHUNK)
+                    };
+                };
+                buf.advance(end + 2);
+                if end == 0 {
+                    return Step::Next(Framing::Done);
+                }
+                // A trailer field: read and dropped (the gateway forwards none).
+                self.extras += end + 2;
+                if self.extras > MAX_CHUNK_EXTRAS {
+                    return Step::Refused("chunk extensions and trailers over 16 KiB");
+                }
+                Step::Next(Framing::Chunked(Chunk::Trailers))
+            }
+        }
+    }
+}
+
+impl Decoder {
+    /// The end of the line at the buffer's front (its CRLF's position) within its first
+    /// `within` bytes; the bytes searched are not searched again while the line is waited for.
+    fn find_line(&mut self, buf: &[u8], within: usize) -> Option<usize> {
+        let window = &buf[..buf.len().min(within)];
+        let from = self.scanned.saturating_sub(1).min(window.len());
+        match window[from..].windows(2).position(|w| w == b"\r\n") {
+            Some(at) => {
+                self.scanned = 0;
+                Some(from + at)
+            }
+            None => {
+                self.scanned = window.len();
+                None
+            }
+        }
+    }
+}
+
+enum Step {
+    /// Go on with this framing.
+    Next(Framing),
+    /// Body bytes, and the framing after them.
+    Data(Bytes, Framing),
+    /// More bytes are needed; room to ask for.
+    More(usize),
+    Refused(&'static str),
+}
+
+/// The room a read asks for when `left` bytes of data remain.
+fn room_for(left: u64) -> usize {
+    usize::try_from(left)
+        .unwrap_or(usize::MAX)
+        .clamp(READ_CHUNK, BODY_READ_CHUNK)
+}
+
+/// A chunk-size line (without its CRLF): the size and the extension's length.
+fn chunk_size(line: &[u8]) -> Result<(u64, usize), &'static str> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 {
+        return Err("a chunk-size line without a size");
+    }
+    if digits > 16 {
+        return Err("a chunk size over 64 bits");
+    }
+    let mut size = 0u64;
+    for &b in &line[..digits] {
+        let value = (b as char).to_digit(16).map_or(0, u64::from);
+        size = size << 4 | value;
+    }
+    let rest = &line[digits..];
+    // Whitespace may come before an extension (`BWS ";"`); nothing else may follow the size.
+    let after_space = rest
+        .iter()
+        .position(|b| *b != b' ' && *b != b'\t')
+        .unwrap_or(rest.len());
+    match rest.get(after_space) {
+        None if after_space == 0 => Ok((size, 0)),
+        None => Err("whitespace after a chunk size"),
+        Some(b';') => {
+            if rest.iter().any(|b| *b == b'\r' || *b == b'\n' || *b == 0) {
+                return Err("a control character in a chunk extension");
+            }
+            Ok((size, rest.len()))
+        }
+        Some(_) => Err("a chunk size followed by something other than an extension"),
+    }
+}
+
+/// A `Content-Length` value: digits only (after optional whitespace), at most 19 of them.
+pub fn content_length(value: &[u8]) -> Option<u64> {
+    let value = value.trim_ascii();
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
+/// The comma-separated tokens of a header value, trimmed, empty ones left out.
+pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether a `Connection` header of `headers` has `token`.
+pub fn has_token(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|v| tokens(v.as_bytes()).any(|t| t.eq_ignore_ascii_case(token.as_bytes())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decodes all of `wire` fed `step` bytes at a time: the body, or why it was refused.
+    fn decode_all(framing: Framing, wire: &[u8], step: usize) -> Result<(Vec<u8>, usize), String> {
+        let mut decoder = Decoder::new(framing);
+        let mut buf = BytesMut::new();
+        let mut fed = 0;
+        let mut body = Vec::new();
+        loop {
+            match decoder.decode(&mut buf) {
+                Decoded::Data(d) => body.extend_from_slice(&d),
+                Decoded::End => return Ok((body, buf.len() + wire.len() - fed)),
+                Decoded::More(room) => {
+                    assert!(room >= READ_CHUNK, "room {room}");
+                    if fed == wire.len() {
+                        return if decoder.at_eof() {
+                            Ok((body, 0))
+                        } else {
+                            Err("cut".into())
+                        };
+                    }
+                    let n = step.min(wire.len() - fed);
+                    buf.extend_from_slice(&wire[fed..fed + n]);
+                    fed += n;
+                }
+                Decoded::Refused(why) => return Err(why.into()),
+            }
+        }
+    }
+
+    #[test]
+    fn bodies_are_decoded_whatever_the_bytes_arrive_in() {
+        let chunked = b"5;ext=1\r\nhello\r\n1 ; x\r\n!\r\n0\r\ntrailer: t\r\n\r\nNEXT";
+        for step in [1, 2, 3, 7, 64] {
+            let (body, rest) = decode_all(Framing::CHUNKED, chunked, step).expect("chunked");
+            assert_eq!(body, b"hello!", "step {step}");
+            assert_eq!(rest, 4, "the next message's bytes stay, step {step}");
+            let (body, rest) = decode_all(Framing::Length(5), b"helloNEXT", step).expect("length");
+            assert_eq!((body.as_slice(), rest), (b"hello".as_slice(), 4));
+            let (body, _) = decode_all(Framing::UntilClose, b"to the end", step).expect("close");
+            assert_eq!(body, b"to the end");
+        }
+        assert_eq!(
+            decode_all(Framing::Length(0), b"x", 1).expect("empty").0,
+            b""
+        );
+    }
+
+    #[test]
+    fn malformed_or_oversized_chunking_is_refused_and_a_cut_body_is_seen() {
+        let cases: [(&[u8], &str); 6] = [
+            (b"zz\r\n", "a chunk-size line without a size"),
+            (b"11111111111111111\r\n", "a chunk size over 64 bits"),
+            (
+                b"5 x\r\nhello\r\n0\r\n\r\n",
+                "a chunk size followed by something other than an extension",
+            ),
+            (b"5 \r\nhello\r\n0\r\n\r\n", "whitespace after a chunk size"),
+            (
+                b"5\r\nhelloXX0\r\n\r\n",
+                "a chunk's data not followed by CRLF",
+            ),
+            (
+                b"5;a\nb\r\nhello\r\n0\r\n\r\n",
+                "a control character in a chunk extension",
+            ),
+        ];
+        for (wire, why) in cases {
+            assert_eq!(decode_all(Framing::CHUNKED, wire, 3), Err(why.to_string()));
+        }
+        let long_line = [b"1;".as_slice(), &[b'x'; MAX_CHUNK_LINE]].concat();
+        assert_eq!(
+            decode_all(Framing::CHUNKED, &long_line, 512),
+            Err("a chunk-size line over 4 KiB".into())
+        );
+        let mut trailers = b"0\r\n".to_vec();
+        for _ in 0..1000 {
+            trailers.extend_from_slice(b"x-trailer: 0123456789\r\n");
+        }
+        assert_eq!(
+            decode_all(Framing::CHUNKED, &trailers, 4096),
+            Err("chunk extensions and trailers over 16 KiB".into())
+        );
+        assert_eq!(
+            decode_all(Framing::Length(10), b"short", 2),
+            Err("cut".into())
+        );
+        assert_eq!(
+            decode_all(Framing::CHUNKED, b"5\r\nhel", 2),
+            Err("cut".into())
+        );
+    }
+
+    #[test]
+    fn lengths_are_digits_only_and_tokens_are_trimmed() {
+        assert_eq!(content_length(b" 42 "), Some(42));
+        for bad in [
+            &b""[..],
+            b"-1",
+            b"+1",
+            b"1 2",
+            b"0x10",
+            b"99999999999999999999",
+        ] {
+            assert_eq!(content_length(bad), None, "{bad:?}");
+        }
+        let found: Vec<&[u8]> = tokens(b" keep-alive ,, Upgrade").collect();
+        assert_eq!(found, [b"keep-alive".as_slice(), b"Upgrade"]);
+    }
+}
