@@ -308,6 +308,24 @@ pub fn content_length(value: &[u8]) -> Option<u64> {
     std::str::from_utf8(value).ok()?.parse().ok()
 }
 
+/// Appends a chunk-size line for `len` bytes of data (hex digits and CRLF), with no allocation.
+pub fn put_chunk_size(out: &mut Vec<u8>, len: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut at = digits.len();
+    let mut n = len;
+    loop {
+        at -= 1;
+        digits[at] = HEX[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// The comma-separated tokens of a header value, trimmed, empty ones left out.
 pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value
@@ -417,6 +435,28 @@ mod tests {
             decode_all(Framing::CHUNKED, b"5\r\nhel", 2),
             Err("cut".into())
         );
+    }
+
+    #[test]
+    fn chunk_size_lines_are_hex_and_decode_back() {
+        for len in [
+            0usize,
+            1,
+            9,
+            10,
+            15,
+            16,
+            255,
+            4096,
+            65_535,
+            1 << 20,
+            usize::MAX,
+        ] {
+            let mut out = Vec::new();
+            put_chunk_size(&mut out, len);
+            assert_eq!(out, format!("{len:x}\r\n").into_bytes(), "{len}");
+            assert_eq!(chunk_size(&out[..out.len() - 2]), Ok((len as u64, 0)));
+        }
     }
 
     #[test]

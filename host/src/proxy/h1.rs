@@ -20,7 +20,9 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version, header};
 
-use crate::framing::{Decoded, Decoder, Framing, READ_CHUNK, content_length, has_token};
+use crate::framing::{
+    Decoded, Decoder, Framing, READ_CHUNK, content_length, has_token, put_chunk_size,
+};
 pub use crate::framing::{MAX_CHUNK_EXTRAS, MAX_CHUNK_LINE};
 use http_body::Body;
 use http_body_util::BodyExt as _;
@@ -231,8 +233,7 @@ where
                 }
                 None => {
                     self.write.clear();
-                    self.write
-                        .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    put_chunk_size(&mut self.write, data.len());
                     if data.len() <= COALESCE {
                         self.write.extend_from_slice(&data);
                         self.write.extend_from_slice(b"\r\n");

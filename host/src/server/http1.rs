@@ -44,7 +44,7 @@ use tokio::time::{Instant, Sleep};
 use super::body::{BodyError, Pipe, RequestBody};
 use super::head::{self, Framed, Refusal, RequestHead, Sending};
 use super::{Closed, Listener, Prefixed, Requests, stopped};
-use crate::framing::{Decoded, Decoder, Framing, READ_CHUNK, has_token};
+use crate::framing::{Decoded, Decoder, Framing, READ_CHUNK, has_token, put_chunk_size};
 use crate::proxy::tunnels::{ClientIo, ClientUpgrade};
 
 /// Answer body data up to this size is copied into the write buffer with what comes before it.
@@ -689,8 +689,7 @@ async fn write_body<S: Socket>(
             *left -= data.len() as u64;
         }
         if chunked {
-            conn.out
-                .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            put_chunk_size(&mut conn.out, data.len());
         }
         if data.len() <= COALESCE {
             conn.out.extend_from_slice(&data);
