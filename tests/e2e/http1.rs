@@ -273,6 +273,54 @@ async fn request_bodies_reach_the_backend_whole_whatever_their_framing() {
 }
 
 #[tokio::test]
+async fn requests_pipelined_past_the_head_limit_while_one_is_served_are_answered_in_order() {
+    // While a request is served its connection is watched and what the client pipelines is
+    // kept, up to the head limit (twice `server.max_header_bytes`: 16 KiB here); past it
+    // nothing more is read until the answer is written, then the kept requests are served and
+    // the connection read on. 200 requests of about 240 bytes (47 KB) behind a slow one.
+    let app = Router::new().fallback(any(|uri: http::Uri| async move {
+        if uri.path().ends_with("/slow") {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        uri.path().to_owned()
+    }));
+    let backend = format!("http://{}", serve_http(app).await);
+    let gw = Gateway::builder()
+        .toml(format!(
+            "[server]\nmax_header_bytes = 8192\n\n[upstreams]\nstorage_url = \"{backend}\"\n"
+        ))
+        .binary();
+    let key = &gw.fx.anon_key;
+    let get = |path: &str| {
+        format!(
+            "GET /v1/storage/object/{path} HTTP/1.1\r\nhost: gw\r\napikey: {key}\r\nx-pad: {}\r\n\r\n",
+            "p".repeat(128)
+        )
+    };
+    let mut bytes = get("slow");
+    for i in 0..200 {
+        bytes.push_str(&get(&format!("p{i}")));
+    }
+    assert!(bytes.len() > 2 * 16 * 1024, "{} bytes", bytes.len());
+    let mut c = Client::connect(gw.gw.port).await;
+    c.send(bytes.as_bytes()).await;
+    let first = c.answer("GET").await;
+    assert_eq!((first.status(), first.text()), (200, "/object/slow".into()));
+    for i in 0..200 {
+        let a = c.answer("GET").await;
+        assert_eq!(
+            (a.status(), a.text()),
+            (200, format!("/object/p{i}")),
+            "{a:?}"
+        );
+    }
+    assert!(c.rest.is_empty(), "stray bytes: {:?}", c.text());
+    // And the connection goes on.
+    c.send(get("after").as_bytes()).await;
+    assert_eq!(c.answer("GET").await.text(), "/object/after");
+}
+
+#[tokio::test]
 async fn a_body_the_gateway_does_not_read_is_never_asked_for_and_closes_the_connection() {
     let (Started { gw, dir: _dir, .. }, _key) = gateway().await;
     let mut c = Client::connect(gw.port).await;

@@ -84,9 +84,12 @@ impl PlaneService {
     /// Runs one request from `peer` through every phase.
     pub async fn handle(&self, request: Request, peer: SocketAddr) -> Response {
         // The phases' state machine is several kilobytes. Boxed here, it is written once into
-        // the heap; unboxed, hyper would move it into its connection's in-flight slot on every
-        // request, and every future wrapping it would grow by as much.
-        Box::pin(self.0.run(request, peer.ip())).await
+        // the heap; unboxed, the connection would move it into its in-flight slot on every
+        // request, and every future wrapping it would grow by as much. The box is allocated
+        // before the future is made, so that it is made in place: `Box::pin(future)` makes it
+        // on the stack and copies its 9 KB into the box.
+        let slot = Box::new_uninit();
+        Box::into_pin(Box::write(slot, self.0.run(request, peer.ip()))).await
     }
 }
 

@@ -370,9 +370,30 @@ struct Head {
 
 /// The answer head at the start of `buf`, if it is all there, and its length.
 fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, WireError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut headers);
-    let len = match parsed.parse(buf) {
+    // `httparse` parses answers only into initialised headers: most answers fit in a few, so
+    // the full bound (3.2 KB to write for every answer) is set up only for a head with more.
+    let mut few = [httparse::EMPTY_HEADER; FEW_HEADERS];
+    let mut parsed = httparse::Response::new(&mut few);
+    match parsed.parse(buf) {
+        Err(httparse::Error::TooManyHeaders) => {
+            let mut all = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut parsed = httparse::Response::new(&mut all);
+            let status = parsed.parse(buf);
+            head_of(&parsed, status)
+        }
+        status => head_of(&parsed, status),
+    }
+}
+
+/// How many headers an answer head is first parsed into.
+const FEW_HEADERS: usize = 24;
+
+/// The answer head `parsed` holds, after `status`, its parse's outcome.
+fn head_of(
+    parsed: &httparse::Response<'_, '_>,
+    status: httparse::Result<usize>,
+) -> Result<Option<(usize, Head)>, WireError> {
+    let len = match status {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {
@@ -388,7 +409,9 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, WireError> {
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let mut map = HeaderMap::with_capacity(parsed.headers.len());
+    // Room for the phases' headers too (`crate::headers::ANSWER_HEADERS`): the map is
+    // allocated once.
+    let mut map = HeaderMap::with_capacity(parsed.headers.len() + crate::headers::ANSWER_HEADERS);
     let mut length: Option<u64> = None;
     let mut chunked_last = None;
     let mut close = false;
@@ -785,6 +808,21 @@ mod tests {
         }
         many.extend_from_slice(b"\r\n");
         assert_eq!(refused(exchange(&many).await.1), "more than 100 headers");
+        // Past the first, small parse and up to the bound: every header kept.
+        for count in [FEW_HEADERS, FEW_HEADERS + 1, MAX_HEADERS] {
+            let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n".to_vec();
+            for i in 1..count {
+                answer.extend_from_slice(format!("x-{i}: v{i}\r\n").as_bytes());
+            }
+            answer.extend_from_slice(b"\r\n");
+            let (mut conn, _peer) = answered(&answer).await;
+            let head = conn.send(get("/x")).await.map_err(|_| ()).expect("head");
+            assert_eq!(head.headers().len(), count, "{count} headers");
+            assert_eq!(
+                head.headers()[format!("x-{}", count - 1)],
+                format!("v{}", count - 1)
+            );
+        }
         let mut huge = b"HTTP/1.1 200 OK\r\nx-big: ".to_vec();
         huge.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES));
         assert_eq!(
