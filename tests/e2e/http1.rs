@@ -321,6 +321,84 @@ async fn requests_pipelined_past_the_head_limit_while_one_is_served_are_answered
 }
 
 #[tokio::test]
+async fn a_client_that_stops_reading_its_answer_is_closed_after_the_send_timeout() {
+    // A backend answering 64 MiB; the client asks and reads nothing. Once the sockets between
+    // them are full, the gateway's next write waits `server.send_timeout_ms` (1 s here), then
+    // the connection is closed and counted — and the backend's exchange dropped with it —
+    // while a client that reads the same answer slowly but steadily gets all of it.
+    const SIZE: usize = 64 << 20;
+    let app = Router::new().fallback(any(|| async { vec![b'x'; SIZE] }));
+    let backend = format!("http://{}", serve_http(app).await);
+    let gw = Gateway::builder()
+        .toml(format!(
+            "[server]\nsend_timeout_ms = 1000\n\n[upstreams]\nstorage_url = \"{backend}\"\n"
+        ))
+        .binary();
+    let head = format!(
+        "GET /v1/storage/object/big HTTP/1.1\r\nhost: gw\r\napikey: {}\r\n\r\n",
+        gw.fx.anon_key
+    );
+    let stalled = || async {
+        metric(
+            &gw.gw.metrics().await,
+            "aura_connections_closed_total",
+            &["plane=\"data\"", "reason=\"send_timeout\""],
+        )
+    };
+
+    // Steady: 64 MiB read in pieces with a pause between them, each pause shorter than the
+    // timeout — far longer than it in all.
+    let mut steady = Client::connect(gw.gw.port).await;
+    steady.send(head.as_bytes()).await;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pauses = 0;
+    while got < SIZE {
+        let n = tokio::time::timeout(Duration::from_secs(10), steady.s.read(&mut buf))
+            .await
+            .expect("the answer keeps coming")
+            .expect("read");
+        assert!(n > 0, "closed after {got} bytes");
+        got += n;
+        if pauses < 4 && got > (pauses + 1) * (SIZE / 5) {
+            pauses += 1;
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+    }
+    assert_eq!(pauses, 4);
+    assert_eq!(stalled().await, 0.0, "a steady reader is not cut");
+
+    // Stopped: nothing read after the request.
+    let mut stopped = Client::connect(gw.gw.port).await;
+    stopped.send(head.as_bytes()).await;
+    let mut counted = 0.0;
+    for _ in 0..100 {
+        counted = stalled().await;
+        if counted > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(counted, 1.0, "the stalled connection is closed and counted");
+    // What the sockets held, then the end: the gateway holds nothing of it any more.
+    let mut held = 0usize;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stopped.s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => held += n,
+            Err(_) => panic!("the connection stays open after {held} bytes"),
+        }
+    }
+    assert!(held < SIZE, "{held} bytes: the answer was not cut");
+    // The listener serves on.
+    let mut after = Client::connect(gw.gw.port).await;
+    after
+        .send(b"GET /health HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await;
+    assert_eq!(after.answer("GET").await.status(), 200);
+}
+
+#[tokio::test]
 async fn a_body_the_gateway_does_not_read_is_never_asked_for_and_closes_the_connection() {
     let (Started { gw, dir: _dir, .. }, _key) = gateway().await;
     let mut c = Client::connect(gw.port).await;

@@ -20,6 +20,10 @@ pub struct ServerConfig {
     /// listeners only (a TLS connection keeps its state). A released connection is still
     /// closed `header_read_timeout_ms` after its last answer.
     pub idle_release_ms: u64,
+    /// An HTTP/1.1 client that reads none of its answer for this long is gone: its
+    /// connection is closed (and the backend exchange the answer streams from with it), in
+    /// milliseconds. Counted per write: a client reading slowly but steadily is not cut.
+    pub send_timeout_ms: u64,
     /// Open connections accepted per listener; further connections wait in the backlog.
     pub max_connections: usize,
     /// Requests processed at once per listener (up to their response head); past it a request
@@ -69,6 +73,7 @@ impl Default for ServerConfig {
             max_body_bytes: 10 * 1024 * 1024,
             header_read_timeout_ms: 10_000,
             idle_release_ms: 1_000,
+            send_timeout_ms: 60_000,
             max_connections: 20_000,
             max_in_flight: 10_000,
             shutdown_grace_secs: 30,
@@ -115,6 +120,12 @@ impl ServerConfig {
             return Err(problem(
                 &format!("{key}.idle_release_ms"),
                 "must be at most 3600000 (0: never release)",
+            ));
+        }
+        if !(1..=3_600_000).contains(&self.send_timeout_ms) {
+            return Err(problem(
+                &format!("{key}.send_timeout_ms"),
+                "must be between 1 and 3600000",
             ));
         }
         if self.max_connections == 0 {

@@ -172,6 +172,14 @@ fn validation_names_the_key() {
     assert_eq!(e.key, "server.idle_release_ms");
     let c = load("[server]\nidle_release_ms = 0\n", &[]).expect("0: never released");
     assert_eq!(c.server.idle_release_ms, 0);
+    for bad in ["0", "3600001"] {
+        let e = load(&format!("[server]\nsend_timeout_ms = {bad}\n"), &[]).expect_err(bad);
+        assert_eq!(e.key, "server.send_timeout_ms", "{bad}");
+    }
+    assert_eq!(
+        load("", &[]).expect("defaults").server.send_timeout_ms,
+        60_000
+    );
     let e = load("[metrics]\ntoken = \"a token with spaces!\"\n", &[]).expect_err("not a bearer");
     assert_eq!(e.key, "metrics.token");
     let e = load(

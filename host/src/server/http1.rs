@@ -20,7 +20,10 @@
 //! handler asks for it, or — once the body is read — to see the client go away, which drops
 //! the request (its upstream call, its breaker probe) at once. Bytes of a pipelined next
 //! request are kept, up to the head limit. A request whose body was not read to its end is
-//! answered with `Connection: close`. After a `101` to a request that asked for an upgrade,
+//! answered with `Connection: close`. Each write of an answer may wait at most
+//! `server.send_timeout_ms` for the client to read: a client that stops reading is closed
+//! (`reason="send_timeout"`), and the backend exchange its answer streams from is dropped with
+//! it. After a `101` to a request that asked for an upgrade,
 //! the socket and the bytes read past the handshake go to the tunnel through the request's
 //! [`ClientUpgrade`].
 
@@ -84,6 +87,35 @@ struct Conn<S> {
     io: S,
     buf: BytesMut,
     out: Vec<u8>,
+    /// `server.send_timeout_ms`: the longest one write to the client may wait.
+    send_timeout: std::time::Duration,
+    /// A write waited `send_timeout`: the client reads nothing, the connection is dropped.
+    stalled: bool,
+}
+
+/// Waits for `io`, one write or flush of the client's socket, at most `limit` once it has to
+/// wait at all: most complete at once, and read no clock. Past `limit`, `stalled` is set and
+/// the write fails (`TimedOut`). Each write is timed on its own, so a client that reads
+/// slowly but steadily is not cut; one that stops reading is.
+async fn within<T>(
+    limit: std::time::Duration,
+    stalled: &mut bool,
+    io: impl std::future::Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    let mut io = std::pin::pin!(io);
+    if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(io.as_mut().poll(cx))).await {
+        return done;
+    }
+    match tokio::time::timeout(limit, io).await {
+        Ok(done) => done,
+        Err(_) => {
+            *stalled = true;
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing within server.send_timeout_ms",
+            ))
+        }
+    }
 }
 
 impl<S: Socket> Conn<S> {
@@ -97,11 +129,33 @@ impl<S: Socket> Conn<S> {
 
     /// Writes what the write buffer holds.
     async fn write_out(&mut self) -> io::Result<()> {
-        if !self.out.is_empty() {
-            self.io.write_all(&self.out).await?;
-            self.out.clear();
+        let mut at = 0;
+        while at < self.out.len() {
+            let write = self.io.write(&self.out[at..]);
+            match within(self.send_timeout, &mut self.stalled, write).await? {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n => at += n,
+            }
+        }
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Writes `data`, without copying it into the write buffer.
+    async fn write_bytes(&mut self, data: &mut Bytes) -> io::Result<()> {
+        while !data.is_empty() {
+            let write = self.io.write(data);
+            match within(self.send_timeout, &mut self.stalled, write).await? {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n => bytes::Buf::advance(data, n),
+            }
         }
         Ok(())
+    }
+
+    /// Flushes the stream (a TLS session's records).
+    async fn flush(&mut self) -> io::Result<()> {
+        within(self.send_timeout, &mut self.stalled, self.io.flush()).await
     }
 }
 
@@ -146,6 +200,8 @@ pub(super) fn serve<S: Socket>(
         buf: BytesMut::from(&io.prefix[..]),
         io: io.inner,
         out: Vec::new(),
+        send_timeout: settings.send_timeout,
+        stalled: false,
     };
     let (mut stop, requests) = (stop, requests);
     async move {
@@ -177,7 +233,16 @@ pub(super) fn serve<S: Socket>(
                 // Boxed, as the other rare steps: the connection's task is not as large as them.
                 Next::Close => return Box::pin(close(settings, conn, false)).await,
                 Next::Linger => return Box::pin(close(settings, conn, true)).await,
-                Next::Gone => return,
+                Next::Gone => {
+                    if conn.stalled {
+                        settings.count(Closed::SendTimeout);
+                        tracing::debug!(
+                            plane = settings.plane.as_str(),
+                            "the client read nothing of its answer within the send timeout; closed"
+                        );
+                    }
+                    return;
+                }
                 Next::Upgrade(tunnel) => {
                     let rest = conn.buf.freeze();
                     let socket = Prefixed::new(conn.io, Bytes::new()).with_prefix(rest);
@@ -530,7 +595,7 @@ async fn exchange_inner<S: Socket>(
             close: false,
         };
         head::encode(&mut conn.out, status, &parts.headers, framed);
-        if conn.write_out().await.is_err() || conn.io.flush().await.is_err() {
+        if conn.write_out().await.is_err() || conn.flush().await.is_err() {
             return Next::Gone;
         }
         return Next::Upgrade(tunnel);
@@ -624,12 +689,12 @@ async fn answer<S: Socket>(
     if sending == Sending::Bodiless {
         drop(body);
         conn.write_out().await?;
-        conn.io.flush().await?;
+        conn.flush().await?;
         return Ok(true);
     }
     let complete = write_body(conn, body, sending).await?;
     conn.write_out().await?;
-    conn.io.flush().await?;
+    conn.flush().await?;
     Ok(complete)
 }
 
@@ -653,7 +718,7 @@ async fn write_body<S: Socket>(
             Poll::Ready(frame) => frame,
             Poll::Pending => {
                 conn.write_out().await?;
-                conn.io.flush().await?;
+                conn.flush().await?;
                 body.frame().await
             }
         };
@@ -695,7 +760,7 @@ async fn write_body<S: Socket>(
             conn.out.extend_from_slice(&data);
         } else {
             conn.write_out().await?;
-            conn.io.write_all_buf(&mut data).await?;
+            conn.write_bytes(&mut data).await?;
         }
         if chunked {
             conn.out.extend_from_slice(b"\r\n");

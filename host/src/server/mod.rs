@@ -147,9 +147,12 @@ struct Listener {
     http2_idle: Duration,
     /// `server.idle_release_ms` (`None`: 0, never).
     idle_release: Option<Duration>,
+    /// `server.send_timeout_ms`: the longest one write of an answer to an HTTP/1.1 client
+    /// may wait.
+    send_timeout: Duration,
     /// `aura_connections_parked` of the plane.
     parked: prometheus::IntGauge,
-    closed: [prometheus::IntCounter; 4],
+    closed: [prometheus::IntCounter; 5],
     handshake_failures: prometheus::IntCounter,
 }
 
@@ -164,6 +167,8 @@ enum Closed {
     Idle = 2,
     /// An HTTP/1.1 request head refused (answered with its error, then closed).
     Malformed = 3,
+    /// An HTTP/1.1 client that read nothing of its answer for `server.send_timeout_ms`.
+    SendTimeout = 4,
 }
 
 impl Listener {
@@ -195,6 +200,7 @@ impl Listener {
             header_timeout,
             http2_idle: Duration::from_millis(s.http2_idle_timeout_ms),
             idle_release: (s.idle_release_ms > 0).then(|| Duration::from_millis(s.idle_release_ms)),
+            send_timeout: Duration::from_millis(s.send_timeout_ms),
             parked: metrics
                 .connections_parked
                 .with_label_values(&[plane.as_str()]),
@@ -203,6 +209,7 @@ impl Listener {
                 closed("http2_refused"),
                 closed("idle"),
                 closed("malformed"),
+                closed("send_timeout"),
             ],
             handshake_failures: metrics
                 .tls_handshake_failures
