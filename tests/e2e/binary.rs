@@ -126,6 +126,31 @@ async fn a_trapping_or_looping_plugin_fails_its_request_closed_and_the_next_is_s
         assert!(r.headers.contains_key("x-request-id"));
         assert_eq!(r.code(), "policy_failed", "{origin}");
     }
+    // Idle, the epoch ticker sleeps: its thread is not switched in at all for a while.
+    let ticker = || {
+        gw.thread_switches("aura-epoch")
+            .expect("an aura-epoch thread")
+    };
+    let waited = std::time::Instant::now();
+    loop {
+        let before = ticker();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = ticker();
+        if after == before {
+            break;
+        }
+        let waking = format!("{} wake-ups in 500 ms", after - before);
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "idle ticker: {waking}"
+        );
+    }
+    // A loop started now wakes it, and is stopped at its deadline.
+    let looping = fails_closed_then_serves(&gw, &client, "https://loop.test");
+    let r = tokio::time::timeout(Duration::from_secs(10), looping)
+        .await
+        .expect("a loop started while the ticker slept is stopped");
+    assert_eq!(r.code(), "policy_failed");
     let log = gw.log_text();
     assert!(log.contains("policy plugin failed"), "{log}");
     let stage = log.contains("stage=cors") || log.contains("stage\":\"cors");

@@ -402,6 +402,60 @@ fn hostile_plugins_fail_closed_and_the_next_call_is_served() {
     }
 }
 
+/// The epoch ticker sleeps while no guest runs (an idle gateway, or one answered from the
+/// decision cache, has no thread waking every few milliseconds); a call that starts while it
+/// sleeps wakes it, so a module that loops forever is still stopped at its deadline.
+#[test]
+fn a_call_made_while_the_epoch_ticker_sleeps_is_still_stopped_at_its_deadline() {
+    let mut config = config();
+    config.plugins.call_deadline_ms = 200;
+    config.data_plane.plugins.cors.module = TESTING_PLUGIN_PATH.into();
+    let runtime = PolicyEngine::new(&config.plugins).expect("engine");
+    let policies = Arc::new(Policies::load(&runtime, &config, None).expect("loads"));
+    for round in 0..2 {
+        let waited = Instant::now();
+        while !runtime.ticker().asleep() {
+            assert!(
+                waited.elapsed() < Duration::from_secs(10),
+                "the ticker sleeps once no guest has run for a second"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let sleeps = runtime.ticker().sleeps();
+        let (done, outcome) = std::sync::mpsc::channel();
+        let p = policies.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let result = cors_call(&p, "https://loop.test");
+            let _ = done.send((result.map(|_| ()), started.elapsed()));
+        });
+        // Were the ticker left asleep, the call would never end.
+        let (result, took) = outcome
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a looping call started while the ticker slept is stopped");
+        let err = result.expect_err("the loop fails closed");
+        assert_eq!(
+            err.kind(),
+            Some(FailureKind::Deadline),
+            "round {round}: {err}"
+        );
+        assert!(
+            took >= Duration::from_millis(200),
+            "stopped early: {took:?}"
+        );
+        eprintln!("round {round}: a loop started while the ticker slept stopped after {took:?}");
+        assert_eq!(
+            runtime.ticker().sleeps(),
+            sleeps,
+            "it ticked through the call"
+        );
+        match cors_call(&policies, "https://ok.test").expect("next call served") {
+            CorsDecision::Allow(a) => assert_eq!(a.allow_origin, "https://ok.test"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn a_module_with_the_wrong_exports_is_refused_at_load() {
     let dir = tempfile::tempdir().expect("tempdir");

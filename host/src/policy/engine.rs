@@ -12,7 +12,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{
@@ -24,6 +23,7 @@ use wasmtime::{
     Trap,
 };
 
+use super::epoch::{EpochTicker, IDLE_BEFORE_SLEEP, epoch_tick};
 use super::limits::PluginLimiter;
 use super::plugin_log::{self, CallLog, Level, LogRate, Source};
 use super::sandbox::Sandbox;
@@ -32,13 +32,6 @@ use super::stages::cors::world::aura::gateway::log::Level as LogLevel;
 use super::{FailureKind, PluginError, Stage};
 use crate::config::{InstanceReuse, PluginRuntimeConfig};
 use crate::plane::Plane;
-
-/// The period of the epoch ticker for a call deadline: a quarter of the deadline, between 1 and
-/// 10 ms. A call is stopped between its deadline and one tick later; the ticker wakes only as
-/// often as that precision needs (each wake-up costs the request workers a context switch).
-fn epoch_tick(call_deadline_ms: u64) -> Duration {
-    Duration::from_millis((call_deadline_ms / 4).clamp(1, 10))
-}
 
 /// The deadline of setting up an instance of an operator's module, when longer than the call
 /// deadline: a language runtime (Python, JavaScript) initialises megabytes of memory when
@@ -113,8 +106,8 @@ pub struct PolicyEngine {
     engine: Engine,
     settings: PluginRuntimeConfig,
     metrics: std::sync::OnceLock<crate::metrics::Metrics>,
-    ticker_stop: Arc<AtomicBool>,
-    ticker: Mutex<Option<JoinHandle<()>>>,
+    /// Advances the epoch while guest code runs.
+    ticker: EpochTicker,
     /// Loaded modules per metric series (plane, stage, digest): a series is removed when the
     /// last module it counts is dropped, so replaced and removed modules leave no series behind.
     series: Mutex<std::collections::HashMap<(Plane, Stage, String), usize>>,
@@ -134,27 +127,14 @@ impl PolicyEngine {
             .map(|dir| super::compile_cache::CompileCache::open(std::path::Path::new(dir)))
             .transpose()
             .map_err(|e| PluginError::runtime(format!("plugins.compile_cache_dir: {e}")))?;
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        let ticker = {
-            let engine = engine.clone();
-            let stop = ticker_stop.clone();
-            let tick = epoch_tick(settings.call_deadline_ms);
-            std::thread::Builder::new()
-                .name("aura-epoch".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(tick);
-                        engine.increment_epoch();
-                    }
-                })
-                .map_err(|e| PluginError::runtime(format!("cannot start the epoch ticker: {e}")))?
-        };
+        let tick = epoch_tick(settings.call_deadline_ms);
+        let ticker = EpochTicker::start(engine.clone(), tick, IDLE_BEFORE_SLEEP)
+            .map_err(|e| PluginError::runtime(format!("cannot start the epoch ticker: {e}")))?;
         Ok(Arc::new(Self {
             engine,
             settings: settings.clone(),
             metrics: std::sync::OnceLock::new(),
-            ticker_stop,
-            ticker: Mutex::new(Some(ticker)),
+            ticker,
             series: Mutex::new(std::collections::HashMap::new()),
             compile_cache,
         }))
@@ -232,6 +212,11 @@ impl PolicyEngine {
     /// The runtime settings.
     pub fn settings(&self) -> &PluginRuntimeConfig {
         &self.settings
+    }
+
+    /// The epoch ticker: every entry into a guest holds [`EpochTicker::running`].
+    pub fn ticker(&self) -> &EpochTicker {
+        &self.ticker
     }
 
     /// The wasmtime engine.
@@ -319,15 +304,6 @@ pub(crate) fn engine_config(settings: &PluginRuntimeConfig, pooling: bool) -> Co
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     config
-}
-
-impl Drop for PolicyEngine {
-    fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
-        if let Some(handle) = self.ticker.lock().ok().and_then(|mut t| t.take()) {
-            let _ = handle.join();
-        }
-    }
 }
 
 /// One stage as the runtime sees it: the interface a plugin exports and the types of its
@@ -442,7 +418,8 @@ struct Slot<W: StageWorld> {
 }
 
 /// Instantiates, type-checks the functions, checks the configuration against the module's
-/// schema (on its first instance) and runs `configure`.
+/// schema (on its first instance) and runs `configure`. Every step may run the module's code:
+/// the caller holds [`EpochTicker::running`] throughout.
 fn instantiate<W: StageWorld>(
     pre: &InstancePre<PluginState>,
     exports: &Exports,
@@ -613,6 +590,7 @@ impl<W: StageWorld> StageModule<W> {
             .map_err(|e| refuse(FailureKind::Refused, format!("imports: {e:#}")))?;
         let mut store = runtime.new_store(owner == Owner::Tenant);
         let mut schema = None;
+        let running = runtime.ticker.running();
         let configured = instantiate::<W>(
             &pre,
             &exports,
@@ -622,6 +600,7 @@ impl<W: StageWorld> StageModule<W> {
             Setup::First,
             &mut schema,
         );
+        drop(running);
         let log_rate = LogRate::default();
         write_log::<W>(&mut store, plane, &name, &digest, None, &log_rate, &runtime);
         let (decide, setup) = match configured {
@@ -711,6 +690,7 @@ impl<W: StageWorld> StageModule<W> {
 
     fn new_slot(&self, request_id: Option<&str>) -> Result<Slot<W>, PluginError> {
         let mut store = self.runtime.new_store(self.owner == Owner::Tenant);
+        let running = self.runtime.ticker.running();
         let configured = instantiate::<W>(
             &self.pre,
             &self.exports,
@@ -720,6 +700,7 @@ impl<W: StageWorld> StageModule<W> {
             Setup::Again,
             &mut None,
         );
+        drop(running);
         self.write_log(&mut store, request_id);
         match configured {
             Ok(Ok((decide, _))) => Ok(Slot { store, decide }),
@@ -855,9 +836,11 @@ impl<W: StageWorld> StageModule<W> {
         };
         slot.store.data_mut().limiter.memory_exceeded = false;
         slot.store.set_epoch_deadline(self.runtime.deadline_ticks());
+        let running = self.runtime.ticker.running();
         let started = Instant::now();
         let result = guarded(|| W::call(&slot.decide, &mut slot.store, request));
         let took = started.elapsed();
+        drop(running);
         if let Some((calls, latency)) = self.call_metrics() {
             calls.inc();
             latency.observe(took.as_secs_f64());

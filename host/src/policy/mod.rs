@@ -13,6 +13,7 @@ pub mod confine;
 pub mod conformance;
 pub mod decision_cache;
 pub mod engine;
+pub mod epoch;
 pub mod history;
 pub mod installs;
 pub mod isolation;

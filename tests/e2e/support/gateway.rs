@@ -222,6 +222,27 @@ impl Process {
         super::metrics::rss_mib(self.child.id())
     }
 
+    /// Context switches (voluntary and involuntary) of the gateway's threads named `name`
+    /// (`/proc/<pid>/task/*/comm`); `None` when there is no such thread.
+    pub fn thread_switches(&self, name: &str) -> Option<u64> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id())).ok()?;
+        let mut found = None;
+        for task in tasks.flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.trim() != name {
+                continue;
+            }
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            let switches: u64 = status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+                .sum();
+            *found.get_or_insert(0) += switches;
+        }
+        found
+    }
+
     /// Sends a signal (`-TERM`, `-HUP`) to the gateway.
     pub fn signal(&self, signal: &str) {
         signal_child(&self.child, signal);
