@@ -96,6 +96,10 @@ pub struct Metrics {
     pub streams_refused: IntCounterVec,
     /// Long-lived exchanges open now (streamed HTTP-backend bodies, WebSocket tunnels), by plane.
     pub streams_open: IntGaugeVec,
+    /// HTTP/2 streams whose answer the gateway stopped sending, by plane and reason
+    /// (`send_timeout`: the client made no room for the answer's next frame within
+    /// `server.send_timeout_ms`; the backend exchange was dropped).
+    pub http2_streams_reset: IntCounterVec,
     /// HTTP/1.1 keep-alive connections waiting for their next request with their HTTP state
     /// released (`server.idle_release_ms`), by plane.
     pub connections_parked: IntGaugeVec,
@@ -344,13 +348,18 @@ impl Metrics {
         );
         let connections_closed = counter(
             "connections_closed_total",
-            "Connections closed by the listener before or between requests, by plane and reason (silent, http2_refused, idle, malformed)",
+            "Connections closed by the listener before or between requests, by plane and reason (silent, http2_refused, idle, malformed, send_timeout)",
             &["plane", "reason"],
         );
         let streams_refused = counter(
             "streams_refused_total",
             "Long-lived exchanges refused (503 too_many_streams) because server.max_streams were open, by plane",
             &["plane"],
+        );
+        let http2_streams_reset = counter(
+            "http2_streams_reset_total",
+            "HTTP/2 streams whose answer the gateway stopped sending, by plane and reason (send_timeout: the client made no room for it within server.send_timeout_ms; the backend exchange was dropped)",
+            &["plane", "reason"],
         );
         let streams_open = IntGaugeVec::new(
             Opts::new(
@@ -388,6 +397,7 @@ impl Metrics {
             Box::new(connections_closed.clone()),
             Box::new(streams_refused.clone()),
             Box::new(streams_open.clone()),
+            Box::new(http2_streams_reset.clone()),
             Box::new(connections_parked.clone()),
             Box::new(tenant_uploads_busy.clone()),
             Box::new(change_events_refused.clone()),
@@ -441,6 +451,7 @@ impl Metrics {
             connections_closed,
             streams_refused,
             streams_open,
+            http2_streams_reset,
             connections_parked,
             tenant_uploads_busy,
             change_events_refused,

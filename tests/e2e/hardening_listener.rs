@@ -286,3 +286,148 @@ async fn long_lived_streams_count_against_the_listeners_budget_whatever_the_prot
     let (_client, response) = h2_get(client, gw.port, "/v1/realtime/sse", key).await;
     assert_eq!(response.status(), 200, "a place is free again");
 }
+
+/// The exchanges a backend has open: one per answer being streamed, ended when its body is
+/// dropped (sent to its end, or dropped by the gateway).
+#[derive(Clone, Default)]
+struct Exchanges(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+struct Exchange(Exchanges);
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        (self.0).0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Exchanges {
+    fn open(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A body of `size` bytes in 64 KiB pieces, counted open until dropped.
+    fn body(&self, size: usize) -> axum::body::Body {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let state = (0usize, Exchange(self.clone()));
+        let pieces = futures::stream::unfold(state, move |(sent, exchange)| async move {
+            (sent < size).then(|| {
+                let piece = bytes::Bytes::from(vec![b'x'; 64 << 10]);
+                (
+                    Ok::<_, std::io::Error>(piece),
+                    (sent + (64 << 10), exchange),
+                )
+            })
+        });
+        axum::body::Body::from_stream(pieces)
+    }
+}
+
+/// An HTTP/2 client that asks for a large answer on one stream and never makes room for it (no
+/// `WINDOW_UPDATE`) used to hold the stream's backend exchange and its place in
+/// `server.max_streams` for as long as the connection lived: the client's stack answers the
+/// PINGs, and the stream is open. After `server.send_timeout_ms` without room for the next
+/// frame the stream's backend exchange is dropped and counted; the same connection's other
+/// streams go on — one read slowly but steadily is served whole — and the stalled stream ends
+/// with an error once its client reads again.
+#[tokio::test]
+async fn an_http2_stream_whose_client_reads_nothing_loses_its_backend_after_the_send_timeout() {
+    const SIZE: usize = 8 << 20;
+    let exchanges = Exchanges::default();
+    let backend = exchanges.clone();
+    let app = axum::Router::new().fallback(axum::routing::any(move || {
+        let body = backend.body(SIZE);
+        async move { body }
+    }));
+    let backend = format!("http://{}", crate::support::upstream::serve_http(app).await);
+    let Started { gw, fx, dir: _dir } = started(format!(
+        "[server]\nsend_timeout_ms = 1000\n\n[upstreams]\nstorage_url = \"{backend}\"\n"
+    ));
+    let reset = async || {
+        let text = gw.metrics().await;
+        let labels = ["plane=\"data\"", "reason=\"send_timeout\""];
+        metric(&text, "aura_http2_streams_reset_total", &labels)
+    };
+    // Each stream may receive 64 KiB before its client makes room; the connection as a whole
+    // 16 MiB, so that one stream left unread does not starve the others.
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", gw.port)).await;
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(65_535)
+        .initial_connection_window_size(16 << 20)
+        .handshake::<_, bytes::Bytes>(tcp.expect("connect"))
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(connection);
+    let key = Some(fx.anon_key.as_str());
+    let path = "/v1/storage/object/big";
+
+    // Stalled: the answer's head, then nothing read.
+    let (client, stalled) = h2_get(client, gw.port, path, key).await;
+    assert_eq!(stalled.status(), 200);
+    within_five_seconds("the backend streams the answer", || exchanges.open() == 1).await;
+
+    // Steady, on the same connection meanwhile: read in pieces with four pauses of 400 ms (well
+    // under the timeout, 1.6 s in all: longer than it).
+    let (client, steady) = h2_get(client, gw.port, path, key).await;
+    assert_eq!(steady.status(), 200);
+    let mut body = steady.into_body();
+    let (mut got, mut pauses) = (0usize, 0usize);
+    while let Some(piece) = tokio::time::timeout(Duration::from_secs(10), body.data())
+        .await
+        .expect("the steady answer keeps coming")
+    {
+        let piece = piece.expect("the steady stream is not reset");
+        got += piece.len();
+        let _ = body.flow_control().release_capacity(piece.len());
+        if pauses < 4 && got > (pauses + 1) * (SIZE / 5) {
+            pauses += 1;
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+    }
+    assert_eq!((got, pauses), (SIZE, 4), "the steady reader got all of it");
+
+    // The stalled stream lost its backend exchange, and only it was counted.
+    let counted = poll_every(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || {
+            let n = reset().await;
+            (n > 0.0).then_some(n)
+        },
+    );
+    assert_eq!(
+        counted.await,
+        Some(1.0),
+        "the stalled stream is counted once"
+    );
+    within_five_seconds("the stalled backend exchange was dropped", || {
+        exchanges.open() == 0
+    })
+    .await;
+    let text = gw.metrics().await;
+    let streams = metric(&text, "aura_streams_open", &["plane=\"data\""]);
+    assert_eq!(streams, 0.0, "its place in server.max_streams is free");
+
+    // The connection goes on; the stalled stream, read again, ends with an error after what
+    // was sent before the timeout.
+    let (_client, health) = h2_get(client, gw.port, "/health", None).await;
+    assert_eq!(health.status(), 200);
+    let mut body = stalled.into_body();
+    let mut held = 0usize;
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(10), body.data()).await {
+            Ok(Some(Ok(piece))) => {
+                held += piece.len();
+                let _ = body.flow_control().release_capacity(piece.len());
+            }
+            Ok(Some(Err(e))) => break Some(e),
+            Ok(None) => break None,
+            Err(_) => panic!("the stalled stream neither ends nor goes on after {held} bytes"),
+        }
+    };
+    assert!(
+        ended.is_some(),
+        "the stalled stream ended cleanly after {held} bytes"
+    );
+    assert!(held < SIZE, "{held} bytes: the answer was not cut");
+    assert_eq!(reset().await, 1.0);
+}

@@ -22,7 +22,9 @@ pub struct ServerConfig {
     pub idle_release_ms: u64,
     /// An HTTP/1.1 client that reads none of its answer for this long is gone: its
     /// connection is closed (and the backend exchange the answer streams from with it), in
-    /// milliseconds. Counted per write: a client reading slowly but steadily is not cut.
+    /// milliseconds. On HTTP/2, a stream whose client makes no room for its answer's next
+    /// frame for this long loses its backend exchange (the connection goes on). Counted per
+    /// write or frame: a client reading slowly but steadily is not cut.
     pub send_timeout_ms: u64,
     /// Open connections accepted per listener; further connections wait in the backlog.
     pub max_connections: usize,

@@ -6,6 +6,7 @@
 //! codec (`http1.rs`), HTTP/2 by hyper.
 
 mod body;
+mod h2_send;
 mod head;
 mod http1;
 
@@ -148,8 +149,11 @@ struct Listener {
     /// `server.idle_release_ms` (`None`: 0, never).
     idle_release: Option<Duration>,
     /// `server.send_timeout_ms`: the longest one write of an answer to an HTTP/1.1 client
-    /// may wait.
+    /// may wait, and the longest an HTTP/2 stream's answer may wait for its client to make
+    /// room for its next frame.
     send_timeout: Duration,
+    /// `aura_http2_streams_reset_total{reason="send_timeout"}` of the plane.
+    http2_send_timeouts: prometheus::IntCounter,
     /// `aura_connections_parked` of the plane.
     parked: prometheus::IntGauge,
     closed: [prometheus::IntCounter; 5],
@@ -201,6 +205,9 @@ impl Listener {
             http2_idle: Duration::from_millis(s.http2_idle_timeout_ms),
             idle_release: (s.idle_release_ms > 0).then(|| Duration::from_millis(s.idle_release_ms)),
             send_timeout: Duration::from_millis(s.send_timeout_ms),
+            http2_send_timeouts: metrics
+                .http2_streams_reset
+                .with_label_values(&[plane.as_str(), "send_timeout"]),
             parked: metrics
                 .connections_parked
                 .with_label_values(&[plane.as_str()]),
@@ -494,24 +501,31 @@ async fn serve_http2<S: http1::Socket>(
 ) {
     let streams = Streams::default();
     let counted = streams.clone();
+    let sending =
+        h2_send::SendWatch::new(settings.send_timeout, settings.http2_send_timeouts.clone());
+    let watched = sending.clone();
     let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
         let requests = requests.clone();
         let open = counted.open();
+        let watched = watched.clone();
         async move {
             let response = requests.serve(request.map(Body::new)).await;
-            // The stream stays open until its answer's body is done.
-            Ok::<_, Infallible>(
-                response.map(|body| Body::new(crate::proxy::Holding::new(body, open))),
-            )
+            // The stream stays open until its answer's body is done; the body is dropped when
+            // the client makes no room for it within the send timeout.
+            Ok::<_, Infallible>(response.map(|body| Body::new(watched.watch(body, open))))
         }
     });
     let connection = settings.http2.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
     let idle = streams.idle(first_stream_by, settings.http2_idle);
     tokio::pin!(idle);
+    let send_watch = sending.run(streams.0.subscribe());
+    tokio::pin!(send_watch);
     let lingering = settings.header_timeout;
     tokio::select! {
         result = connection.as_mut() => return log_end(result),
+        // The watch runs as long as the connection; were it to end, serving goes on.
+        () = send_watch.as_mut() => {}
         _ = stopped(&mut stop) => connection.as_mut().graceful_shutdown(),
         () = idle.as_mut() => {
             settings.count(Closed::Idle);
