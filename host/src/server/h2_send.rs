@@ -280,4 +280,27 @@ mod tests {
         assert_eq!(watch.sweep(), 0);
         assert!(watch.streams().is_empty(), "ended answers are forgotten");
     }
+
+    /// An answer waiting on its backend (an SSE stream between events, a slow function) is not
+    /// waiting for its client: however long, it is never cut.
+    #[tokio::test]
+    async fn an_answer_waiting_on_its_backend_is_never_cut() {
+        let watch = SendWatch::new(Duration::from_millis(50), counter());
+        let first =
+            futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"x"))]);
+        let body = Body::from_stream(futures::StreamExt::chain(first, futures::stream::pending()));
+        let mut answer = watch.watch(body, ());
+        answer.frame().await.expect("a frame").expect("data");
+        assert_ne!(since(&answer), 0, "handed over, waiting for the client");
+        // The client asks again; the backend has nothing yet.
+        let next = tokio::time::timeout(Duration::from_millis(20), answer.frame()).await;
+        assert!(next.is_err(), "the backend has nothing more");
+        assert_eq!(since(&answer), 0);
+        assert_eq!(
+            watch.sweep_at(u64::MAX / 2),
+            0,
+            "not cut, however long it waits"
+        );
+        assert_eq!(watch.reset.get(), 0);
+    }
 }
