@@ -47,8 +47,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
     if [ -n "$GIT_REVISION" ]; then export BUILD_GIT_REVISION="$GIT_REVISION"; fi \
- && cargo build --release --locked -p aura-gateway \
- && bash deploy/rootfs.sh target/release/aura-gateway / \
+ && cargo build --profile production --locked -p aura-gateway \
+ && bash deploy/rootfs.sh target/production/aura-gateway / \
  && /rootfs/usr/local/bin/aura-gateway --version
 
 FROM scratch AS runtime

@@ -11,7 +11,7 @@
 #   tmp/                                empty, mode 1777
 #
 # There is one layout: the Dockerfile's build stage runs this script (`deploy/rootfs.sh
-# target/release/aura-gateway /` -> /rootfs), and deploy/Containerfile.prebuilt copies the
+# target/production/aura-gateway /` -> /rootfs), and deploy/Containerfile.prebuilt copies the
 # OUTDIR/rootfs/ made by it outside a container (from a binary built on the host, which must
 # then be built against the same or an older glibc than the libraries gathered with it; here
 # they are the host's own). Both images are `FROM scratch` with that tree and nothing else.

@@ -14,6 +14,12 @@ pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// them once.
 pub const ANSWER_HEADERS: usize = 12;
 
+/// How many headers the phases may add to a request on its way to its backend: `traceparent`
+/// and `tracestate`, the request id, four `x-aura-*` identity headers, `x-forwarded-for` and
+/// `x-aura-client-ip`. A request's header map is made with room for them, so that it does not
+/// grow (and hash every header again) half-way through the chain.
+pub const REQUEST_HEADERS: usize = 9;
+
 /// Removes every header whose name starts with `prefix`. Such headers are rare: they are looked
 /// for before any name is collected, by their first letter before the rest.
 pub fn remove_prefixed(headers: &mut HeaderMap, prefix: &str) {

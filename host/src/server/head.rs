@@ -121,7 +121,7 @@ pub(super) fn parse(buf: &mut BytesMut, limit: usize) -> Result<Option<RequestHe
     let uri = Uri::from_maybe_shared(slice(target))
         .map_err(|_| Refusal::bad("an invalid request target"))?;
 
-    let mut map = HeaderMap::with_capacity(count);
+    let mut map = HeaderMap::with_capacity(count + crate::headers::REQUEST_HEADERS);
     let mut length: Option<u64> = None;
     let mut restate_length = false;
     let mut chunked = false;
@@ -418,6 +418,38 @@ mod tests {
         let mut partial = BytesMut::from(&b"GET / HTTP/1.1\r\nHost: gw\r\n"[..]);
         assert!(parse(&mut partial, 1024).expect("valid so far").is_none());
         assert_eq!(partial.len(), 26, "nothing taken while incomplete");
+    }
+
+    #[test]
+    fn a_request_map_has_room_for_the_headers_the_phases_add() {
+        // What the phases insert on a request's way to an HTTP backend, at most.
+        let added = [
+            "traceparent",
+            "tracestate",
+            "x-request-id",
+            "x-aura-role",
+            "x-aura-project",
+            "x-aura-user-id",
+            "x-aura-org-role",
+            "x-forwarded-for",
+            "x-aura-client-ip",
+        ];
+        assert_eq!(added.len(), crate::headers::REQUEST_HEADERS);
+        for count in 1..=40 {
+            let mut raw = String::from("GET / HTTP/1.1\r\nHost: gw\r\n");
+            for i in 1..count {
+                raw.push_str(&format!("x-client-{i}: v\r\n"));
+            }
+            raw.push_str("\r\n");
+            let mut head = whole(raw.as_bytes());
+            let headers = head.request.headers_mut();
+            assert_eq!(headers.len(), count);
+            let room = headers.capacity();
+            for name in added {
+                headers.insert(HeaderName::from_static(name), HeaderValue::from_static("v"));
+            }
+            assert_eq!(headers.capacity(), room, "{count} headers: the map grew");
+        }
     }
 
     #[test]
