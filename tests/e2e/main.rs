@@ -30,6 +30,7 @@ mod keep_alive;
 mod nats;
 mod nats_cluster;
 mod operability;
+mod pgo;
 mod plugins;
 mod policy_history;
 mod policy_rollout;
