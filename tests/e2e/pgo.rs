@@ -5,13 +5,14 @@
 //! binary of this test run, so that a change of routes shows here first, not at a release build.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
-use crate::support::cli::{stderr, succeeded};
+use crate::support::cli::{failed_saying, stderr, succeeded};
 use crate::support::config::binary;
 
-#[test]
-fn every_route_of_the_pgo_training_load_answers_as_the_script_expects() {
+/// `bench/pgo --check` against this test run's gateway binary and `bench_peers`, with `env`
+/// added to the script's environment (which the gateways it starts inherit).
+fn check(env: &[(&str, &str)]) -> Output {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let gateway = binary();
     // `cargo test` builds the examples beside the binary (target/<profile>/examples).
@@ -24,13 +25,19 @@ fn every_route_of_the_pgo_training_load_answers_as_the_script_expects() {
         "{} is not built: `cargo test` builds it, or `cargo build -p aura-gateway --example bench_peers`",
         peers.display()
     );
-    let out = Command::new("python3")
+    Command::new("python3")
         .arg(root.join("bench/pgo"))
         .arg("--check")
         .arg(&gateway)
         .arg(&peers)
+        .envs(env.iter().copied())
         .output()
-        .expect("run bench/pgo --check");
+        .expect("run bench/pgo --check")
+}
+
+#[test]
+fn every_route_of_the_pgo_training_load_answers_as_the_script_expects() {
+    let out = check(&[]);
     succeeded(&out);
     let log = stderr(&out);
     for (route, status) in [
@@ -55,5 +62,19 @@ fn every_route_of_the_pgo_training_load_answers_as_the_script_expects() {
     assert!(
         log.contains("every route of the training load answered as it should"),
         "{log}"
+    );
+}
+
+#[test]
+fn a_training_route_answering_otherwise_stops_the_script_naming_it() {
+    // Another metrics token than the script's (the environment overrides the configuration
+    // file): `/metrics` answers 401 where the training load expects 200.
+    let out = check(&[("AURA_METRICS__TOKEN", "another-metrics-token-0123456789")]);
+    failed_saying(&out, "metrics (GET http://127.0.0.1:");
+    failed_saying(&out, "answered 401, not 200");
+    assert!(
+        !stderr(&out).contains("every route of the training load answered as it should"),
+        "{}",
+        stderr(&out)
     );
 }
