@@ -102,6 +102,23 @@ stage_world!(
 #[derive(Debug, Clone, Default)]
 pub struct KeyConfigured {
     pub headers: Vec<String>,
+    /// The same names parsed, for lookups in a request head; `None` when one of them is not a
+    /// lower-case header name as written, and the head is then walked header by header.
+    names: Option<Vec<http::HeaderName>>,
+}
+
+impl KeyConfigured {
+    fn new(headers: Vec<String>) -> Self {
+        let names = headers
+            .iter()
+            .map(|name| {
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .ok()
+                    .filter(|parsed| parsed.as_str() == name)
+            })
+            .collect();
+        Self { headers, names }
+    }
 }
 
 /// At most this many header names for the `api-key` stage to read: every request is searched
@@ -300,6 +317,42 @@ fn name_index(wanted: &[String], name: &str) -> u8 {
     wanted.iter().position(|w| w == name).unwrap_or(0) as u8
 }
 
+/// Writes into a cache key the values of the headers the module reads, in request order, each
+/// after its name's index. A request carries one of those names at most, as a rule: its values
+/// are then looked up by name (in request order, `get_all`), without walking the other headers;
+/// the key's bytes are the same as [`walk_head_values`]' (a unit test compares them).
+fn head_values(map: &http::HeaderMap, configured: &KeyConfigured, key: &mut KeyWriter) {
+    let Some(names) = &configured.names else {
+        return walk_head_values(map, &configured.headers, key);
+    };
+    let mut found = None;
+    for (index, name) in names.iter().enumerate() {
+        let values = map.get_all(name);
+        if values.iter().next().is_some() {
+            if found.is_some() {
+                // Two of the names (or one named twice): their relative order counts.
+                return walk_head_values(map, &configured.headers, key);
+            }
+            found = Some((index as u8, values));
+        }
+    }
+    if let Some((index, values)) = found {
+        for value in values {
+            key.tag(index).bytes(value.as_bytes());
+        }
+    }
+}
+
+/// [`head_values`] by walking every header of the head.
+fn walk_head_values(map: &http::HeaderMap, wanted: &[String], key: &mut KeyWriter) {
+    for (name, value) in map.iter() {
+        if wanted.iter().any(|w| w == name.as_str()) {
+            key.tag(name_index(wanted, name.as_str()))
+                .bytes(value.as_bytes());
+        }
+    }
+}
+
 #[cfg(test)]
 impl super::ExportedSchema for ApiKey {
     const EXPORTED: &'static str = aura_plugin_api_key::SCHEMA;
@@ -326,18 +379,11 @@ impl PolicyStage for ApiKey {
             .cache
             .as_ref()
             .map(|c| Declaration::of(c.inputs.as_array(), c.max_age_ms));
-        Ok((
-            KeyConfigured {
-                headers: setup.headers.clone(),
-            },
-            declaration,
-        ))
+        Ok((KeyConfigured::new(setup.headers.clone()), declaration))
     }
 
     fn configured_legacy(headers: &Vec<String>) -> KeyConfigured {
-        KeyConfigured {
-            headers: headers.clone(),
-        }
+        KeyConfigured::new(headers.clone())
     }
 
     fn partition(input: &KeyInput<'_>, key: &mut KeyWriter) {
@@ -361,14 +407,7 @@ impl PolicyStage for ApiKey {
             // The raw values, in request order: no pair is collected or decoded for a lookup.
             let wanted = &configured.headers;
             match input.headers {
-                KeyHeaders::Head(map) => {
-                    for (name, value) in map.iter() {
-                        if wanted.iter().any(|w| w == name.as_str()) {
-                            key.tag(name_index(wanted, name.as_str()))
-                                .bytes(value.as_bytes());
-                        }
-                    }
-                }
+                KeyHeaders::Head(map) => head_values(map, configured, key),
                 KeyHeaders::Listed(pairs) => {
                     for (name, value) in pairs.iter().filter(|(n, _)| wanted.contains(n)) {
                         key.tag(name_index(wanted, name)).str(value);
@@ -689,5 +728,73 @@ pub mod native {
                 }),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(pairs: &[(&str, &[u8])]) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                http::HeaderValue::from_bytes(value).expect("value"),
+            );
+        }
+        map
+    }
+
+    fn keys(map: &http::HeaderMap, wanted: &[&str]) -> (KeyWriter, KeyWriter) {
+        let configured = KeyConfigured::new(wanted.iter().map(|w| (*w).to_owned()).collect());
+        let (mut looked_up, mut walked) = (KeyWriter::new("p"), KeyWriter::new("p"));
+        head_values(map, &configured, &mut looked_up);
+        walk_head_values(map, &configured.headers, &mut walked);
+        (looked_up, walked)
+    }
+
+    #[test]
+    fn a_cache_key_from_header_lookups_has_the_bytes_of_one_from_the_walk() {
+        let heads: Vec<http::HeaderMap> = vec![
+            head(&[("accept", b"*/*")]),
+            head(&[("accept", b"*/*"), ("apikey", b"k1"), ("dnt", b"1")]),
+            head(&[("apikey", b"k1"), ("accept", b"*/*"), ("apikey", b"k2")]),
+            head(&[("x-key", b"a"), ("apikey", b"k1"), ("x-key", b"b")]),
+            head(&[("apikey", b"k1"), ("x-key", b"a"), ("apikey", b"k2")]),
+            head(&[("authorization", b"Bearer t"), ("apikey", b"\xffk")]),
+            head(&[("apikey", b""), ("user-agent", b"sdk")]),
+        ];
+        let wanted: [&[&str]; 5] = [
+            &["apikey"],
+            &["apikey", "x-key"],
+            &["x-key", "apikey", "authorization"],
+            &["apikey", "apikey"],
+            &["X-Key", "apikey"],
+        ];
+        let mut lookups = 0;
+        for map in &heads {
+            for names in wanted {
+                let (looked_up, walked) = keys(map, names);
+                assert_eq!(looked_up, walked, "{map:?} read as {names:?}");
+                lookups += usize::from(looked_up != KeyWriter::new("p"));
+            }
+        }
+        // Not every key is empty: the comparison saw values.
+        assert!(lookups >= 15, "{lookups} keys with values");
+        // Two heads that differ only in the order of two read names keep apart.
+        let (one, _) = keys(&heads[3], &["apikey", "x-key"]);
+        let (other, _) = keys(
+            &head(&[("apikey", b"k1"), ("x-key", b"a"), ("x-key", b"b")]),
+            &["apikey", "x-key"],
+        );
+        assert_ne!(one, other);
+    }
+
+    #[test]
+    fn names_that_are_not_lower_case_header_names_are_walked_for() {
+        assert!(KeyConfigured::new(vec!["apikey".into()]).names.is_some());
+        assert!(KeyConfigured::new(vec!["X-Key".into()]).names.is_none());
+        assert!(KeyConfigured::new(vec!["bad name".into()]).names.is_none());
     }
 }
