@@ -5,6 +5,7 @@ mod support;
 
 mod admin;
 mod backends;
+mod bench_binary;
 mod binary;
 mod chain;
 mod control_store;
