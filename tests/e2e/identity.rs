@@ -69,6 +69,61 @@ async fn data_plane_keys_reach_backends_as_actors_and_never_as_keys() {
 }
 
 #[tokio::test]
+async fn cached_api_key_decisions_follow_the_header_that_carries_each_key() {
+    // The `api-key` stage's decisions are kept by the headers it reads (`apikey`, `x-api-key`),
+    // all from one client address here: a request with one of them, or with both (the same key:
+    // that key; two keys: refused as conflicting) in either order, each twice so that the second
+    // is a kept decision, must be decided as for its own headers.
+    let fx = Fixture::new();
+    let mut s = file_setup(&fx).await;
+    let (anon, service) = (fx.anon_key.as_str(), fx.service_key.as_str());
+    // (the headers in request order, the role decided; `None`: refused)
+    type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+    let cases: [Case<'_>; 8] = [
+        (&[("apikey", anon)], Some("anon")),
+        (&[("x-api-key", service)], Some("service_role")),
+        (&[("x-api-key", service), ("apikey", anon)], None),
+        (
+            &[("apikey", service), ("x-api-key", service)],
+            Some("service_role"),
+        ),
+        (&[("apikey", anon), ("x-api-key", service)], None),
+        (&[("x-api-key", anon), ("apikey", anon)], Some("anon")),
+        (&[("apikey", service)], Some("service_role")),
+        (&[("x-api-key", anon)], Some("anon")),
+    ];
+    for round in 0..2 {
+        for (headers, role) in cases {
+            let mut call = Call::get(s.gw.data_url("/v1/auth/user"));
+            for (name, value) in headers {
+                call = call.header(name, value);
+            }
+            match role {
+                Some(role) => {
+                    call.expect(200).await;
+                    let e = s.envelopes.next().await;
+                    assert_eq!(e["actor"]["role"], role, "round {round}: {headers:?}");
+                }
+                None => {
+                    let r = call.expect(401).await;
+                    assert_eq!(r.code(), "invalid_api_key", "round {round}: {headers:?}");
+                }
+            }
+        }
+    }
+    let text = s.gw.metrics().await;
+    let hits = crate::support::metrics::metric(
+        &text,
+        "aura_decision_cache_total",
+        &["stage=\"api_key\"", "outcome=\"hit\""],
+    );
+    assert!(
+        hits >= 8.0,
+        "the second round's decisions were kept ones: {hits}"
+    );
+}
+
+#[tokio::test]
 async fn public_paths_need_no_key_but_an_invalid_key_is_still_refused() {
     let fx = Fixture::new();
     let mut s = file_setup(&fx).await;
