@@ -250,6 +250,7 @@ fn bench_rollout(c: &mut Criterion) {
         .module::<Cors>()
         .expect("cors stage")
         .decide(None, input)
+        .map(std::sync::Arc::unwrap_or_clone)
         .expect("decision");
     let pool = TenantPool::new(2, 2, std::time::Duration::from_millis(100));
     let gate = pool.project_gate();

@@ -172,7 +172,7 @@ fn cors_stage_answers_per_plane() {
         request_headers: None,
         client: None,
     };
-    match p
+    match &*p
         .data
         .module::<Cors>()
         .expect("cors stage")
@@ -184,10 +184,10 @@ fn cors_stage_answers_per_plane() {
     }
     let m = p.management.module::<Cors>().expect("cors stage");
     assert_eq!(
-        m.decide(None, input("https://a.example")).expect("call"),
+        *m.decide(None, input("https://a.example")).expect("call"),
         CorsDecision::Deny
     );
-    match m
+    match &*m
         .decide(None, input("https://studio.example"))
         .expect("call")
     {
@@ -218,16 +218,20 @@ fn quota(
     let route_group = aura_gateway::routes::RouteGroup::all()
         .find(|g| g.as_str() == route_group)
         .expect("a route group");
-    p.data.module::<Quota>().expect("quota stage").decide(
-        None,
-        QuotaInput {
-            method,
-            path,
-            route_group,
-            actor,
-            headers: None,
-        },
-    )
+    p.data
+        .module::<Quota>()
+        .expect("quota stage")
+        .decide(
+            None,
+            QuotaInput {
+                method,
+                path,
+                route_group,
+                actor,
+                headers: None,
+            },
+        )
+        .map(std::sync::Arc::unwrap_or_clone)
 }
 
 fn actor(role: Role, key: Option<&str>, user: Option<&str>) -> Actor {
@@ -321,6 +325,7 @@ fn db_routing_stage_applies_the_six_rules_in_order() {
                     actor: None,
                 },
             )
+            .map(std::sync::Arc::unwrap_or_clone)
             .expect("call")
     };
     let url = Some("http://pgrst-a:3000");
@@ -363,17 +368,21 @@ fn hostile(reuse: InstanceReuse) -> Policies {
 }
 
 fn cors_call(p: &Policies, origin: &str) -> Result<CorsDecision, PluginError> {
-    p.data.module::<Cors>().expect("cors stage").decide(
-        None,
-        CorsInput {
-            method: "GET",
-            path: "/health",
-            origin,
-            request_method: None,
-            request_headers: None,
-            client: None,
-        },
-    )
+    p.data
+        .module::<Cors>()
+        .expect("cors stage")
+        .decide(
+            None,
+            CorsInput {
+                method: "GET",
+                path: "/health",
+                origin,
+                request_method: None,
+                request_headers: None,
+                client: None,
+            },
+        )
+        .map(std::sync::Arc::unwrap_or_clone)
 }
 
 #[test]

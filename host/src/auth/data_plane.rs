@@ -141,8 +141,8 @@ pub async fn authenticate(
     };
     let (decision, _) = registry.decide::<ApiKey>(&call, input).await?;
     let mut actor = Actor::unauthenticated(Plane::Data);
-    let credential = match decision {
-        KeyDecision::Refuse(reason) => return Err(invalid_key(&reason)),
+    let credential = match &*decision {
+        KeyDecision::Refuse(reason) => return Err(invalid_key(reason)),
         KeyDecision::Absent if public => {
             if token.is_some() && !metrics {
                 // No key, so no project to check the token's `ref` against.

@@ -180,16 +180,18 @@ pub async fn preflight(
         .map(|(decision, _)| decision);
     let response = match decision {
         Err(e) => e.into_response(),
-        Ok(CorsDecision::Allow(allow)) => {
-            let mut response = StatusCode::NO_CONTENT.into_response();
-            if apply_allow(cx.plane, cors, &allow, true, response.headers_mut()) {
-                add_vary_origin(response.headers_mut());
-                response
-            } else {
-                denied()
+        Ok(decision) => match &*decision {
+            CorsDecision::Allow(allow) => {
+                let mut response = StatusCode::NO_CONTENT.into_response();
+                if apply_allow(cx.plane, cors, allow, true, response.headers_mut()) {
+                    add_vary_origin(response.headers_mut());
+                    response
+                } else {
+                    denied()
+                }
             }
-        }
-        Ok(CorsDecision::Deny) => denied(),
+            CorsDecision::Deny => denied(),
+        },
     };
     let mut response = edge(response);
     request_id::stamp(&id, response.headers_mut());
@@ -225,7 +227,7 @@ pub async fn respond(
         Ok(decision) => {
             let mut response = response;
             strip(response.headers_mut());
-            if let CorsDecision::Allow(allow) = &decision {
+            if let CorsDecision::Allow(allow) = &*decision {
                 apply_allow(cx.plane, cors, allow, false, response.headers_mut());
             }
             response

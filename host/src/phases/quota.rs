@@ -73,7 +73,7 @@ pub async fn check(
         Source::Tenant => RuleSource::Tenant,
     };
     let plane = cx.plane.as_str();
-    let answered = match &decision {
+    let answered = match &*decision {
         QuotaDecision::Exempt => return Ok(None),
         QuotaDecision::Deny(denial) => {
             let code = deny_code(denial.reason);

@@ -119,14 +119,14 @@ pub async fn route_db(
         actor: Some(&actor),
     };
     let (route, _) = state.policies.decide::<DbRouting>(&call, input).await?;
-    match route {
+    match &*route {
         DbRoute::Nats => forward_nats(state, Service::Db, cx, request).await,
         // Fail closed: never a fallback to a shared target.
         DbRoute::Unresolved => Err(GatewayError::unavailable(
             "db_target_unresolved",
             "the project's dedicated database endpoint is not resolved",
         )),
-        DbRoute::Postgrest(base) => forward_postgrest(state, cx, &base, request).await,
+        DbRoute::Postgrest(base) => forward_postgrest(state, cx, base, request).await,
         DbRoute::Replica(url) => {
             let read = matches!(
                 *request.method(),
@@ -134,7 +134,7 @@ pub async fn route_db(
             );
             let known = project
                 .as_ref()
-                .is_some_and(|p| p.replicas.iter().any(|r| r.url == url));
+                .is_some_and(|p| p.replicas.iter().any(|r| r.url == *url));
             if !read || !known {
                 let reason = if read {
                     "unknown_replica"
@@ -161,7 +161,7 @@ pub async fn route_db(
                     },
                 ));
             }
-            forward_postgrest(state, cx, &url, request).await
+            forward_postgrest(state, cx, url, request).await
         }
     }
 }

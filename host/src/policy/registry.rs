@@ -13,7 +13,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use super::history::{Action, Queued};
 use super::installs::Announce;
 use super::rollout::{Compared, OPERATOR_SCOPE, Trial, failure_kind, on_canary};
-use super::stages::{AnyCandidate, AnyModule, PolicyStage};
+use super::stages::{AnyCandidate, AnyModule, Decided, PolicyStage};
 use super::tenants::{AnyInstalled, TenantCallError, TenantPolicies};
 use super::{PluginError, Policies, PolicyEngine, Stage};
 use crate::control::{ControlStore, PolicyEventRecord};
@@ -347,7 +347,7 @@ impl PolicyRegistry {
         &self,
         call: &StageCall<'_>,
         input: S::Input<'_>,
-    ) -> Result<(S::Decision, Source), GatewayError> {
+    ) -> Result<(Decided<S>, Source), GatewayError> {
         if let Some(project) = call.tenant_project::<S>()
             && let Some((candidate, gate)) = self.tenants.candidate_for::<S>(project)
         {
@@ -388,7 +388,7 @@ impl PolicyRegistry {
         &self,
         call: &StageCall<'_>,
         input: S::Input<'_>,
-    ) -> Result<(S::Decision, Source), GatewayError> {
+    ) -> Result<(Decided<S>, Source), GatewayError> {
         if let Some(project) = call.tenant_project::<S>()
             && let Some((installed, gate)) = self.tenants.installed_for::<S>(project)
         {
@@ -664,7 +664,7 @@ mod tests {
                 .decide::<Cors>(&call, input)
                 .await
                 .expect("decided");
-            if matches!(decision, CorsDecision::Allow(_)) {
+            if matches!(*decision, CorsDecision::Allow(_)) {
                 out.push(origin);
             }
             assert!(source.is_none_or(|s| s == from), "one source per project");
@@ -777,6 +777,9 @@ mod tests {
             client: None,
         };
         let (decision, source) = r.decide::<Cors>(&call, input).await.expect("decided");
-        assert_eq!((decision, source), (CorsDecision::Deny, Source::Operator));
+        assert_eq!(
+            (&*decision, source),
+            (&CorsDecision::Deny, Source::Operator)
+        );
     }
 }

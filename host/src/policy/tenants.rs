@@ -29,7 +29,7 @@ use super::compile::{CompileError, CompileReport, Compiler};
 use super::conformance::StageReport;
 use super::isolation::{Busy, TenantPool};
 use super::rollout::{Compared, Comparison, ShadowMetrics, ShadowSeries, Trial, failure_kind};
-use super::stages::{Module, ModuleSource, PolicyStage, StageFn, for_stage};
+use super::stages::{Decided, Module, ModuleSource, PolicyStage, StageFn, for_stage};
 use super::{Owner, PluginError, PolicyEngine, Stage};
 use crate::config::PluginRuntimeConfig;
 use crate::control::ControlStore;
@@ -463,7 +463,7 @@ impl TenantPolicies {
         gate: &Arc<Semaphore>,
         request_id: Option<&str>,
         input: S::Input<'_>,
-    ) -> Result<S::Decision, TenantCallError> {
+    ) -> Result<Decided<S>, TenantCallError> {
         // A decision kept for the request's declared inputs needs no tenant thread.
         let key = match installed.module.cached(&input) {
             Ok(decision) => return Ok(decision),

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use wasmtime::component::{ComponentType, Lower};
@@ -229,6 +230,7 @@ impl Module<ApiKey> {
                 client,
             },
         )
+        .map(Arc::unwrap_or_clone)
     }
 
     /// Extracts the credential of one request given by value.
@@ -247,6 +249,7 @@ impl Module<ApiKey> {
                 client: None,
             },
         )
+        .map(Arc::unwrap_or_clone)
     }
 }
 

@@ -94,6 +94,11 @@ impl Declaration {
     }
 }
 
+/// A stage's decision as the host hands it to the request: shared, so that a decision kept in
+/// the module's cache serves every request with the same declared inputs without a copy of its
+/// strings and lists (a hit costs a reference count).
+pub type Decided<S> = Arc<<S as StageWorld>::Decision>;
+
 /// One policy stage: its world (the runtime's view, [`StageWorld`], `aura:gateway@0.3.0`), its
 /// legacy world (`0.2.0` and `0.1.0`) and everything the host does with its inputs and
 /// decisions.
@@ -331,7 +336,7 @@ pub struct Module<S: PolicyStage> {
     /// The inputs passed to the module: those it declared, or all of them.
     inputs: Inputs,
     /// The module's decisions, when it declared its inputs and a maximum age.
-    cache: Option<DecisionCache<S::Decision>>,
+    cache: Option<DecisionCache<Decided<S>>>,
     #[cfg(feature = "native-policies")]
     native: Option<S::Native>,
 }
@@ -443,10 +448,10 @@ impl<S: PolicyStage> Module<S> {
         &self,
         request_id: Option<&str>,
         input: S::Input<'_>,
-    ) -> Result<S::Decision, PluginError> {
+    ) -> Result<Decided<S>, PluginError> {
         #[cfg(feature = "native-policies")]
         if let Some(native) = &self.native {
-            return Ok(S::native(native, &self.configured, input));
+            return Ok(Arc::new(S::native(native, &self.configured, input)));
         }
         match self.cached(&input) {
             Ok(decision) => Ok(decision),
@@ -466,7 +471,7 @@ impl<S: PolicyStage> Module<S> {
 
     /// The decision kept for `input`'s declared inputs; else the key to keep the module's
     /// answer under (`None`: the module's decisions are not kept).
-    pub fn cached(&self, input: &S::Input<'_>) -> Result<S::Decision, Option<KeyWriter>> {
+    pub fn cached(&self, input: &S::Input<'_>) -> Result<Decided<S>, Option<KeyWriter>> {
         thread_local! {
             /// The key of a lookup, written in place: a hit allocates nothing for it.
             static SCRATCH: std::cell::RefCell<KeyWriter> = std::cell::RefCell::default();
@@ -493,10 +498,12 @@ impl<S: PolicyStage> Module<S> {
         key: Option<KeyWriter>,
         request_id: Option<&str>,
         input: S::Input<'_>,
-    ) -> Result<S::Decision, PluginError> {
-        let decision = self.call(request_id, input, self.inputs)?;
+    ) -> Result<Decided<S>, PluginError> {
+        let decision = Arc::new(self.call(request_id, input, self.inputs)?);
         if let (Some(cache), Some(key)) = (&self.cache, key) {
-            cache.put(key, decision.clone(), S::decision_bytes(&decision));
+            // The decision's own bytes are on the heap beside its strings and lists.
+            let size = S::decision_bytes(&decision) + std::mem::size_of::<S::Decision>();
+            cache.put(key, decision.clone(), size);
         }
         Ok(decision)
     }
@@ -815,6 +822,41 @@ mod tests {
             "{} differs from the plugin's configuration type: run this test with AURA_BLESS=1",
             S::FILE
         );
+    }
+
+    #[test]
+    fn a_kept_decision_is_shared_by_the_requests_that_hit_it_never_copied() {
+        let config = crate::config::Config::default();
+        let runtime = PolicyEngine::new(&config.plugins).expect("engine");
+        let policies = crate::policy::Policies::load(&runtime, &config, None).expect("policies");
+        let module = policies.data.module::<ApiKey>().expect("api-key stage");
+        let headers = |key: &str| vec![("apikey".to_owned(), key.to_owned())];
+        let decide = |headers: &[(String, String)]| {
+            module
+                .decide(
+                    None,
+                    KeyInput {
+                        method: "GET",
+                        path: "/v1/storage/object/b/o",
+                        query_keys: &[],
+                        headers: KeyHeaders::Listed(headers),
+                        client: Some("192.0.2.7".parse().expect("address")),
+                    },
+                )
+                .expect("decided")
+        };
+        let (one, other) = (headers("key-one"), headers("key-two"));
+        let first = decide(&one);
+        assert!(matches!(&*first, KeyDecision::Present(c) if c.key == "key-one"));
+        let hit = decide(&one);
+        assert!(Arc::ptr_eq(&first, &hit), "the kept decision itself");
+        let another = decide(&other);
+        assert!(matches!(&*another, KeyDecision::Present(c) if c.key == "key-two"));
+        assert!(!Arc::ptr_eq(&first, &another));
+        let report = module
+            .cache_report()
+            .expect("the default module's decisions are kept");
+        assert_eq!((report.hits, report.misses), (1, 2), "{report:?}");
     }
 
     #[test]
