@@ -1,9 +1,10 @@
 //! Header names, header values and credential helpers that the phases, authentication, the
 //! policy stages and the transports all use: the request id's name, the room the phases need in
-//! an answer, removing a family of headers, cheap shared values, and the `apikey` query
-//! parameter.
+//! an answer, names and values read from a parsed head, removing a family of headers, cheap
+//! shared values, and the `apikey` query parameter.
 
 use bytes::Bytes;
+use http::header::{InvalidHeaderName, InvalidHeaderValue};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// `x-request-id`.
@@ -19,6 +20,159 @@ pub const ANSWER_HEADERS: usize = 12;
 /// `x-aura-client-ip`. A request's header map is made with room for them, so that it does not
 /// grow (and hash every header again) half-way through the chain.
 pub const REQUEST_HEADERS: usize = 9;
+
+/// Names `http` does not know that SDK clients, browsers and backends send on many requests,
+/// by length: made once, and handed out without an allocation. A name read from a head that is
+/// neither standard nor here is copied into a new allocation, lowercased.
+static COMMON_NAMES: [Common; 20] = [
+    Common::new("apikey"),
+    Common::new("prefer"),
+    Common::new("x-api-key"),
+    Common::new("x-real-ip"),
+    Common::new("sec-ch-ua"),
+    Common::new("tracestate"),
+    Common::new("traceparent"),
+    Common::new("x-request-id"),
+    Common::new("x-client-info"),
+    Common::new("accept-profile"),
+    Common::new("sec-fetch-site"),
+    Common::new("sec-fetch-mode"),
+    Common::new("sec-fetch-dest"),
+    Common::new("x-forwarded-for"),
+    Common::new("content-profile"),
+    Common::new("x-forwarded-host"),
+    Common::new("sec-ch-ua-mobile"),
+    Common::new("x-forwarded-proto"),
+    Common::new("sec-ch-ua-platform"),
+    Common::new("preference-applied"),
+];
+
+/// Where the names of each length lie in [`COMMON_NAMES`] (by length, up to the longest).
+static COMMON_BY_LENGTH: [(u8, u8); COMMON_LONGEST + 1] = by_length(&COMMON_NAMES);
+
+/// The longest of [`COMMON_NAMES`], which fits in [`Folded`]'s three words.
+const COMMON_LONGEST: usize = 18;
+
+/// A name's bytes in three little-endian words, zero past its end.
+type Folded = [u64; 3];
+
+/// One of [`COMMON_NAMES`]: the name, its bytes as words, and the bits that tell a letter's
+/// case (`0x20` in each letter's byte).
+struct Common {
+    name: HeaderName,
+    len: usize,
+    words: Folded,
+    case: Folded,
+}
+
+impl Common {
+    const fn new(name: &'static str) -> Self {
+        let bytes = name.as_bytes();
+        let mut words = [0u64; 3];
+        let mut case = [0u64; 3];
+        let mut i = 0;
+        while i < bytes.len() {
+            words[i / 8] |= (bytes[i] as u64) << (8 * (i % 8));
+            if bytes[i].is_ascii_lowercase() {
+                case[i / 8] |= 0x20 << (8 * (i % 8));
+            }
+            i += 1;
+        }
+        Self {
+            name: HeaderName::from_static(name),
+            len: bytes.len(),
+            words,
+            case,
+        }
+    }
+
+    /// Whether `input` (a name's bytes as words) is this name in any case: a letter's byte
+    /// matches either case of the letter, any other byte only itself.
+    fn is(&self, input: &Folded) -> bool {
+        (input[0] | self.case[0]) == self.words[0]
+            && (input[1] | self.case[1]) == self.words[1]
+            && (input[2] | self.case[2]) == self.words[2]
+    }
+}
+
+/// The range of each length in `names`, which are sorted by length.
+const fn by_length<const N: usize>(names: &[Common; N]) -> [(u8, u8); COMMON_LONGEST + 1] {
+    let mut ranges = [(0u8, 0u8); COMMON_LONGEST + 1];
+    let mut i = 0;
+    while i < N {
+        let len = names[i].len;
+        if ranges[len].1 == 0 {
+            ranges[len].0 = i as u8;
+        }
+        ranges[len].1 = i as u8 + 1;
+        i += 1;
+    }
+    ranges
+}
+
+/// A header name read from a head: one of [`COMMON_NAMES`] when it is one, in any case (no
+/// allocation), else what `HeaderName::from_bytes` makes of it (standard names allocate
+/// nothing either; others are checked and copied lowercased).
+#[inline]
+pub fn name(bytes: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
+    if let Some(&(start, end)) = COMMON_BY_LENGTH.get(bytes.len())
+        && start < end
+    {
+        let mut padded = [0u8; 24];
+        padded[..bytes.len()].copy_from_slice(bytes);
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&padded[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let input = [word(0), word(1), word(2)];
+        if let Some(common) = COMMON_NAMES[usize::from(start)..usize::from(end)]
+            .iter()
+            .find(|common| common.is(&input))
+        {
+            return Ok(common.name.clone());
+        }
+    }
+    HeaderName::from_bytes(bytes)
+}
+
+/// A header value sliced from a head `httparse` accepted. `httparse` admits in a value the
+/// bytes `HeaderValue` admits (HTAB, `0x20..=0x7E` and `0x80..=0xFF`; the test
+/// `httparse_and_header_value_admit_the_same_bytes` in `server::head` holds the two rules to
+/// each other), so an ASCII value is taken without the byte-by-byte check `HeaderValue` would
+/// repeat (about 1,400 instructions a request); any other goes through it. Only for bytes
+/// `httparse` parsed as a header value.
+#[expect(
+    unsafe_code,
+    reason = "`HeaderValue`'s unchecked constructor is `unsafe`; see the safety comment"
+)]
+#[inline]
+pub fn parsed_value(bytes: Bytes) -> Result<HeaderValue, InvalidHeaderValue> {
+    if bytes.is_ascii() {
+        // SAFETY: the constructor requires UTF-8, which ASCII is; that every byte is one a
+        // header value may hold, `httparse` checked when it parsed the head.
+        return Ok(unsafe { HeaderValue::from_maybe_shared_unchecked(bytes) });
+    }
+    HeaderValue::from_maybe_shared(bytes)
+}
+
+/// Heads that carry each byte but CR and LF inside a header value (`x-v: a<byte>z`), after
+/// `start` (a request or status line and any headers): the byte, the value and the head.
+#[cfg(test)]
+pub(crate) fn heads_with_each_value_byte(
+    start: &'static [u8],
+) -> impl Iterator<Item = (u8, [u8; 3], Vec<u8>)> {
+    (0..=u8::MAX)
+        .filter(|b| *b != b'\r' && *b != b'\n')
+        .map(move |b| {
+            let value = [b'a', b, b'z'];
+            let mut raw = start.to_vec();
+            raw.extend_from_slice(b"x-v: ");
+            raw.extend_from_slice(&value);
+            raw.extend_from_slice(b"\r\n\r\n");
+            (b, value, raw)
+        })
+}
 
 /// Removes every header whose name starts with `prefix`. Such headers are rare: they are looked
 /// for before any name is collected, by their first letter before the rest.
@@ -122,6 +276,86 @@ pub fn apikey_query_values(query: Option<&str>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn common_names_are_found_in_any_case_and_others_made_as_http_makes_them() {
+        let mut seen = 0;
+        for (len, &(start, end)) in COMMON_BY_LENGTH.iter().enumerate() {
+            for known in COMMON_NAMES[usize::from(start)..usize::from(end)]
+                .iter()
+                .map(|c| &c.name)
+            {
+                seen += 1;
+                assert_eq!(known.as_str().len(), len, "{known} is under its length");
+                assert!(
+                    http::HeaderName::from_bytes(known.as_str().as_bytes())
+                        .is_ok_and(|n| n.as_str() == known.as_str()),
+                    "{known} is a lowercase name"
+                );
+                for asked in [
+                    known.as_str().to_owned(),
+                    known.as_str().to_ascii_uppercase(),
+                ] {
+                    let got = name(asked.as_bytes()).expect("a valid name");
+                    assert_eq!(&got, known, "{asked}");
+                    assert_eq!(
+                        got.as_str().as_ptr(),
+                        known.as_str().as_ptr(),
+                        "{asked}: handed out, not copied"
+                    );
+                    assert_eq!(
+                        HeaderName::from_bytes(asked.as_bytes()).ok().as_ref(),
+                        Some(known),
+                        "what http makes of {asked}"
+                    );
+                }
+            }
+        }
+        assert_eq!(seen, COMMON_NAMES.len(), "each name under its length");
+        for raw in [
+            &b"Content-Type"[..],
+            b"ACCEPT",
+            b"X-Other",
+            b"apikeys",
+            b"apike",
+            b"api key",
+            b"apikey:",
+            b"",
+            b"x-api-key\xff",
+            b"X-CLIENT-INF0",
+            // A byte that is a letter's other case only by its 0x20 bit: never taken for it.
+            b"x\x0dapi-key",
+            b"x-api\x0dkey",
+            b"APIKE\x19",
+            b"apike@",
+            b"x-api-ke\x00",
+        ] {
+            assert_eq!(
+                name(raw).ok(),
+                HeaderName::from_bytes(raw).ok(),
+                "{:?}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+        let mut map = HeaderMap::new();
+        map.insert(
+            name(b"ApiKey").expect("valid"),
+            HeaderValue::from_static("k"),
+        );
+        map.insert(
+            HeaderName::from_bytes(b"x-client-info").expect("valid"),
+            HeaderValue::from_static("sdk"),
+        );
+        assert_eq!(
+            map.get("apikey").map(HeaderValue::as_bytes),
+            Some(&b"k"[..])
+        );
+        assert_eq!(
+            map.get(name(b"X-Client-Info").expect("valid")),
+            Some(&HeaderValue::from_static("sdk")),
+            "the same key whichever way it was made"
+        );
+    }
 
     #[test]
     fn apikey_is_removed_from_the_query_and_the_rest_kept_raw() {

@@ -29,11 +29,18 @@ fn secs(d: std::time::Duration) -> u64 {
 const PREBUILT_NUMBERS: u64 = 1024;
 
 /// The header value of `n`: a copy of a prebuilt one below [`PREBUILT_NUMBERS`] (its bytes are
-/// static, so the copy takes neither an allocation nor a reference count), a new one above,
-/// written on the stack and copied once (`HeaderValue::from(u64)` takes two allocations: its
-/// buffer, then the buffer's shared header when it is frozen).
-fn number(n: u64) -> HeaderValue {
+/// static, so the copy takes neither an allocation nor a reference count); above, the value
+/// this thread made last for the same header when it was the same number (a limit is the same
+/// on every answer, and a large bucket's remaining count seldom moves), else a new one written
+/// on the stack and copied once into a reference-counted block (`HeaderValue::from(u64)` takes
+/// two allocations: its buffer, then the buffer's shared header when it is frozen).
+fn number(n: u64, which: Which) -> HeaderValue {
     static PREBUILT: std::sync::OnceLock<Vec<HeaderValue>> = std::sync::OnceLock::new();
+    thread_local! {
+        /// The last large number of each header, and its value.
+        static LAST: std::cell::RefCell<[Option<(u64, HeaderValue)>; 3]> =
+            const { std::cell::RefCell::new([None, None, None]) };
+    }
     let prebuilt = PREBUILT.get_or_init(|| {
         let mut digits = String::new();
         let mut ends = Vec::new();
@@ -52,25 +59,47 @@ fn number(n: u64) -> HeaderValue {
             })
             .collect()
     });
-    usize::try_from(n)
-        .ok()
-        .and_then(|i| prebuilt.get(i))
-        .cloned()
-        .unwrap_or_else(|| {
-            let mut digits = itoa::Buffer::new();
-            HeaderValue::from_bytes(digits.format(n).as_bytes())
-                .unwrap_or_else(|_| HeaderValue::from(n))
-        })
+    if let Some(value) = usize::try_from(n).ok().and_then(|i| prebuilt.get(i)) {
+        return value.clone();
+    }
+    LAST.with_borrow_mut(|last| {
+        let slot = &mut last[which as usize];
+        if let Some((m, value)) = slot
+            && *m == n
+        {
+            return value.clone();
+        }
+        let mut digits = itoa::Buffer::new();
+        // Twenty digits at most (`u64::MAX`): always a value.
+        let value = crate::headers::shared_value::<20>(digits.format(n).as_bytes())
+            .unwrap_or_else(|| HeaderValue::from(n));
+        *slot = Some((n, value.clone()));
+        value
+    })
+}
+
+/// Which `RateLimit-*` header a number is for.
+#[derive(Debug, Clone, Copy)]
+enum Which {
+    Limit = 0,
+    Remaining = 1,
+    Reset = 2,
 }
 
 /// Sets `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`.
 pub fn rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
-    headers.insert(RATELIMIT_LIMIT.clone(), number(decision.limit.into()));
+    headers.insert(
+        RATELIMIT_LIMIT.clone(),
+        number(decision.limit.into(), Which::Limit),
+    );
     headers.insert(
         RATELIMIT_REMAINING.clone(),
-        number(decision.remaining.into()),
+        number(decision.remaining.into(), Which::Remaining),
     );
-    headers.insert(RATELIMIT_RESET.clone(), number(secs(decision.reset)));
+    headers.insert(
+        RATELIMIT_RESET.clone(),
+        number(secs(decision.reset), Which::Reset),
+    );
 }
 
 /// Counts a decision in `aura_ratelimit_decisions_total`.
@@ -161,20 +190,44 @@ mod tests {
             4_294_967_295,
             u64::MAX,
         ] {
-            assert_eq!(number(n), HeaderValue::from(n), "{n}");
+            for which in [Which::Limit, Which::Remaining, Which::Reset] {
+                // Twice: made, then the one kept for the header.
+                assert_eq!(number(n, which), HeaderValue::from(n), "{n}");
+                assert_eq!(number(n, which), HeaderValue::from(n), "{n} again");
+            }
         }
-        let all: Vec<HeaderValue> = (0..PREBUILT_NUMBERS).map(number).collect();
+        let all: Vec<HeaderValue> = (0..PREBUILT_NUMBERS)
+            .map(|n| number(n, Which::Remaining))
+            .collect();
         for (n, value) in all.iter().enumerate() {
             assert_eq!(value.to_str().ok(), Some(n.to_string().as_str()));
         }
     }
 
     #[test]
-    fn a_prebuilt_number_is_shared_not_made_again() {
-        // The same bytes each time below the bound (no allocation); new bytes above it.
-        let same = |n: u64| number(n).as_bytes().as_ptr() == number(n).as_bytes().as_ptr();
+    fn a_prebuilt_or_repeated_number_is_shared_not_made_again() {
+        // The same bytes each time below the bound (no allocation).
+        let at = |n: u64, which| number(n, which).as_bytes().as_ptr();
+        let same = |n: u64| at(n, Which::Limit) == at(n, Which::Limit);
         assert!(same(0) && same(1000) && same(PREBUILT_NUMBERS - 1));
-        assert!(!same(PREBUILT_NUMBERS));
+        // Above it, a header's value is made again only when its number changes; each header
+        // keeps its own.
+        let big = PREBUILT_NUMBERS + 7;
+        let first = at(big, Which::Remaining);
+        assert_eq!(at(big, Which::Remaining), first, "the same number: kept");
+        let other = at(big, Which::Limit);
+        assert_ne!(other, first, "another header: its own value");
+        assert_eq!(
+            at(big, Which::Remaining),
+            first,
+            "not displaced by another header"
+        );
+        let moved = at(big + 1, Which::Remaining);
+        assert_ne!(moved, first, "a new number: a new value");
+        assert_eq!(
+            number(big + 1, Which::Remaining),
+            HeaderValue::from(big + 1)
+        );
     }
 
     #[test]

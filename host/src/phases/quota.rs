@@ -100,11 +100,10 @@ pub async fn check(
     };
     let rule = match rules::bound(&state.config.rate_limit, source, actor, answered) {
         Ok(bounded) => {
-            for field in &bounded.clamped {
+            for field in bounded.clamped.iter() {
                 state
                     .metrics
-                    .quota_rules_clamped
-                    .with_label_values(&[plane, source.as_str(), field.as_str()])
+                    .quota_rule_clamped(cx.plane, source, field)
                     .inc();
             }
             bounded.rule

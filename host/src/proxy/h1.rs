@@ -17,8 +17,8 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf as _, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version, header};
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version, header};
 
 use crate::framing::{
     Decoded, Decoder, Framing, READ_CHUNK, content_length, has_token, put_chunk_size,
@@ -270,10 +270,7 @@ where
     async fn read_head(&mut self, head_request: bool) -> Result<Response<()>, WireError> {
         let mut informational = 0;
         loop {
-            // A head that ends past the bound is never complete: one read may bring it all.
-            let within = &self.buf[..self.buf.len().min(MAX_HEAD_BYTES)];
-            if let Some((len, head)) = parse_head(within)? {
-                self.buf.advance(len);
+            if let Some(head) = parse_head(&mut self.buf)? {
                 let status = head.status;
                 if status == StatusCode::SWITCHING_PROTOCOLS {
                     return Err(WireError::Invalid("a 101 the request did not ask for"));
@@ -368,31 +365,54 @@ struct Head {
     keep_alive: bool,
 }
 
-/// The answer head at the start of `buf`, if it is all there, and its length.
-fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, WireError> {
+/// The answer head at the start of `buf`, taken out of it when it is all there. Names and
+/// values are sliced out of the head's bytes, not copied: the head's buffer lives until the
+/// answer's head is written to the client.
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, WireError> {
+    // A head that ends past the bound is never complete: one read may bring it all.
+    let within = &buf[..buf.len().min(MAX_HEAD_BYTES)];
     // `httparse` parses answers only into initialised headers: most answers fit in a few, so
     // the full bound (3.2 KB to write for every answer) is set up only for a head with more.
     let mut few = [httparse::EMPTY_HEADER; FEW_HEADERS];
     let mut parsed = httparse::Response::new(&mut few);
-    match parsed.parse(buf) {
-        Err(httparse::Error::TooManyHeaders) => {
-            let mut all = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut parsed = httparse::Response::new(&mut all);
-            let status = parsed.parse(buf);
-            head_of(&parsed, status)
-        }
-        status => head_of(&parsed, status),
+    let status = parsed.parse(within);
+    if matches!(status, Err(httparse::Error::TooManyHeaders)) {
+        let mut all = vec![httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut all);
+        let status = parsed.parse(within);
+        let mut fields = vec![Field::default(); MAX_HEADERS];
+        let located = locate(&parsed, status, within, &mut fields)?;
+        return take(buf, located, &fields);
     }
+    let mut fields = [Field::default(); FEW_HEADERS];
+    let located = locate(&parsed, status, within, &mut fields)?;
+    take(buf, located, &fields)
 }
 
-/// How many headers an answer head is first parsed into.
-const FEW_HEADERS: usize = 24;
+/// Where one header's name and value lie in the head.
+#[derive(Debug, Clone, Copy, Default)]
+struct Field {
+    name: (u32, u32),
+    value: (u32, u32),
+}
 
-/// The answer head `parsed` holds, after `status`, its parse's outcome.
-fn head_of(
+/// A complete answer head, located: its length, status line and how many headers it has.
+struct Located {
+    len: usize,
+    code: Option<u16>,
+    version: Option<u8>,
+    count: usize,
+}
+
+/// The answer head `parsed` from `within`, after `status` (the parse's outcome): where its
+/// headers lie, written into `fields` (room for as many as `parsed` had); `None` while it is
+/// not all there.
+fn locate(
     parsed: &httparse::Response<'_, '_>,
     status: httparse::Result<usize>,
-) -> Result<Option<(usize, Head)>, WireError> {
+    within: &[u8],
+    fields: &mut [Field],
+) -> Result<Option<Located>, WireError> {
     let len = match status {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
@@ -401,31 +421,69 @@ fn head_of(
         }
         Err(_) => return Err(WireError::Invalid("not an HTTP/1.x answer head")),
     };
-    let status = parsed
+    let start = within.as_ptr() as usize;
+    // Every part lies in `within`, at most `MAX_HEAD_BYTES` long.
+    let offset = |part: &[u8]| ((part.as_ptr() as usize - start) as u32, part.len() as u32);
+    for (field, h) in fields.iter_mut().zip(parsed.headers.iter()) {
+        *field = Field {
+            name: offset(h.name.as_bytes()),
+            value: offset(h.value),
+        };
+    }
+    Ok(Some(Located {
+        len,
+        code: parsed.code,
+        version: parsed.version,
+        count: parsed.headers.len(),
+    }))
+}
+
+/// Takes the head `located` out of `buf`, and makes it an answer head.
+fn take(
+    buf: &mut BytesMut,
+    located: Option<Located>,
+    fields: &[Field],
+) -> Result<Option<Head>, WireError> {
+    let Some(located) = located else {
+        return Ok(None);
+    };
+    let head = buf.split_to(located.len).freeze();
+    head_of(&head, &located, &fields[..located.count]).map(Some)
+}
+
+/// How many headers an answer head is first parsed into.
+const FEW_HEADERS: usize = 24;
+
+/// The answer head `head` (its bytes, taken out of the read buffer), located by [`locate`].
+fn head_of(head: &Bytes, located: &Located, fields: &[Field]) -> Result<Head, WireError> {
+    let slice = |(at, len): (u32, u32)| head.slice(at as usize..(at + len) as usize);
+    let status = located
         .code
         .and_then(|code| StatusCode::from_u16(code).ok())
         .ok_or(WireError::Invalid("an invalid status code"))?;
-    let version = match parsed.version {
+    let version = match located.version {
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
     // Room for the phases' headers too (`crate::headers::ANSWER_HEADERS`): the map is
     // allocated once.
-    let mut map = HeaderMap::with_capacity(parsed.headers.len() + crate::headers::ANSWER_HEADERS);
+    let mut map = HeaderMap::with_capacity(fields.len() + crate::headers::ANSWER_HEADERS);
     let mut length: Option<u64> = None;
     let mut chunked_last = None;
     let mut close = false;
     let mut keep_alive_token = false;
     // Whether the length came as anything but one plain number (a list, or several fields).
     let mut restate_length = false;
-    for h in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
+    for field in fields {
+        let (at, n) = field.name;
+        let name = crate::headers::name(&head[at as usize..(at + n) as usize])
             .map_err(|_| WireError::Invalid("an invalid header name"))?;
-        let value = HeaderValue::from_bytes(h.value)
+        let value = crate::headers::parsed_value(slice(field.value))
             .map_err(|_| WireError::Invalid("an invalid header value"))?;
+        let raw = value.as_bytes();
         if name == header::CONTENT_LENGTH {
-            restate_length |= length.is_some() || h.value.contains(&b',');
-            for part in h.value.split(|b| *b == b',') {
+            restate_length |= length.is_some() || raw.contains(&b',');
+            for part in raw.split(|b| *b == b',') {
                 let n =
                     content_length(part).ok_or(WireError::Invalid("an invalid Content-Length"))?;
                 if length.is_some_and(|l| l != n) {
@@ -435,14 +493,13 @@ fn head_of(
             }
         } else if name == header::TRANSFER_ENCODING {
             // The last coding of the last field decides.
-            let last = h
-                .value
+            let last = raw
                 .rsplit(|b| *b == b',')
                 .map(<[u8]>::trim_ascii)
                 .find(|c| !c.is_empty());
             chunked_last = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
         } else if name == header::CONNECTION {
-            for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+            for token in raw.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
                 close |= token.eq_ignore_ascii_case(b"close");
                 keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
             }
@@ -469,16 +526,13 @@ fn head_of(
         Version::HTTP_10 => keep_alive_token && !close,
         _ => !close,
     };
-    Ok(Some((
-        len,
-        Head {
-            status,
-            version,
-            headers: map,
-            framing,
-            keep_alive,
-        },
-    )))
+    Ok(Head {
+        status,
+        version,
+        headers: map,
+        framing,
+        keep_alive,
+    })
 }
 
 /// How a request's body is sent: the `Content-Length` it carries (checked against the body as
@@ -630,6 +684,51 @@ mod tests {
         assert!(conn.is_reusable());
         let request = written(&mut peer, b"\r\n\r\n").await;
         assert_eq!(request, b"GET /o/a?b=1 HTTP/1.1\r\nhost: backend\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn answer_values_are_slices_of_the_head_and_admit_what_header_value_admits() {
+        // Sliced out of one buffer: the second value lies as far after the first as in the
+        // bytes the backend sent.
+        let (mut conn, mut peer) =
+            answered(b"HTTP/1.1 200 OK\r\nX-A: 1\r\nPrefer: 2\r\ncontent-length: 2\r\n\r\nok")
+                .await;
+        let head = conn.send(get("/a")).await.map_err(|_| ()).expect("head");
+        let at = |name: &str| head.headers()[name].as_bytes().as_ptr() as usize;
+        assert_eq!(at("prefer") - at("x-a"), "1\r\nPrefer: ".len());
+        assert_eq!(head.headers()["prefer"], "2");
+        drop(head);
+        assert_eq!(body(&mut conn).await.expect("body"), b"ok");
+        // The connection goes on with its buffer: a second answer reads whole.
+        peer.write_all(b"HTTP/1.1 404 Not Found\r\nx-request-id: r2\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .expect("answer");
+        let second = conn.send(get("/b")).await.map_err(|_| ()).expect("head");
+        assert_eq!(second.status(), StatusCode::NOT_FOUND);
+        assert_eq!(second.headers()["x-request-id"], "r2");
+        assert!(conn.is_reusable());
+
+        // `headers::parsed_value` skips `HeaderValue`'s check for what `httparse` admitted:
+        // every byte inside a value is admitted by both or refused by one.
+        let start = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n";
+        for (b, value, raw) in crate::headers::heads_with_each_value_byte(start) {
+            let (mut conn, _peer) = answered(&raw).await;
+            match (conn.send(get("/x")).await, HeaderValue::from_bytes(&value)) {
+                (Ok(head), Ok(checked)) => {
+                    let got = &head.headers()["x-v"];
+                    assert_eq!(got.as_bytes(), checked.as_bytes(), "byte {b:#04x}");
+                    assert_eq!(got.to_str().is_ok(), checked.to_str().is_ok(), "{b:#04x}");
+                }
+                (Err(SendError::Sent(WireError::Invalid(why))), Err(_)) => {
+                    assert_eq!(why, "not an HTTP/1.x answer head", "{b:#04x}");
+                }
+                (Ok(_), Err(_)) => panic!("byte {b:#04x}: kept by us, refused by HeaderValue"),
+                (Err(e), Ok(_)) => {
+                    panic!("byte {b:#04x}: refused by us ({e:?}), not by HeaderValue")
+                }
+                (Err(e), Err(_)) => panic!("byte {b:#04x}: refused for another reason: {e:?}"),
+            }
+        }
     }
 
     #[tokio::test]

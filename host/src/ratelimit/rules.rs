@@ -43,9 +43,32 @@ impl RuleSource {
 /// A rule field lowered to its ceiling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Field {
-    Rate,
-    Burst,
-    Cost,
+    Rate = 0,
+    Burst = 1,
+    Cost = 2,
+}
+
+/// The fields of a rule lowered to their ceilings: a set of at most the three, kept without an
+/// allocation (a module answering over the ceilings does it on every request).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Clamped(u8);
+
+impl Clamped {
+    fn add(&mut self, field: Field) {
+        self.0 |= 1 << field as u8;
+    }
+
+    /// Whether no field was lowered.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The fields lowered, in the order rate, burst, cost.
+    pub fn iter(self) -> impl Iterator<Item = Field> {
+        [Field::Rate, Field::Burst, Field::Cost]
+            .into_iter()
+            .filter(move |field| self.0 & (1 << *field as u8) != 0)
+    }
 }
 
 impl Field {
@@ -111,7 +134,7 @@ pub struct Answered<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bounded {
     pub rule: Rule,
-    pub clamped: Vec<Field>,
+    pub clamped: Clamped,
 }
 
 /// Bounds `answered` for `source` and names its bucket from `actor`.
@@ -162,10 +185,10 @@ pub fn bound(
         RuleSource::Operator => &config.operator_rules,
         RuleSource::Tenant => &config.tenant_rules,
     };
-    let mut clamped = Vec::new();
+    let mut clamped = Clamped::default();
     let mut cap = |value: u32, max: u32, field: Field| {
         if value > max {
-            clamped.push(field);
+            clamped.add(field);
             max
         } else {
             value.max(1)
@@ -252,7 +275,10 @@ mod tests {
         );
         assert_eq!(t.rule.burst, config.tenant_rules.max_burst);
         assert_eq!(t.rule.cost, config.tenant_rules.max_cost);
-        assert_eq!(t.clamped, vec![Field::Rate, Field::Burst, Field::Cost]);
+        assert_eq!(
+            t.clamped.iter().collect::<Vec<_>>(),
+            vec![Field::Rate, Field::Burst, Field::Cost]
+        );
         let o = bound(&config, RuleSource::Operator, &of(None), huge).expect("bounded");
         assert_eq!(o.rule.burst, config.operator_rules.max_burst);
         let zero = bound(
@@ -267,6 +293,17 @@ mod tests {
             (1, 1, 1)
         );
         assert!(zero.clamped.is_empty());
+        let burst_only = bound(
+            &config,
+            RuleSource::Tenant,
+            &of(Some("alpha")),
+            answered("k", 1, u32::MAX, 1),
+        )
+        .expect("bounded");
+        assert_eq!(
+            burst_only.clamped.iter().collect::<Vec<_>>(),
+            [Field::Burst]
+        );
         let over = bound(
             &config,
             RuleSource::Operator,

@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, Version, header};
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version, header};
 
 use crate::error::{GatewayError, Side};
 use crate::framing::{Framing, content_length, tokens};
@@ -132,9 +132,9 @@ pub(super) fn parse(buf: &mut BytesMut, limit: usize) -> Result<Option<RequestHe
     let mut hosts = 0;
     for field in &fields[..count] {
         let (at, n) = field.name;
-        let name = HeaderName::from_bytes(&head[at as usize..(at + n) as usize])
+        let name = crate::headers::name(&head[at as usize..(at + n) as usize])
             .map_err(|_| Refusal::bad("an invalid header name"))?;
-        let value = header_value(slice(field.value))
+        let value = crate::headers::parsed_value(slice(field.value))
             .map_err(|_| Refusal::bad("an invalid header value"))?;
         let raw = value.as_bytes();
         if name == header::CONTENT_LENGTH {
@@ -208,24 +208,6 @@ pub(super) fn parse(buf: &mut BytesMut, limit: usize) -> Result<Option<RequestHe
         expect_continue: expect_continue && version == Version::HTTP_11,
         upgrade,
     }))
-}
-
-/// A header value sliced from a head `httparse` accepted. `httparse` admits in a value the
-/// bytes `HeaderValue` admits (HTAB, `0x20..=0x7E` and `0x80..=0xFF`; the test
-/// `httparse_and_header_value_admit_the_same_bytes` holds the two rules to each other), so an
-/// ASCII value is taken without the byte-by-byte check `HeaderValue` would repeat (about 1,400
-/// instructions a request); any other goes through it.
-#[expect(
-    unsafe_code,
-    reason = "`HeaderValue`'s unchecked constructor is `unsafe`; see the safety comment"
-)]
-fn header_value(bytes: Bytes) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
-    if bytes.is_ascii() {
-        // SAFETY: the constructor requires UTF-8, which ASCII is; that every byte is one a
-        // header value may hold, `httparse` checked when it parsed the head.
-        return Ok(unsafe { HeaderValue::from_maybe_shared_unchecked(bytes) });
-    }
-    HeaderValue::from_maybe_shared(bytes)
 }
 
 /// Whether `buf` holds an empty line (`\n\n` or `\n\r\n`), the end of a head: searched from
@@ -349,6 +331,8 @@ fn date(f: impl FnOnce(&[u8])) {
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderName;
+
     use super::*;
 
     fn parse_all(raw: &[u8]) -> Result<Option<RequestHead>, Refusal> {
@@ -362,16 +346,10 @@ mod tests {
 
     #[test]
     fn httparse_and_header_value_admit_the_same_bytes() {
-        // `header_value` skips `HeaderValue`'s check for what `httparse` admitted: every byte
+        // `headers::parsed_value` skips `HeaderValue`'s check for what `httparse` admitted: every byte
         // inside a value, alone and between others, is admitted by both or refused by one.
-        for b in 0..=u8::MAX {
-            if b == b'\r' || b == b'\n' {
-                continue; // They end a line.
-            }
-            let value = [b'a', b, b'z'];
-            let mut raw = b"GET / HTTP/1.1\r\nhost: h\r\nx-v: ".to_vec();
-            raw.extend_from_slice(&value);
-            raw.extend_from_slice(b"\r\n\r\n");
+        let start = b"GET / HTTP/1.1\r\nhost: h\r\n";
+        for (b, value, raw) in crate::headers::heads_with_each_value_byte(start) {
             let ours = parse_all(&raw);
             let theirs = HeaderValue::from_bytes(&value);
             match (ours, theirs) {

@@ -618,7 +618,7 @@ async fn exchange_inner<S: Socket>(
         close = true;
         Sending::UntilClose
     };
-    match answer(conn, version, status, &parts.headers, body, sending, close).await {
+    match answer(conn, version, status, parts.headers, body, sending, close).await {
         Ok(true) if !close => Next::Again,
         Ok(true) if unfinished => Next::Linger,
         Ok(true) => Next::Close,
@@ -656,7 +656,7 @@ async fn refuse_inner<S: Socket>(settings: &Listener, conn: &mut Conn<S>, refusa
         conn,
         Version::HTTP_11,
         parts.status,
-        &parts.headers,
+        parts.headers,
         body,
         sending,
         true,
@@ -670,7 +670,7 @@ async fn answer<S: Socket>(
     conn: &mut Conn<S>,
     version: Version,
     status: StatusCode,
-    headers: &HeaderMap,
+    headers: HeaderMap,
     body: Body,
     sending: Sending,
     close: bool,
@@ -679,13 +679,16 @@ async fn answer<S: Socket>(
     head::encode(
         &mut conn.out,
         status,
-        headers,
+        &headers,
         Framed {
             version,
             sending,
             close,
         },
     );
+    // Not kept while the body streams: a backend's header values are slices of the read
+    // buffer of its connection (`proxy::h1`), which can then be reused for the next answer.
+    drop(headers);
     if sending == Sending::Bodiless {
         drop(body);
         conn.write_out().await?;
