@@ -21,7 +21,9 @@ use crate::support::poll::poll_every;
 /// then closes it, without saying so; `/big` answers 8 MiB slowly; `/short` promises 100 bytes,
 /// sends 10 and closes; `/switch` switches protocols unasked; `/chunked` answers `keep` in
 /// chunked coding, with a chunk extension and a trailer; `/smuggle` sends both a
-/// `Content-Length` and a `Transfer-Encoding`; `/huge-head` sends a 200 KiB header.
+/// `Content-Length` and a `Transfer-Encoding`; `/huge-head` sends a 200 KiB header;
+/// `/echo-head` answers the request head it received as its body; `/cased` answers headers
+/// in mixed case that the gateway replaces or passes.
 struct RawBackend {
     url: String,
     accepted: Arc<AtomicUsize>,
@@ -143,6 +145,21 @@ async fn serve_connection(mut stream: tokio::net::TcpStream) {
                     "a".repeat(200 * 1024)
                 );
                 stream.write_all(head.as_bytes()).await
+            }
+            "/object/echo-head" => {
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{head}",
+                    head.len()
+                );
+                stream.write_all(answer.as_bytes()).await
+            }
+            "/object/cased" => {
+                stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nX-Request-Id: backend-id\r\nX-FRAME-OPTIONS: ALLOWALL\r\n\
+                          Preference-Applied: return=minimal\r\nRateLimit-Limit: 1\r\ncontent-length: 4\r\n\r\nkeep",
+                    )
+                    .await
             }
             "/object/short" => {
                 let _ = stream
@@ -345,4 +362,81 @@ async fn hostile_backend_answers_are_refused_with_a_502_and_their_connections_ne
         &["group=\"storage\"", "status=\"502\""],
     );
     assert!(failed >= 2.0, "the refusals are counted: {metrics}");
+}
+
+/// The values of header `name` (any case) in a raw answer or head.
+fn header_values(raw: &str, name: &str) -> Vec<String> {
+    let head = raw.split("\r\n\r\n").next().unwrap_or_default();
+    head.lines()
+        .skip(1)
+        .filter_map(|line| line.split_once(':'))
+        .filter(|(n, _)| n.trim().eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn header_names_in_any_case_are_one_name_both_ways_through_the_binary() {
+    let backend = RawBackend::start().await;
+    let (started, key) = start_gateway(&backend, 4);
+    let gw = &started.gw;
+    // A client writing its headers in capitals: the key still authenticates, and every
+    // credential and identity header is removed before the backend, whatever its case.
+    let request = crate::support::raw::get(
+        "/v1/storage/object/echo-head",
+        &[
+            ("APIKEY", &key),
+            ("X-Api-Key", &key),
+            ("X-AURA-ROLE", "service_role"),
+            ("x-Aura-Project", "other"),
+            ("X-Request-ID", "client-id"),
+            ("X-Client-Info", "sdk/1"),
+            ("PREFER", "count=exact"),
+        ],
+    );
+    let answer = crate::support::raw::exchange(gw.port, request).await;
+    assert_eq!(crate::support::raw::status_of(&answer), 200, "{answer}");
+    let seen = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    for credential in ["apikey", "x-api-key"] {
+        assert!(
+            header_values(seen, credential).is_empty(),
+            "{credential} reached the backend: {seen}"
+        );
+    }
+    assert!(
+        !seen.contains(&key),
+        "the key reached the backend in some header: {seen}"
+    );
+    assert_eq!(header_values(seen, "x-aura-role"), ["anon"], "{seen}");
+    assert_ne!(header_values(seen, "x-aura-project"), ["other"], "{seen}");
+    let ids = header_values(seen, "x-request-id");
+    assert!(ids.len() == 1 && ids[0] != "client-id", "{seen}");
+    assert_eq!(header_values(seen, "x-client-info"), ["sdk/1"]);
+    assert_eq!(header_values(seen, "prefer"), ["count=exact"]);
+    // A backend writing its headers in mixed case: the gateway's replace them, once each; the
+    // rest pass.
+    let answer = crate::support::raw::exchange(
+        gw.port,
+        crate::support::raw::get("/v1/storage/object/cased", &[("apikey", &key)]),
+    )
+    .await;
+    assert_eq!(crate::support::raw::status_of(&answer), 200, "{answer}");
+    let ids = header_values(&answer, "x-request-id");
+    assert!(ids.len() == 1 && ids[0] != "backend-id", "{answer}");
+    assert_eq!(
+        header_values(&answer, "x-frame-options"),
+        ["DENY"],
+        "{answer}"
+    );
+    assert_eq!(
+        header_values(&answer, "ratelimit-limit").len(),
+        1,
+        "{answer}"
+    );
+    assert_eq!(
+        header_values(&answer, "preference-applied"),
+        ["return=minimal"],
+        "{answer}"
+    );
+    assert!(answer.ends_with("keep"), "{answer}");
 }
