@@ -10,6 +10,7 @@ pub mod breaker;
 pub mod changes;
 pub mod config;
 pub mod control;
+pub mod deadline;
 pub mod dev;
 pub mod error;
 pub mod files;

@@ -42,6 +42,7 @@ use tracing::Instrument;
 
 use super::routes;
 use crate::actor::Actor;
+use crate::deadline::Timers;
 use crate::error::GatewayError;
 use crate::phases::context::{RequestContext, RouteContext};
 use crate::phases::cors::{self, Cors};
@@ -67,6 +68,8 @@ struct Pipeline {
     /// [`crate::routes::service_of`]), with nothing around them.
     router: Router,
     metrics: RequestMetrics,
+    /// The route budgets' timers, moved from request to request.
+    budgets: Timers,
 }
 
 impl PlaneService {
@@ -78,6 +81,7 @@ impl PlaneService {
             plane,
             router,
             metrics,
+            budgets: Timers::default(),
         }))
     }
 
@@ -211,7 +215,7 @@ impl Pipeline {
                 }
             }
         };
-        match tokio::time::timeout_at(deadline, handled).await {
+        match self.budgets.run_until(deadline, handled).await {
             Ok(response) => response,
             Err(_) => GatewayError::timeout(
                 "gateway_timeout",

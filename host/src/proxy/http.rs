@@ -81,6 +81,8 @@ pub struct HttpTransport {
     pub tunnels: super::tunnels::Tunnels,
     /// Each listener's budget of long-lived exchanges (`server.max_streams`): data, management.
     streams: [StreamBudget; 2],
+    /// The timers of the calls' deadlines, moved from call to call.
+    deadlines: Arc<crate::deadline::Timers>,
 }
 
 /// One listener's budget of long-lived exchanges: a request to an HTTP backend holds a place
@@ -163,6 +165,7 @@ impl HttpTransport {
                 StreamBudget::new(max_streams, crate::plane::Plane::Data, metrics),
                 StreamBudget::new(max_streams, crate::plane::Plane::Management, metrics),
             ],
+            deadlines: Arc::default(),
         })
     }
 
@@ -217,16 +220,17 @@ impl HttpTransport {
             headers.insert(header::UPGRADE, upgrade_value);
             headers.insert(header::CONNECTION, connection);
         }
-        let mut upstream = http::Request::builder()
-            .method(parts.method)
-            .uri(uri)
-            .body(if upgrade || http_body::Body::is_end_stream(&body) {
+        // Made from its parts, not with `http::request::Builder`, whose checks the method, the
+        // target and the headers already passed.
+        let mut upstream =
+            http::Request::new(if upgrade || http_body::Body::is_end_stream(&body) {
                 // Nothing to send (or, for an upgrade, the bytes go through the tunnel).
                 Body::empty()
             } else {
                 Body::new(IdleBody::new(body, self.idle))
-            })
-            .map_err(|e| GatewayError::internal(format!("upstream request: {e}")))?;
+            });
+        *upstream.method_mut() = parts.method;
+        *upstream.uri_mut() = uri;
         *upstream.headers_mut() = headers;
 
         // The answer's body streams (from its pooled connection) under the idle limit.
@@ -236,12 +240,14 @@ impl HttpTransport {
         let mut place = Some(place);
         let sent = if upgrade {
             // Boxed: a rare case whose state would make every request's future larger.
-            tokio::time::timeout_at(deadline, Box::pin(backend.pool.send_upgrade(upstream)))
+            (self.deadlines)
+                .run_until(deadline, Box::pin(backend.pool.send_upgrade(upstream)))
                 .await
                 .map(|r| r.map(|response| response.map(|b| Body::new(IdleBody::new(b, idle)))))
         } else {
             let place = place.take();
-            tokio::time::timeout_at(deadline, backend.pool.send(upstream))
+            (self.deadlines)
+                .run_until(deadline, backend.pool.send(upstream))
                 .await
                 .map(|r| {
                     r.map(|response| {

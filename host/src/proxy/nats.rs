@@ -138,6 +138,8 @@ pub struct NatsTransport {
     subjects: Arc<[Subject]>,
     retries: u32,
     backoff: Duration,
+    /// The timers of the calls' deadlines, moved from call to call.
+    deadlines: Arc<crate::deadline::Timers>,
 }
 
 impl NatsTransport {
@@ -179,6 +181,7 @@ impl NatsTransport {
                 .collect(),
             retries: config.no_responder_retries,
             backoff: Duration::from_millis(config.retry_backoff_ms),
+            deadlines: Arc::default(),
         })
     }
 
@@ -258,11 +261,9 @@ impl NatsTransport {
             let request = async_nats::client::Request::new()
                 .payload(payload)
                 .timeout(None);
-            let sent = tokio::time::timeout_at(
-                deadline,
-                self.client.send_request(subject.clone(), request),
-            )
-            .await;
+            let sent = (self.deadlines)
+                .run_until(deadline, self.client.send_request(subject.clone(), request))
+                .await;
             match sent {
                 Err(_) => return Err(NatsError::Timeout),
                 Ok(Ok(message)) => {

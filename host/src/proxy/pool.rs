@@ -343,11 +343,14 @@ impl Backend {
     pub fn uri(&self, rest: &str, query: Option<&str>) -> Result<Uri, GatewayError> {
         let query = crate::headers::query_without_apikey(query);
         let query = query.as_deref();
+        let slash = !rest.starts_with('/');
+        // Exactly the target's length: `Uri` takes the string's buffer as it is, where a
+        // buffer with room to spare would be handed over with an allocation of its own.
         let mut target = String::with_capacity(
-            self.prefix.len() + rest.len() + query.map_or(0, |q| q.len() + 1) + 1,
+            self.prefix.len() + usize::from(slash) + rest.len() + query.map_or(0, |q| q.len() + 1),
         );
         target.push_str(&self.prefix);
-        if !rest.starts_with('/') {
+        if slash {
             target.push('/');
         }
         target.push_str(rest);
