@@ -240,13 +240,13 @@ impl HttpTransport {
         let mut place = Some(place);
         let sent = if upgrade {
             // Boxed: a rare case whose state would make every request's future larger.
-            (self.deadlines)
+            self.deadlines
                 .run_until(deadline, Box::pin(backend.pool.send_upgrade(upstream)))
                 .await
                 .map(|r| r.map(|response| response.map(|b| Body::new(IdleBody::new(b, idle)))))
         } else {
             let place = place.take();
-            (self.deadlines)
+            self.deadlines
                 .run_until(deadline, backend.pool.send(upstream))
                 .await
                 .map(|r| {

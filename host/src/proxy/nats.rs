@@ -261,7 +261,8 @@ impl NatsTransport {
             let request = async_nats::client::Request::new()
                 .payload(payload)
                 .timeout(None);
-            let sent = (self.deadlines)
+            let sent = self
+                .deadlines
                 .run_until(deadline, self.client.send_request(subject.clone(), request))
                 .await;
             match sent {
