@@ -372,6 +372,10 @@ mod tests {
             b"APIKE\x19",
             b"apike@",
             b"x-api-ke\x00",
+            // The same for standard names of the table.
+            b"content\x0dtype",
+            b"USER\x0dAGENT",
+            b"hos\x14",
         ] {
             assert_eq!(
                 name(raw).ok(),
