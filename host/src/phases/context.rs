@@ -7,10 +7,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::request_id::RequestId;
+use super::stamps::Stamps;
 use crate::actor::Actor;
 use crate::plane::Plane;
 use crate::policy::Policies;
-use crate::ratelimit::Decision;
 use crate::routes::RouteGroup;
 
 /// The context of one request.
@@ -34,8 +34,8 @@ pub struct RequestContext {
     pub actor: Option<Arc<Actor>>,
     /// Refused by the per-IP limit: the CORS answer then comes from the plane's module.
     pub ip_limited: bool,
-    /// The quota decision (phase 10), for the response's `RateLimit-*` headers.
-    pub quota: Option<Decision>,
+    /// The headers the phases set on the answer on their way out (2, 7 and 10).
+    pub stamps: Stamps,
 }
 
 impl RequestContext {
@@ -52,7 +52,7 @@ impl RequestContext {
             client_ip: None,
             actor: None,
             ip_limited: false,
-            quota: None,
+            stamps: Stamps::none(),
         }
     }
 

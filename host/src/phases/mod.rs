@@ -18,6 +18,7 @@ pub mod quota;
 pub mod request_id;
 pub mod request_limits;
 pub mod security_headers;
+pub mod stamps;
 pub mod trace;
 
 /// What a phase on the way down returns: what it established for the phases inside it (the

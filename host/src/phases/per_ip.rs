@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use axum::extract::{ConnectInfo, Request};
 use axum::response::{IntoResponse, Response};
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 
 use super::Phase;
 use super::context::RequestContext;
@@ -16,13 +16,7 @@ use crate::ratelimit::Decision;
 use crate::ratelimit::client_ip::client_ip;
 use crate::state::AppState;
 
-static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-
-fn secs(d: std::time::Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
+use super::stamps::{RATELIMIT_LIMIT, RATELIMIT_REMAINING, RATELIMIT_RESET, RateLimitNumbers};
 
 /// Numbers below this have a prebuilt header value: the three `RateLimit-*` values of the
 /// default limits (a burst of 1000) cost no allocation.
@@ -88,18 +82,17 @@ enum Which {
 
 /// Sets `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`.
 pub fn rate_limit_headers(headers: &mut HeaderMap, decision: &Decision) {
-    headers.insert(
-        RATELIMIT_LIMIT.clone(),
-        number(decision.limit.into(), Which::Limit),
-    );
+    rate_limit_numbers(headers, &RateLimitNumbers::of(decision));
+}
+
+/// Sets the `RateLimit-*` headers to `numbers`.
+pub fn rate_limit_numbers(headers: &mut HeaderMap, numbers: &RateLimitNumbers) {
+    headers.insert(RATELIMIT_LIMIT.clone(), number(numbers.limit, Which::Limit));
     headers.insert(
         RATELIMIT_REMAINING.clone(),
-        number(decision.remaining.into(), Which::Remaining),
+        number(numbers.remaining, Which::Remaining),
     );
-    headers.insert(
-        RATELIMIT_RESET.clone(),
-        number(secs(decision.reset), Which::Reset),
-    );
+    headers.insert(RATELIMIT_RESET.clone(), number(numbers.reset, Which::Reset));
 }
 
 /// Counts a decision in `aura_ratelimit_decisions_total`.
@@ -240,7 +233,7 @@ mod tests {
             reset: Duration::from_millis(1_500),
         };
         rate_limit_headers(&mut headers, &decision);
-        let get = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+        let get = |name: &http::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
         assert_eq!(get(&RATELIMIT_LIMIT), Some("1000"));
         assert_eq!(get(&RATELIMIT_REMAINING), Some("5000000"));
         assert_eq!(get(&RATELIMIT_RESET), Some("2"));

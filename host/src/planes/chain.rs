@@ -23,6 +23,11 @@
 //! | 11 | metrics auth | guards `/metrics` only; innermost, next to the handler it protects |
 //! | 12 | route | the handler, under its route group's timeout budget (there is no global timeout) |
 //!
+//! The headers phases 2, 7 and 10 set on the way out (security headers, request id,
+//! `RateLimit-*`) are kept beside the answer ([`crate::phases::stamps`]): the HTTP/1 writer
+//! writes them after the answer's own headers, in place of a backend's, and every other
+//! consumer gets them in the answer's map.
+//!
 //! The shape follows Pingora's `ProxyHttp`: each phase is a function of its own module
 //! ([`crate::phases`]); this file is only their order.
 
@@ -48,9 +53,9 @@ use crate::phases::context::{RequestContext, RouteContext};
 use crate::phases::cors::{self, Cors};
 use crate::phases::metrics::RequestMetrics;
 use crate::phases::request_id::{self, RequestId};
+use crate::phases::stamps::Stamped;
 use crate::phases::{
-    Phase, access_log, auth, metrics_auth, path, per_ip, quota, request_limits, security_headers,
-    trace,
+    Phase, access_log, auth, metrics_auth, path, per_ip, quota, request_limits, trace,
 };
 use crate::plane::Plane;
 use crate::routes::{Budget, RouteGroup};
@@ -87,6 +92,12 @@ impl PlaneService {
 
     /// Runs one request from `peer` through every phase.
     pub async fn handle(&self, request: Request, peer: SocketAddr) -> Response {
+        self.stamped(request, peer).await.into_response()
+    }
+
+    /// Runs one request from `peer` through every phase, and answers with the headers the
+    /// phases set on the way out kept beside the response, for a writer that writes them itself.
+    pub async fn stamped(&self, request: Request, peer: SocketAddr) -> Stamped {
         // The phases' state machine is several kilobytes. Boxed here, it is written once into
         // the heap; unboxed, the connection would move it into its in-flight slot on every
         // request, and every future wrapping it would grow by as much. The box is allocated
@@ -99,23 +110,27 @@ impl PlaneService {
 
 impl Pipeline {
     /// Phases 0 to 2, and their way back.
-    async fn run(&self, mut request: Request, peer: IpAddr) -> Response {
+    async fn run(&self, mut request: Request, peer: IpAddr) -> Stamped {
         let refused = path::normalize_request(&mut request); // 0
         let group = RouteGroup::of(request.uri().path());
         let policies = self.state.policies.snapshot();
         let mut cx = RequestContext::new(self.plane, peer, group, policies);
         let cors = Cors::of(&self.state, self.plane, &request); // 1
         if let Some(cors) = cors.as_ref().filter(|c| c.is_preflight()) {
-            return cors::preflight(&self.state, &mut cx, request, cors).await;
+            return Stamped::whole(cors::preflight(&self.state, &mut cx, request, cors).await);
         }
         let mut response = self.limited(&mut cx, request, refused).await; // 3 and in
-        security_headers::stamp(response.headers_mut()); // 2
-        match &cors {
+        cx.stamps.security(); // 2
+        let response = match &cors {
             Some(cors) => cors::respond(&self.state, &cx, cors, response).await, // 1
             None => {
                 cors::strip(response.headers_mut());
                 response
             }
+        };
+        Stamped {
+            response,
+            stamps: cx.stamps,
         }
     }
 
@@ -153,11 +168,11 @@ impl Pipeline {
         let id = RequestId::mint();
         request_id::assign(&id, request.headers_mut());
         cx.id = Some(id.clone());
-        let mut response = self
+        let response = self
             .admitted(cx, &id, request)
             .await
             .unwrap_or_else(|answer| answer);
-        request_id::stamp(&id, response.headers_mut());
+        cx.stamps.request_id(&id);
         response
     }
 
@@ -173,9 +188,9 @@ impl Pipeline {
         let (method, path) = (request.method(), request.uri().path());
         let quota = quota::check(&self.state, cx, &actor, method, path, request.headers()).await?; // 10
         metrics_auth::guard(&self.state, &request)?; // 11
-        let mut response = self.route(cx, actor, id.clone(), request).await;
+        let response = self.route(cx, actor, id.clone(), request).await;
         if let Some(decision) = &quota {
-            per_ip::rate_limit_headers(response.headers_mut(), decision); // 10
+            cx.stamps.rate_limit(decision); // 10
         }
         Ok(response)
     }
@@ -243,6 +258,6 @@ where
         let pipeline = self.0.clone();
         let request = request.map(Body::new);
         let peer = per_ip::peer_of(&request);
-        Box::pin(async move { Ok(pipeline.run(request, peer).await) })
+        Box::pin(async move { Ok(pipeline.run(request, peer).await.into_response()) })
     }
 }

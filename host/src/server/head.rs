@@ -17,6 +17,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version, he
 
 use crate::error::{GatewayError, Side};
 use crate::framing::{Framing, content_length, tokens};
+use crate::phases::stamps::Stamps;
 
 /// The most headers a request head may carry (hyper's server default).
 pub(super) const MAX_HEADERS: usize = 100;
@@ -248,9 +249,16 @@ pub(super) struct Framed {
 }
 
 /// Writes the answer head into `out`: the status line, the answer's headers but those the
-/// connection decides (`Connection`, `Keep-Alive`, `Content-Length`, `Transfer-Encoding`),
-/// the connection's own, and `Date` when the answer has none. A `101` keeps its `Connection`.
-pub(super) fn encode(out: &mut Vec<u8>, status: StatusCode, headers: &HeaderMap, framed: Framed) {
+/// connection decides (`Connection`, `Keep-Alive`, `Content-Length`, `Transfer-Encoding`) and
+/// those `stamps` replace, the stamps, the connection's own headers, and `Date` when the answer
+/// has none. A `101` keeps its `Connection`.
+pub(super) fn encode(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    stamps: &Stamps,
+    framed: Framed,
+) {
     out.extend_from_slice(match framed.version {
         Version::HTTP_10 => b"HTTP/1.0 ",
         _ => b"HTTP/1.1 ",
@@ -263,21 +271,29 @@ pub(super) fn encode(out: &mut Vec<u8>, status: StatusCode, headers: &HeaderMap,
     let keeps_length = framed.sending == Sending::Bodiless
         && !status.is_informational()
         && status != StatusCode::NO_CONTENT;
+    let mut dated = false;
     for (name, value) in headers {
-        let skip = if name == header::CONTENT_LENGTH {
-            !keeps_length
-        } else {
-            name == header::TRANSFER_ENCODING
-                || (!switching && (name == header::CONNECTION || name == "keep-alive"))
+        // Names are lower case: compared as they are, after their length.
+        let text = name.as_str();
+        let skip = match text.len() {
+            4 if text == "date" => {
+                dated = true;
+                false
+            }
+            10 if text == "connection" || text == "keep-alive" => !switching,
+            14 if text == "content-length" => !keeps_length,
+            17 if text == "transfer-encoding" => true,
+            _ => stamps.covers(text),
         };
         if skip {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(text.as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    stamps.write(out);
     match framed.sending {
         Sending::Length(n) => {
             out.extend_from_slice(b"content-length: ");
@@ -294,7 +310,7 @@ pub(super) fn encode(out: &mut Vec<u8>, status: StatusCode, headers: &HeaderMap,
             out.extend_from_slice(b"connection: keep-alive\r\n");
         }
     }
-    if !headers.contains_key(header::DATE) {
+    if !dated {
         out.extend_from_slice(b"date: ");
         date(|now| out.extend_from_slice(now));
         out.extend_from_slice(b"\r\n");
@@ -503,7 +519,7 @@ mod tests {
         assert!(parse(&mut buf, 1024).is_err());
     }
 
-    fn encoded(status: StatusCode, headers: &[(&str, &str)], framed: Framed) -> String {
+    fn map_of(headers: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (n, v) in headers {
             map.append(
@@ -511,9 +527,117 @@ mod tests {
                 HeaderValue::from_str(v).expect("value"),
             );
         }
+        map
+    }
+
+    fn encoded(status: StatusCode, headers: &[(&str, &str)], framed: Framed) -> String {
         let mut out = Vec::new();
-        encode(&mut out, status, &map, framed);
+        encode(&mut out, status, &map_of(headers), &Stamps::none(), framed);
         String::from_utf8(out).expect("ascii")
+    }
+
+    /// The header lines of an encoded head, sorted (the date's value left out).
+    fn lines_of(head: &[u8]) -> Vec<(String, String)> {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut parsed = httparse::Response::new(&mut headers);
+        assert!(matches!(
+            parsed.parse(head),
+            Ok(httparse::Status::Complete(_))
+        ));
+        let mut lines: Vec<(String, String)> = parsed
+            .headers
+            .iter()
+            .map(|h| {
+                let value = if h.name == "date" {
+                    String::new()
+                } else {
+                    String::from_utf8_lossy(h.value).into_owned()
+                };
+                (h.name.to_owned(), value)
+            })
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn stamps_are_written_in_place_of_an_answer_s_own_copies_of_their_names() {
+        use std::time::Duration;
+
+        use crate::phases::request_id::RequestId;
+        use crate::ratelimit::Decision;
+
+        // A backend's answer that sets every stamped name itself, and others.
+        let backend = [
+            ("content-security-policy", "default-src *"),
+            ("x-content-type-options", "sniff"),
+            ("referrer-policy", "unsafe-url"),
+            ("strict-transport-security", "max-age=0"),
+            ("x-frame-options", "SAMEORIGIN"),
+            ("x-request-id", "from-the-backend"),
+            ("ratelimit-limit", "7"),
+            ("ratelimit-remaining", "6"),
+            ("ratelimit-reset", "60"),
+            ("x-a", "1"),
+            ("content-type", "text/plain"),
+        ];
+        let id = RequestId::mint();
+        let decision = Decision::allowed(1000, 998, Duration::from_millis(2_500));
+        let framed = Framed {
+            version: Version::HTTP_11,
+            sending: Sending::Length(0),
+            close: false,
+        };
+        for bits in 0..8u8 {
+            let stamps = Stamps::of_bits(bits, &id, &decision);
+            let mut written = Vec::new();
+            encode(
+                &mut written,
+                StatusCode::OK,
+                &map_of(&backend),
+                &stamps,
+                framed,
+            );
+            // What the same answer reads as with the stamps put in its map.
+            let mut applied = map_of(&backend);
+            stamps.apply(&mut applied);
+            let mut expected = Vec::new();
+            encode(
+                &mut expected,
+                StatusCode::OK,
+                &applied,
+                &Stamps::none(),
+                framed,
+            );
+            let lines = lines_of(&written);
+            assert_eq!(lines, lines_of(&expected), "{stamps:?}");
+            let value = |name: &str| -> Vec<&str> {
+                lines
+                    .iter()
+                    .filter(|(n, _)| n == name)
+                    .map(|(_, v)| v.as_str())
+                    .collect()
+            };
+            let security = bits & 1 != 0;
+            assert_eq!(
+                value("x-frame-options"),
+                [if security { "DENY" } else { "SAMEORIGIN" }]
+            );
+            assert_eq!(
+                value("x-request-id"),
+                [if bits & 2 != 0 {
+                    id.as_str()
+                } else {
+                    "from-the-backend"
+                }]
+            );
+            assert_eq!(
+                value("ratelimit-reset"),
+                [if bits & 4 != 0 { "3" } else { "60" }]
+            );
+            assert_eq!(value("x-a"), ["1"]);
+            assert_eq!(lines.len(), backend.len() + 2, "content-length and date");
+        }
     }
 
     #[test]

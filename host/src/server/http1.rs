@@ -48,6 +48,7 @@ use super::body::{BodyError, Pipe, RequestBody};
 use super::head::{self, Framed, Refusal, RequestHead, Sending};
 use super::{Closed, Listener, Prefixed, Requests, stopped};
 use crate::framing::{Decoded, Decoder, Framing, READ_CHUNK, has_token, put_chunk_size};
+use crate::phases::stamps::{Stamped, Stamps};
 use crate::proxy::tunnels::{ClientIo, ClientUpgrade};
 
 /// Answer body data up to this size is copied into the write buffer with what comes before it.
@@ -556,12 +557,12 @@ async fn exchange_inner<S: Socket>(
         tunnel = Some(tx);
     }
     let mut unfinished = matches!(reading, Reading::Body(_));
-    let service = requests.serve(request);
+    let service = requests.stamped(request);
     tokio::pin!(service);
-    let response = loop {
+    let Stamped { response, stamps } = loop {
         tokio::select! {
             biased;
-            response = service.as_mut() => break response,
+            answer = service.as_mut() => break answer,
             read = poll_fn(|cx| reading.poll(cx, conn, settings.max_head)) => match read {
                 Read::BodyDone => {
                     unfinished = false;
@@ -594,7 +595,7 @@ async fn exchange_inner<S: Socket>(
             sending: Sending::Bodiless,
             close: false,
         };
-        head::encode(&mut conn.out, status, &parts.headers, framed);
+        head::encode(&mut conn.out, status, &parts.headers, &stamps, framed);
         if conn.write_out().await.is_err() || conn.flush().await.is_err() {
             return Next::Gone;
         }
@@ -618,7 +619,12 @@ async fn exchange_inner<S: Socket>(
         close = true;
         Sending::UntilClose
     };
-    match answer(conn, version, status, parts.headers, body, sending, close).await {
+    let framed = Framed {
+        version,
+        sending,
+        close,
+    };
+    match answer(conn, status, parts.headers, &stamps, body, framed).await {
         Ok(true) if !close => Next::Again,
         Ok(true) if unfinished => Next::Linger,
         Ok(true) => Next::Close,
@@ -652,14 +658,18 @@ async fn refuse_inner<S: Socket>(settings: &Listener, conn: &mut Conn<S>, refusa
     crate::phases::request_id::stamp_if_missing(response.headers_mut());
     let (parts, body) = response.into_parts();
     let sending = Sending::Length(body.size_hint().exact().unwrap_or(0));
+    let framed = Framed {
+        version: Version::HTTP_11,
+        sending,
+        close: true,
+    };
     let _ = answer(
         conn,
-        Version::HTTP_11,
         parts.status,
         parts.headers,
+        &Stamps::none(),
         body,
-        sending,
-        true,
+        framed,
     )
     .await;
 }
@@ -668,24 +678,15 @@ async fn refuse_inner<S: Socket>(settings: &Listener, conn: &mut Conn<S>, refusa
 /// failed or did not match its length (the connection cannot go on).
 async fn answer<S: Socket>(
     conn: &mut Conn<S>,
-    version: Version,
     status: StatusCode,
     headers: HeaderMap,
+    stamps: &Stamps,
     body: Body,
-    sending: Sending,
-    close: bool,
+    framed: Framed,
 ) -> io::Result<bool> {
+    let sending = framed.sending;
     conn.out.clear();
-    head::encode(
-        &mut conn.out,
-        status,
-        &headers,
-        Framed {
-            version,
-            sending,
-            close,
-        },
-    );
+    head::encode(&mut conn.out, status, &headers, stamps, framed);
     // Not kept while the body streams: a backend's header values are slices of the read
     // buffer of its connection (`proxy::h1`), which can then be reused for the next answer.
     drop(headers);

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::phases::stamps::Stamped;
 use crate::plane::Plane;
 use crate::planes::chain::PlaneService;
 use crate::planes::{build_data_plane_router, build_management_plane_router};
@@ -330,7 +331,13 @@ struct Requests {
 
 impl Requests {
     /// Serves one request: shed past `server.max_in_flight`, else through the plane's chain.
-    async fn serve(&self, mut request: http::Request<Body>) -> axum::response::Response {
+    async fn serve(&self, request: http::Request<Body>) -> axum::response::Response {
+        self.stamped(request).await.into_response()
+    }
+
+    /// [`Self::serve`], with the headers the phases set on the way out kept beside the answer
+    /// (written by the HTTP/1 writer itself).
+    async fn stamped(&self, mut request: http::Request<Body>) -> Stamped {
         // Only an upgrade can outlive its exchange (a WebSocket tunnel): it keeps the slot.
         if request.headers().contains_key(http::header::UPGRADE) {
             request.extensions_mut().insert(self.slot.clone());
@@ -343,9 +350,9 @@ impl Requests {
             // Answered before the chain: the headers every answer carries, set here.
             crate::phases::security_headers::stamp(response.headers_mut());
             crate::phases::request_id::stamp_if_missing(response.headers_mut());
-            return response;
+            return Stamped::whole(response);
         };
-        self.plane.handle(request, self.peer).await
+        self.plane.stamped(request, self.peer).await
     }
 }
 
