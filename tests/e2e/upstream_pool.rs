@@ -378,6 +378,67 @@ fn header_values(raw: &str, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// The gateway's security headers, request id and quota numbers, once each, in place of the
+/// backend's (`/cased` sends all nine names).
+fn assert_replaced_once(answer: &str) {
+    let ids = header_values(answer, "x-request-id");
+    assert!(
+        ids.len() == 1 && ids[0].len() == 32 && ids[0] != "backend-id",
+        "{answer}"
+    );
+    for (name, value) in [
+        ("x-frame-options", "DENY"),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "no-referrer"),
+        (
+            "strict-transport-security",
+            "max-age=63072000; includeSubDomains",
+        ),
+        (
+            "content-security-policy",
+            "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        ),
+        ("ratelimit-limit", "1000"),
+    ] {
+        assert_eq!(header_values(answer, name), [value], "{name}: {answer}");
+    }
+    // The gateway's own quota numbers, once each, not the backend's.
+    for (name, backends) in [("ratelimit-remaining", "0"), ("ratelimit-reset", "999")] {
+        let values = header_values(answer, name);
+        assert!(
+            values.len() == 1 && values[0] != backends && values[0].parse::<u64>().is_ok(),
+            "{name}: {answer}"
+        );
+    }
+}
+
+/// The head of an HTTP/2 (prior knowledge) `GET path` with `key`, written as an HTTP/1 head
+/// (`status`, then `name: value` lines) for [`header_values`].
+async fn h2c_head(port: u16, path: &str, key: &str) -> String {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let (send, connection) = h2::client::handshake(tcp).await.expect("h2c handshake");
+    tokio::spawn(connection);
+    let mut send = send.ready().await.expect("h2 ready");
+    let request = http::Request::get(format!("http://127.0.0.1:{port}{path}"))
+        .header("apikey", key)
+        .body(())
+        .expect("request");
+    let (response, _) = send.send_request(request, true).expect("sent");
+    let response = response.await.expect("answered");
+    let mut head = format!("HTTP/2 {}\r\n", response.status().as_u16());
+    for (name, value) in response.headers() {
+        head.push_str(&format!(
+            "{}: {}\r\n",
+            name,
+            String::from_utf8_lossy(value.as_bytes())
+        ));
+    }
+    head.push_str("\r\n");
+    head
+}
+
 #[tokio::test]
 async fn header_names_in_any_case_are_one_name_both_ways_through_the_binary() {
     let backend = RawBackend::start().await;
@@ -424,35 +485,12 @@ async fn header_names_in_any_case_are_one_name_both_ways_through_the_binary() {
     )
     .await;
     assert_eq!(crate::support::raw::status_of(&answer), 200, "{answer}");
-    let ids = header_values(&answer, "x-request-id");
-    assert!(
-        ids.len() == 1 && ids[0].len() == 32 && ids[0] != "backend-id",
-        "{answer}"
-    );
-    for (name, value) in [
-        ("x-frame-options", "DENY"),
-        ("x-content-type-options", "nosniff"),
-        ("referrer-policy", "no-referrer"),
-        (
-            "strict-transport-security",
-            "max-age=63072000; includeSubDomains",
-        ),
-        (
-            "content-security-policy",
-            "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
-        ),
-        ("ratelimit-limit", "1000"),
-    ] {
-        assert_eq!(header_values(&answer, name), [value], "{name}: {answer}");
-    }
-    // The gateway's own quota numbers, once each, not the backend's.
-    for (name, backends) in [("ratelimit-remaining", "0"), ("ratelimit-reset", "999")] {
-        let values = header_values(&answer, name);
-        assert!(
-            values.len() == 1 && values[0] != backends && values[0].parse::<u64>().is_ok(),
-            "{name}: {answer}"
-        );
-    }
+    assert_replaced_once(&answer);
+    // The same answer over HTTP/2, whose writer gets the gateway's headers in the answer's map.
+    let h2 = h2c_head(gw.port, "/v1/storage/object/cased", &key).await;
+    assert!(h2.starts_with("HTTP/2 200\r\n"), "{h2}");
+    assert_replaced_once(&h2);
+    assert_eq!(header_values(&h2, "preference-applied"), ["return=minimal"]);
     assert_eq!(
         header_values(&answer, "preference-applied"),
         ["return=minimal"],

@@ -3,7 +3,7 @@
 //! kept beside the answer instead of in its header map.
 //!
 //! Each of them replaces whatever a backend sent under its name. Put into the answer's map, that
-//! is nine inserts a request, each a hash and a probe of the map (about 2,000 instructions in
+//! is nine inserts a request, each a hash and a probe of the map (about 2,400 instructions in
 //! all). The HTTP/1 writer instead writes them after the answer's own headers and skips a
 //! backend's copies of their names as it goes ([`Stamps::write`], [`Stamps::covers`]); every
 //! other consumer of an answer (HTTP/2, the plane as a `tower::Service`) gets them in the map
@@ -70,7 +70,7 @@ impl Stamped {
 }
 
 /// The headers an answer is to carry beyond its own, and which of a backend's they replace.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Stamps {
     security: bool,
     request_id: Option<RequestId>,
@@ -107,11 +107,6 @@ impl Stamps {
             request_id: (bits & 2 != 0).then(|| id.clone()),
             rate_limit: (bits & 4 != 0).then(|| RateLimitNumbers::of(decision)),
         }
-    }
-
-    /// Whether nothing is to be added.
-    pub fn is_empty(&self) -> bool {
-        !self.security && self.request_id.is_none() && self.rate_limit.is_none()
     }
 
     /// Puts the headers into `headers`, replacing what is there under their names.
@@ -219,7 +214,6 @@ mod tests {
             let mut map = HeaderMap::new();
             stamps.apply(&mut map);
             assert_eq!(written(&stamps), lines_of(&map), "{stamps:?}");
-            assert_eq!(stamps.is_empty(), map.is_empty());
         }
     }
 

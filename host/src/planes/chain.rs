@@ -90,13 +90,9 @@ impl PlaneService {
         }))
     }
 
-    /// Runs one request from `peer` through every phase.
-    pub async fn handle(&self, request: Request, peer: SocketAddr) -> Response {
-        self.stamped(request, peer).await.into_response()
-    }
-
     /// Runs one request from `peer` through every phase, and answers with the headers the
-    /// phases set on the way out kept beside the response, for a writer that writes them itself.
+    /// phases set on the way out kept beside the response ([`Stamped::into_response`] puts
+    /// them into its map; the HTTP/1 writer writes them itself).
     pub async fn stamped(&self, request: Request, peer: SocketAddr) -> Stamped {
         // The phases' state machine is several kilobytes. Boxed here, it is written once into
         // the heap; unboxed, the connection would move it into its in-flight slot on every
