@@ -91,26 +91,26 @@ fn sample() {
     unsafe_code,
     reason = "a global allocator is an unsafe trait; this one only counts and delegates"
 )]
-// SAFETY: every call is forwarded unchanged to mimalloc, which upholds the trait's contract.
+// SAFETY: every call is forwarded unchanged to the gateway's allocator, which upholds the trait's contract.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count(layout.size());
         // SAFETY: forwarded with the caller's layout.
-        unsafe { mimalloc::MiMalloc.alloc(layout) }
+        unsafe { aura_gateway::allocator::Allocator.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count(layout.size());
         // SAFETY: forwarded with the caller's layout.
-        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+        unsafe { aura_gateway::allocator::Allocator.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count(new_size);
         // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+        unsafe { aura_gateway::allocator::Allocator.realloc(ptr, layout, new_size) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+        unsafe { aura_gateway::allocator::Allocator.dealloc(ptr, layout) }
     }
 }
 

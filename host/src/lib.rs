@@ -5,6 +5,7 @@
 //! [`policy`] stages at fixed points.
 
 pub mod actor;
+pub mod allocator;
 pub mod auth;
 pub mod breaker;
 pub mod changes;

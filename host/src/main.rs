@@ -15,31 +15,13 @@ use clap::{Parser, Subcommand};
 /// mimalloc: the gateway allocates small, short-lived buffers on every request; measured with
 /// `bench/run`, glibc's malloc was a fifth of the CPU time of a proxied request. Built without
 /// transparent huge pages (`no_thp`): with them the idle gateway held twice the memory it uses.
+/// Called without an alignment where its blocks have it already (`allocator`).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: aura_gateway::allocator::Allocator = aura_gateway::allocator::Allocator;
 
-/// How often the allocator gives the memory freed since back to the system.
+/// How often the allocator gives the memory freed since back to the system
+/// (`allocator::trim_every`).
 const ALLOCATOR_TRIM: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Gives freed memory back to the system every [`ALLOCATOR_TRIM`]. mimalloc does so only from
-/// inside its own calls, some time after the memory was freed: a gateway that goes quiet right
-/// after a burst (10,000 keep-alive connections answered, then idle and released) would keep
-/// the burst's pages for as long as it stays quiet. The collection runs on a worker, whose
-/// own cached pages it takes too; measured with `bench/run`, it cut an idle keep-alive
-/// connection's resident memory by about half (6.8 to 3.3 KiB), for one collection a second
-/// (purging at every free instead cost 8–14 % more CPU per request).
-async fn trim_allocator() {
-    let mut every = tokio::time::interval(ALLOCATOR_TRIM);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        #[expect(unsafe_code, reason = "a call into the allocator's C API")]
-        // SAFETY: `mi_collect` takes no pointer and may be called from any thread at any time.
-        unsafe {
-            libmimalloc_sys::mi_collect(true);
-        }
-    }
-}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -228,7 +210,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.spawn(trim_allocator());
+    runtime.spawn(aura_gateway::allocator::trim_every(ALLOCATOR_TRIM));
     let result = match cli.command {
         Command::Serve { config } => load(config.as_ref()).and_then(|loaded| {
             // Outside the async runtime: the trace exporter's HTTP client must be created and
