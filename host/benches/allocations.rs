@@ -91,7 +91,8 @@ fn sample() {
     unsafe_code,
     reason = "a global allocator is an unsafe trait; this one only counts and delegates"
 )]
-// SAFETY: every call is forwarded unchanged to the gateway's allocator, which upholds the trait's contract.
+// SAFETY: every call is forwarded unchanged to the gateway's allocator, which upholds the
+// trait's contract.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count(layout.size());
