@@ -29,6 +29,7 @@ const TEST_PLUGINS: &[(&str, &str)] = &[
         "aura-plugin-testing-quota-inputs",
         "testing_quota_inputs.wasm",
     ),
+    ("aura-plugin-testing-api-key", "testing_api_key.wasm"),
 ];
 
 /// Every plugin built: (package, file name in OUT_DIR), the default plugins first.

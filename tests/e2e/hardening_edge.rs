@@ -391,6 +391,54 @@ async fn a_service_role_key_in_the_url_is_refused_whatever_the_headers_say() {
     assert!(!reached, "the key reached storage");
 }
 
+/// The default api-key module declares the path only for a request with a key in the query
+/// (`path-with-query-keys`): a key sent in a header is decided once for every path, a key in the
+/// query per path. A decision kept for a header key never answers a request that carries a key
+/// in the query too, and a query key stays refused on every path that does not accept one.
+#[tokio::test]
+async fn a_header_keys_decision_serves_every_path_and_query_keys_are_decided_per_path() {
+    let edge = Edge::start("").await;
+    let anon = &edge.fx.anon_key;
+    let stage = |text: &str, outcome: &str| {
+        let outcome = format!("outcome=\"{outcome}\"");
+        let labels = ["plane=\"data\"", "stage=\"api_key\"", outcome.as_str()];
+        metric(text, "aura_decision_cache_total", &labels)
+    };
+    let before = edge.gw.metrics().await;
+    let (misses, hits) = (stage(&before, "miss"), stage(&before, "hit"));
+    for n in 0..10 {
+        let object = Call::get(edge.gw.data_url(&format!("/v1/storage/object/b/{n}")));
+        object.key(anon).expect(StatusCode::OK).await;
+    }
+    let text = edge.gw.metrics().await;
+    assert_eq!(
+        stage(&text, "miss") - misses,
+        1.0,
+        "one decision, ten paths"
+    );
+    assert!(stage(&text, "hit") - hits >= 9.0, "{text}");
+    assert_eq!(edge.storage.seen().len(), 10);
+
+    let (storage_a, storage_b) = ("/v1/storage/object/b/1", "/v1/storage/object/b/2");
+    for path in [storage_a, storage_a, storage_b] {
+        // The header key's kept decision is not this request's: its query key is refused.
+        let with_query = Call::get(edge.gw.data_url(&format!("{path}?apikey={anon}")));
+        let r = with_query.key(anon).read().await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(r.json_or_null()["error"]["code"], "invalid_api_key");
+    }
+    let sse = Call::get(edge.gw.data_url(&format!("/v1/realtime/sse?apikey={anon}")));
+    assert_eq!(sse.status().await, StatusCode::OK, "accepted where it is");
+    let text = edge.gw.metrics().await;
+    let decided = stage(&text, "miss") - misses;
+    assert_eq!(decided, 4.0, "one decision per path with a query key");
+    assert_eq!(
+        edge.storage.seen().len(),
+        10,
+        "no refused request reached storage"
+    );
+}
+
 #[tokio::test]
 async fn the_console_token_stays_in_the_gateway_and_targets_are_allow_listed() {
     let edge = Edge::start("").await;

@@ -525,22 +525,45 @@ fn calls_from_many_threads_share_one_module_safely() {
 
 /// Plugins of every WIT version load side by side, the older ones lifted into the current
 /// decisions: the hostile quota plugin is written against `aura:gateway@0.1.0`, the legacy cors
-/// plugin against `0.2.0`, the default plugins against `0.3.0`.
+/// plugin against `0.2.0`, the api-key test plugin against `0.3.0` (its declaration read with
+/// the four flags it had), the default db-routing plugin against `0.4.0`.
 #[test]
 fn plugins_of_every_wit_version_load_and_answer() {
     use aura_gateway::policy::Stage;
-    use aura_gateway::policy::builtin::{TESTING_LEGACY_PLUGIN_PATH, TESTING_QUOTA_PLUGIN_PATH};
+    use aura_gateway::policy::builtin::{
+        TESTING_API_KEY_PLUGIN_PATH, TESTING_LEGACY_PLUGIN_PATH, TESTING_QUOTA_PLUGIN_PATH,
+    };
+    use aura_gateway::policy::stages::AnyModule;
     let mut config = config();
     config.data_plane.plugins.quota.module = TESTING_QUOTA_PLUGIN_PATH.into();
     config.data_plane.plugins.cors.module = TESTING_LEGACY_PLUGIN_PATH.into();
+    config.data_plane.plugins.api_key.module = TESTING_API_KEY_PLUGIN_PATH.into();
     let p = load(&config).expect("all load");
     assert_eq!(p.wit_version(Plane::Data, Stage::Quota), Some("0.1.0"));
     assert_eq!(p.wit_version(Plane::Data, Stage::Cors), Some("0.2.0"));
+    assert_eq!(p.wit_version(Plane::Data, Stage::ApiKey), Some("0.3.0"));
     assert_eq!(
-        p.wit_version(Plane::Data, Stage::ApiKey),
-        Some("0.3.0"),
+        p.wit_version(Plane::Data, Stage::DbRouting),
+        Some("0.4.0"),
         "the default plugins"
     );
+    // The `0.3.0` module declared `path`: a key is decided once per path.
+    let keys = p.data.module::<ApiKey>().expect("stage");
+    assert_eq!(
+        keys.declared_inputs(),
+        Some(vec!["path", "query-keys", "headers"])
+    );
+    for path in ["/v1/db/a", "/v1/db/b", "/v1/db/a"] {
+        let r = key_request(path, &[], &[("apikey", "aura_pk_v3")]);
+        match keys.extract(None, r).expect("a 0.3.0 plugin answers") {
+            KeyDecision::Present(c) => assert_eq!(c.key, "aura_pk_v3"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let kept = keys.cache_report().expect("its decisions are kept");
+    assert_eq!((kept.misses, kept.hits, kept.entries), (2, 1, 2));
+    let refused = keys.extract(None, key_request("/v1/db/a", &["aura_pk_v3"], &[]));
+    assert!(matches!(refused, Ok(KeyDecision::Refuse(_))), "{refused:?}");
     let anon = actor(Role::Anon, Some("k1"), None);
     let answered = quota(&p, "GET", "/v1/db/t", "db", &anon).expect("a 0.1.0 plugin answers");
     match answered {

@@ -96,7 +96,7 @@ pub struct PluginRuntimeConfig {
     /// A stored module is collected once no project references it and no instance has used it
     /// for this long, in seconds.
     pub module_gc_grace_secs: u64,
-    /// The decisions kept for modules that declare their inputs (`aura:gateway@0.3.0`).
+    /// The decisions kept for modules that declare their inputs (`aura:gateway@0.3.0` and later).
     pub decision_cache: DecisionCacheConfig,
 }
 

@@ -30,3 +30,7 @@ pub const TESTING_DB_PLUGIN_PATH: &str = concat!(env!("OUT_DIR"), "/testing_db.w
 /// gateway's own tests of the quota inputs' bounds, denials and schemas. Not embedded.
 pub const TESTING_QUOTA_INPUTS_PLUGIN_PATH: &str =
     concat!(env!("OUT_DIR"), "/testing_quota_inputs.wasm");
+
+/// Path of the `0.3.0` api-key test plugin (`plugins/testing-api-key`), for the gateway's own
+/// tests that an `api-key` module of that version loads with its declaration. Not embedded.
+pub const TESTING_API_KEY_PLUGIN_PATH: &str = concat!(env!("OUT_DIR"), "/testing_api_key.wasm");

@@ -1,4 +1,4 @@
-//! A module's configuration schema (`config-schema`, `aura:gateway@0.3.0`), checked before the
+//! A module's configuration schema (`config-schema`, `aura:gateway@0.3.0` and later), checked before the
 //! module's `configure` sees its configuration.
 //!
 //! The schema is the module's, so it is hostile like the rest of it: its size is bounded

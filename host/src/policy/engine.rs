@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{
-    Component, ComponentExportIndex, ComponentType, InstancePre, Lift, Linker, Lower, TypedFunc,
-    WasmStr,
+    Component, ComponentExportIndex, ComponentType, Instance, InstancePre, Lift, Linker, Lower,
+    TypedFunc, WasmStr,
 };
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreContextMut,
@@ -88,11 +88,11 @@ pub struct PluginState {
 }
 
 /// The versions of `aura:gateway` the host accepts, newest first.
-pub const WIT_VERSIONS: [&str; 3] = ["0.3.0", "0.2.0", "0.1.0"];
+pub const WIT_VERSIONS: [&str; 4] = ["0.4.0", "0.3.0", "0.2.0", "0.1.0"];
 
 /// The versions of `aura:gateway` whose stages declare their inputs and export their
 /// configuration's schema.
-pub const CURRENT_VERSIONS: &[&str] = &["0.3.0"];
+pub const CURRENT_VERSIONS: &[&str] = &["0.4.0", "0.3.0"];
 
 /// The versions called through a stage's legacy types (string methods, no declaration).
 pub const LEGACY_VERSIONS: &[&str] = &["0.2.0", "0.1.0"];
@@ -307,7 +307,7 @@ pub(crate) fn engine_config(settings: &PluginRuntimeConfig, pooling: bool) -> Co
 }
 
 /// One stage as the runtime sees it: the interface a plugin exports and the types of its
-/// functions. A stage has two: its current world (`0.3.0`) and its legacy one, whose types (the
+/// functions. A stage has two: its current world (`0.4.0` and `0.3.0`) and its legacy one, whose types (the
 /// host's generated `0.2.0` ones) are checked against the plugin's own at instantiation, so a
 /// `0.1.0` plugin (the same records) is called through them.
 pub trait StageWorld: Send + Sync + 'static {
@@ -336,6 +336,20 @@ pub trait StageWorld: Send + Sync + 'static {
     /// bounded here, and an answer out of bounds refuses the module.
     fn check_setup(_setup: &Self::Setup) -> Result<(), String> {
         Ok(())
+    }
+    /// `configure` of `instance` (its export `index`), type-checked for the shape of `version`
+    /// (the version the plugin was written against): a world whose `configure` answered
+    /// another shape in an earlier version it accepts lifts that answer into [`Self::Setup`].
+    fn configure(
+        instance: &Instance,
+        store: &mut Store<PluginState>,
+        index: ComponentExportIndex,
+        _version: &'static str,
+    ) -> wasmtime::Result<Configure<Self>>
+    where
+        Self: Sized,
+    {
+        typed_configure::<Self, Self::Setup>(instance, store, index, |setup| setup)
     }
     /// Calls `decide` (type-checked once for `'static` inputs) with a borrowed input.
     fn call<'a>(
@@ -395,6 +409,32 @@ impl Exports {
     }
 }
 
+/// A stage's `configure`, type-checked: called once per instance with the plane and the
+/// configuration, its answer in the world's [`StageWorld::Setup`].
+pub type Configure<W> = Box<
+    dyn FnOnce(
+            &mut Store<PluginState>,
+            <W as StageWorld>::Plane,
+            String,
+        ) -> wasmtime::Result<Result<<W as StageWorld>::Setup, String>>
+        + Send,
+>;
+
+/// `configure` of `instance` type-checked as answering `S`, lifted into `W`'s setup by `lift`.
+pub(crate) fn typed_configure<W: StageWorld, S: ComponentType + Lift + Send + Sync + 'static>(
+    instance: &Instance,
+    store: &mut Store<PluginState>,
+    index: ComponentExportIndex,
+    lift: fn(S) -> W::Setup,
+) -> wasmtime::Result<Configure<W>> {
+    let function =
+        instance.get_typed_func::<(W::Plane, String), (Result<S, String>,)>(&mut *store, index)?;
+    Ok(Box::new(move |store, plane, config| {
+        let (answer,) = function.call(store, (plane, config))?;
+        Ok(answer.map(lift))
+    }))
+}
+
 /// A stage's `decide`, typed with `'static` inputs. `TypedFunc` is covariant in its
 /// parameters, so the same function takes inputs that live only as long as the call.
 pub type Decide<W> =
@@ -434,11 +474,7 @@ fn instantiate<W: StageWorld>(
     };
     let instance =
         guarded(|| pre.instantiate(&mut *store)).map_err(|e| failed(store, "instantiation", e))?;
-    let configure = instance
-        .get_typed_func::<(W::Plane, String), (Result<W::Setup, String>,)>(
-            &mut *store,
-            exports.configure,
-        )
+    let configure = W::configure(&instance, store, exports.configure, exports.version)
         .map_err(|e| (FailureKind::Refused, format!("configure: {e:#}")))?;
     let decide = instance
         .get_typed_func::<(W::Request<'static>,), (W::Decision,)>(&mut *store, exports.decide)
@@ -458,9 +494,9 @@ fn instantiate<W: StageWorld>(
             *schema = Some(text);
         }
     }
-    match guarded(|| configure.call(&mut *store, (W::plane(plane), config.to_owned()))) {
-        Ok((Ok(setup),)) => Ok(Ok((decide, setup))),
-        Ok((Err(reason),)) => Ok(Err(bounded_reason(&reason))),
+    match guarded(|| configure(&mut *store, W::plane(plane), config.to_owned())) {
+        Ok(Ok(setup)) => Ok(Ok((decide, setup))),
+        Ok(Err(reason)) => Ok(Err(bounded_reason(&reason))),
         Err(e) => Err(failed(store, "configure", e)),
     }
 }
@@ -469,7 +505,7 @@ fn instantiate<W: StageWorld>(
 /// `component` defined as a trap.
 fn linker(engine: &Engine, component: &Component) -> wasmtime::Result<Linker<PluginState>> {
     let mut linker: Linker<PluginState> = Linker::new(engine);
-    for version in ["0.3.0", "0.2.0"] {
+    for version in ["0.4.0", "0.3.0", "0.2.0"] {
         add_log(&mut linker, version)?;
     }
     super::sandbox::add_to_linker(&mut linker)?;
@@ -513,7 +549,7 @@ pub struct StageModule<W: StageWorld> {
     pre: InstancePre<PluginState>,
     exports: Exports,
     setup: W::Setup,
-    /// The configuration schema the module answered (`0.3.0`), checked at load.
+    /// The configuration schema the module answered (`0.3.0` and later), checked at load.
     schema: Option<String>,
     idle: Mutex<Vec<Slot<W>>>,
     log_rate: LogRate,

@@ -26,7 +26,7 @@
 //!
 //! As in the gateway, an `api_key` module sees only the headers its `configure` asked for, and a
 //! `quota` module only the claims and headers its `configure` named (a claim as JSON text). A
-//! module that declares its inputs (`aura:gateway@0.3.0`) is called with only the declared inputs
+//! module that declares its inputs (`aura:gateway@0.3.0` and later) is called with only the declared inputs
 //! and again with every input: a decision that differs fails the case, naming the input.
 //! Unknown keys are refused with the case and key named, so a typo never passes silently.
 

@@ -46,7 +46,9 @@ impl Guest for Component {
         Ok(KeySetup {
             headers,
             cache: Some(KeyCache {
-                inputs: KeyInputs::PATH | KeyInputs::QUERY_KEYS | KeyInputs::HEADERS,
+                inputs: KeyInputs::PATH_WITH_QUERY_KEYS
+                    | KeyInputs::QUERY_KEYS
+                    | KeyInputs::HEADERS,
                 max_age_ms: MAX_AGE_MS,
             }),
         })

@@ -16,7 +16,7 @@
 //   [deny_claims]          # optional: claim = the string value refused
 //   tier = "suspended"
 
-import { log } from "aura:gateway/log@0.3.0";
+import { log } from "aura:gateway/log@0.4.0";
 
 const U32_MAX = 0xffffffff;
 const ROUTE_GROUPS = [

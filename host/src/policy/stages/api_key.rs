@@ -26,6 +26,12 @@ pub(crate) mod legacy {
     wasmtime::component::bindgen!({ path: "../wit/0.2.0", world: "api-key-stage", additional_derives: [PartialEq, Eq] });
 }
 
+/// The generated types of the `api-key` world of `0.3.0` (`wit/0.3.0/gateway.wit`): the same
+/// stage but for `configure`'s flags, which have no `path-with-query-keys`.
+pub(crate) mod v0_3 {
+    wasmtime::component::bindgen!({ path: "../wit/0.3.0", world: "api-key-stage" });
+}
+
 use world::aura::gateway::types::Method;
 use world::exports::aura::gateway::api_key::KeySetup;
 pub use world::exports::aura::gateway::api_key::{Credential, KeyDecision, KeyRole, KeySource};
@@ -70,8 +76,35 @@ stage_world!(
     KeySetup,
     'a,
     KeyRequestRef<'a>,
-    KeyDecision
+    KeyDecision,
+    earlier = "0.3.0" => v0_3::exports::aura::gateway::api_key::KeySetup, setup_of_0_3
 );
+
+/// A `0.3.0` module's `configure` answer: the same, its flags the first four of `0.4.0`'s.
+fn setup_of_0_3(setup: v0_3::exports::aura::gateway::api_key::KeySetup) -> KeySetup {
+    use v0_3::exports::aura::gateway::api_key::KeyInputs as Old;
+    use world::exports::aura::gateway::api_key::{KeyCache, KeyInputs};
+    KeySetup {
+        headers: setup.headers,
+        cache: setup.cache.map(|cache| {
+            let mut inputs = KeyInputs::empty();
+            for (old, new) in [
+                (Old::METHOD, KeyInputs::METHOD),
+                (Old::PATH, KeyInputs::PATH),
+                (Old::QUERY_KEYS, KeyInputs::QUERY_KEYS),
+                (Old::HEADERS, KeyInputs::HEADERS),
+            ] {
+                if cache.inputs.contains(old) {
+                    inputs |= new;
+                }
+            }
+            KeyCache {
+                inputs,
+                max_age_ms: cache.max_age_ms,
+            }
+        }),
+    }
+}
 
 /// The legacy `key-request`, borrowed.
 #[derive(Debug, Clone, Copy, ComponentType, Lower)]
@@ -315,6 +348,12 @@ fn lift(decision: legacy::exports::aura::gateway::api_key::KeyDecision) -> KeyDe
     }
 }
 
+/// The path a module that declares `path-with-query-keys` (and not `path`) is passed: the
+/// request's, when the request carries an `apikey` query value.
+fn path_with_query_keys<'a>(input: &KeyInput<'a>) -> Option<&'a str> {
+    (!input.query_keys.is_empty()).then_some(input.path)
+}
+
 /// The index of a header name among those a module reads.
 fn name_index(wanted: &[String], name: &str) -> u8 {
     wanted.iter().position(|w| w == name).unwrap_or(0) as u8
@@ -374,7 +413,13 @@ impl PolicyStage for ApiKey {
     type DefaultConfig = aura_plugin_api_key::policy::Config;
     #[cfg(feature = "native-policies")]
     type Native = native::ApiKey;
-    const INPUTS: &'static [&'static str] = &["method", "path", "query-keys", "headers"];
+    const INPUTS: &'static [&'static str] = &[
+        "method",
+        "path",
+        "query-keys",
+        "headers",
+        "path-with-query-keys",
+    ];
 
     fn configured(setup: &KeySetup) -> Result<(KeyConfigured, Option<Declaration>), String> {
         check_key_headers(&setup.headers)?;
@@ -399,6 +444,12 @@ impl PolicyStage for ApiKey {
         }
         if inputs.has(1) {
             key.str(input.path);
+        } else if inputs.has(4) {
+            // The path only when the module is passed it: a request with a query key.
+            match path_with_query_keys(input) {
+                Some(path) => key.tag(1).str(path),
+                None => key.tag(0),
+            };
         }
         if inputs.has(2) {
             key.tag(input.query_keys.len().min(255) as u8);
@@ -504,7 +555,13 @@ impl PolicyStage for ApiKey {
                     } else {
                         Method::Other
                     },
-                    path: if inputs.has(1) { input.path } else { "" },
+                    path: if inputs.has(1) {
+                        input.path
+                    } else if inputs.has(4) {
+                        path_with_query_keys(&input).unwrap_or("")
+                    } else {
+                        ""
+                    },
                     query_keys: (inputs.has(2) && !input.query_keys.is_empty())
                         .then_some(input.query_keys),
                     headers: &headers,
@@ -792,6 +849,55 @@ mod tests {
             &["apikey", "x-key"],
         );
         assert_ne!(one, other);
+    }
+
+    /// The cache key of `input` for `inputs`, read as `wanted`.
+    fn key_of(input: &KeyInput<'_>, inputs: Inputs) -> KeyWriter {
+        let configured = KeyConfigured::new(vec!["apikey".to_owned()]);
+        let mut key = KeyWriter::new("p");
+        ApiKey::key(input, &configured, inputs, &mut key);
+        key
+    }
+
+    fn input<'a>(
+        path: &'a str,
+        query: &'a [String],
+        headers: &'a [(String, String)],
+    ) -> KeyInput<'a> {
+        KeyInput {
+            method: "GET",
+            path,
+            query_keys: query,
+            headers: KeyHeaders::Listed(headers),
+            client: None,
+        }
+    }
+
+    #[test]
+    fn path_with_query_keys_keys_the_path_only_for_a_request_with_a_query_key() {
+        let headers = [("apikey".to_owned(), "k1".to_owned())];
+        let query = ["k1".to_owned()];
+        // Bits: path 1, query-keys 2, headers 3, path-with-query-keys 4.
+        let declared = Inputs::from_bits(0b11100);
+        let (a, b) = (
+            input("/v1/db/a", &[], &headers),
+            input("/v1/db/b", &[], &headers),
+        );
+        assert_eq!(key_of(&a, declared), key_of(&b, declared), "no query key");
+        let (qa, qb) = (
+            input("/v1/db/a", &query, &headers),
+            input("/v1/db/b", &query, &headers),
+        );
+        assert_ne!(key_of(&qa, declared), key_of(&qb, declared), "a query key");
+        assert_ne!(key_of(&a, declared), key_of(&qa, declared));
+        // `path` keys every path; neither flag none.
+        let path = Inputs::from_bits(0b01110);
+        assert_ne!(key_of(&a, path), key_of(&b, path));
+        let neither = Inputs::from_bits(0b01100);
+        assert_eq!(key_of(&qa, neither), key_of(&qb, neither));
+        // What the module is passed follows the key.
+        assert_eq!(path_with_query_keys(&a), None);
+        assert_eq!(path_with_query_keys(&qa), Some("/v1/db/a"));
     }
 
     #[test]

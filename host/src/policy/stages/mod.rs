@@ -99,7 +99,7 @@ impl Declaration {
 /// strings and lists (a hit costs a reference count).
 pub type Decided<S> = Arc<<S as StageWorld>::Decision>;
 
-/// One policy stage: its world (the runtime's view, [`StageWorld`], `aura:gateway@0.3.0`), its
+/// One policy stage: its world (the runtime's view, [`StageWorld`], `aura:gateway@0.4.0` and `0.3.0`), its
 /// legacy world (`0.2.0` and `0.1.0`) and everything the host does with its inputs and
 /// decisions.
 pub trait PolicyStage: StageWorld<Decision: Clone + PartialEq> + Sized + std::fmt::Debug {
@@ -352,7 +352,7 @@ impl<S: PolicyStage> std::fmt::Debug for Module<S> {
 
 impl<S: PolicyStage> Module<S> {
     /// Loads `source` as `S`'s module on `plane`, owned by `owner`: through the stage's current
-    /// world when the component exports `aura:gateway@0.3.0`, else through its legacy one.
+    /// world when the component exports `aura:gateway@0.4.0` or `0.3.0`, else through its legacy one.
     pub(crate) fn load(
         runtime: &Arc<PolicyEngine>,
         plane: Plane,
@@ -586,7 +586,7 @@ pub trait AnyModule: Send + Sync + std::fmt::Debug {
     fn failing_too_often(&self) -> bool;
     /// The largest linear memory an instance of the module has had, in bytes.
     fn peak_memory(&self) -> usize;
-    /// The JSON Schema of the module's configuration, when it exports one (`0.3.0`).
+    /// The JSON Schema of the module's configuration, when it exports one (`0.3.0` and later).
     fn schema(&self) -> Option<&str>;
     /// The inputs the module declared its decisions depend on; `None` when it declared none
     /// (it is passed every input, on every request).
@@ -754,9 +754,10 @@ pub(crate) fn load_slot<S: PolicyStage>(
 
 /// Declares a stage's type as its [`StageWorld`]: the generated types of its bindings module
 /// (`world` for the current version, `legacy` for the ones before), the request borrowed where
-/// it can be.
+/// it can be. `check = f` bounds `configure`'s answer; `earlier = "0.3.0" => T, lift` names an
+/// earlier version the world accepts whose `configure` answered `T`, lifted by `lift`.
 macro_rules! stage_world {
-    (@impl $world:ident, $module:ident, $bindings:ident, $versions:expr, $schema:expr, $stage:expr, $decide:literal, $setup:ty, $lt:lifetime, $request:ty, $decision:ty $(, check = $check:path)?) => {
+    (@impl $world:ident, $module:ident, $bindings:ident, $versions:expr, $schema:expr, $stage:expr, $decide:literal, $setup:ty, $lt:lifetime, $request:ty, $decision:ty $(, check = $check:path)? $(, earlier = $earlier:literal => $old:ty, $lift:path)?) => {
         impl $crate::policy::engine::StageWorld for $world {
             const STAGE: $crate::stage::Stage = $stage;
             const INTERFACE: &'static str = $stage.info().interface;
@@ -791,6 +792,21 @@ macro_rules! stage_world {
             $(
                 fn check_setup(setup: &Self::Setup) -> Result<(), String> {
                     $check(setup)
+                }
+            )?
+
+            $(
+                fn configure(
+                    instance: &wasmtime::component::Instance,
+                    store: &mut wasmtime::Store<$crate::policy::engine::PluginState>,
+                    index: wasmtime::component::ComponentExportIndex,
+                    version: &'static str,
+                ) -> wasmtime::Result<$crate::policy::engine::Configure<Self>> {
+                    if version == $earlier {
+                        $crate::policy::engine::typed_configure::<Self, $old>(instance, store, index, $lift)
+                    } else {
+                        $crate::policy::engine::typed_configure::<Self, Self::Setup>(instance, store, index, |setup| setup)
+                    }
                 }
             )?
         }
