@@ -307,9 +307,9 @@ pub(crate) fn engine_config(settings: &PluginRuntimeConfig, pooling: bool) -> Co
 }
 
 /// One stage as the runtime sees it: the interface a plugin exports and the types of its
-/// functions. A stage has two: its current world (`0.4.0` and `0.3.0`) and its legacy one, whose types (the
-/// host's generated `0.2.0` ones) are checked against the plugin's own at instantiation, so a
-/// `0.1.0` plugin (the same records) is called through them.
+/// functions. A stage has two: its current world (`0.4.0` and `0.3.0`) and its legacy one, whose
+/// types (the host's generated `0.2.0` ones) are checked against the plugin's own at
+/// instantiation, so a `0.1.0` plugin (the same records) is called through them.
 pub trait StageWorld: Send + Sync + 'static {
     /// The stage.
     const STAGE: Stage;

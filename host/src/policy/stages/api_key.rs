@@ -851,7 +851,7 @@ mod tests {
         assert_ne!(one, other);
     }
 
-    /// The cache key of `input` for `inputs`, read as `wanted`.
+    /// The cache key of `input` for `inputs`, of a module that reads the `apikey` header.
     fn key_of(input: &KeyInput<'_>, inputs: Inputs) -> KeyWriter {
         let configured = KeyConfigured::new(vec!["apikey".to_owned()]);
         let mut key = KeyWriter::new("p");

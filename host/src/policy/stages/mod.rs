@@ -99,9 +99,9 @@ impl Declaration {
 /// strings and lists (a hit costs a reference count).
 pub type Decided<S> = Arc<<S as StageWorld>::Decision>;
 
-/// One policy stage: its world (the runtime's view, [`StageWorld`], `aura:gateway@0.4.0` and `0.3.0`), its
-/// legacy world (`0.2.0` and `0.1.0`) and everything the host does with its inputs and
-/// decisions.
+/// One policy stage: its world (the runtime's view, [`StageWorld`], `aura:gateway@0.4.0` and
+/// `0.3.0`), its legacy world (`0.2.0` and `0.1.0`) and everything the host does with its inputs
+/// and decisions.
 pub trait PolicyStage: StageWorld<Decision: Clone + PartialEq> + Sized + std::fmt::Debug {
     /// The stage's world in the versions before `0.3.0`, whose decisions are lifted into this
     /// one's.
@@ -352,7 +352,8 @@ impl<S: PolicyStage> std::fmt::Debug for Module<S> {
 
 impl<S: PolicyStage> Module<S> {
     /// Loads `source` as `S`'s module on `plane`, owned by `owner`: through the stage's current
-    /// world when the component exports `aura:gateway@0.4.0` or `0.3.0`, else through its legacy one.
+    /// world when the component exports `aura:gateway@0.4.0` or `0.3.0`, else through its legacy
+    /// one.
     pub(crate) fn load(
         runtime: &Arc<PolicyEngine>,
         plane: Plane,
