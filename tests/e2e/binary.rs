@@ -572,6 +572,30 @@ fn plugin_check_passes_a_good_module_and_names_what_is_wrong_with_a_bad_one() {
     );
     let out = run(&["plugin", "check", &quota, "--stage", "cors"], None);
     failed_saying(&out, "does not export the cors stage world");
+    // The api-key stage: the default module's `0.4.0` declaration, and a `0.3.0` module's four
+    // flags read as they were.
+    use aura_gateway::policy::PolicyStage;
+    let api_key = dir.path().join("api-key.wasm");
+    let builtin = aura_gateway::policy::stages::ApiKey::BUILTIN;
+    std::fs::write(&api_key, builtin).expect("write");
+    let api_key = api_key.display().to_string();
+    let older = aura_gateway::policy::builtin::TESTING_API_KEY_PLUGIN_PATH;
+    for (module, version, declared) in [
+        (
+            api_key.as_str(),
+            "0.4.0",
+            "query-keys, headers, path-with-query-keys",
+        ),
+        (older, "0.3.0", "path, query-keys, headers"),
+    ] {
+        let out = run(&["plugin", "check", module, "--stage", "api_key"], None);
+        succeeded(&out);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let written = format!("written against aura:gateway@{version}");
+        assert!(stdout.contains(&written), "{stdout}");
+        let declared = format!("declared inputs: {declared} (decisions kept");
+        assert!(stdout.contains(&declared), "{stdout}");
+    }
 }
 
 #[tokio::test]
