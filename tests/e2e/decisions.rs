@@ -708,3 +708,65 @@ async fn a_cache_whose_inputs_never_repeat_steps_aside_and_decisions_stay_right(
     );
     assert_eq!(counted, declined as f64);
 }
+
+#[tokio::test]
+async fn one_callers_flood_of_unique_inputs_leaves_the_other_callers_lookups_alone() {
+    // Loopback is a trusted proxy: a request's address, the CORS stage's partition, is the one
+    // `X-Forwarded-For` names. Every request is the same key's: its quota is lifted above the
+    // test's 1,372 requests.
+    let started = offline(
+        "decl-shard",
+        "[rate_limit]\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n\
+         [data_plane.plugins.quota.config]\nrate_per_second = 100000\nburst = 100000\n",
+    );
+    let (gw, fx) = (&started.gw, &started.fx);
+    let admin = admin(&started);
+    let config = json!({ "echo_all": true, "declare": ["origin"], "max_age_ms": 60_000 });
+    admin.install_ok("cors", &testing_cors(), config).await;
+    let health = |from: &str, origin: &str| {
+        let call = Call::get(gw.data_url("/health")).key(&fx.anon_key);
+        call.header("x-forwarded-for", from).origin(origin).read()
+    };
+    // One caller sends 1,100 requests, each from an origin of its own: its shard of the cache
+    // finds nothing in a window of 1,024 lookups and steps aside. As in the test above, a call
+    // that misses its deadline on a loaded machine fails that request alone, closed.
+    let mut failed_closed = 0;
+    for n in 0..1_100 {
+        let r = health("192.0.2.7", &format!("https://o{n}.example")).await;
+        if r.status != StatusCode::OK {
+            assert!(r.code().starts_with("policy_"), "request {n}: {}", r.status);
+            failed_closed += 1;
+        }
+    }
+    assert!(
+        failed_closed <= 10,
+        "{failed_closed} requests failed closed"
+    );
+    let (cache, _) = cache_of(&admin, "cors").await;
+    assert_eq!(
+        (&cache["thrashing"], &cache["thrashing_shards"]),
+        (&json!(true), &json!(1)),
+        "{cache}"
+    );
+    let hits_before = cache["hits"].as_u64().expect("hits");
+    // Sixteen other callers, the same origin 17 times each. Their addresses fall in the
+    // cache's eight shards at random: those outside the flood's shard (all but two, as a rule)
+    // look every request up and hit after their first; before, the whole module stepped aside
+    // and 15 of their requests in 16 called the module.
+    for caller in 0..16 {
+        let from = format!("198.51.100.{caller}");
+        for _ in 0..17 {
+            let r = health(&from, "https://quiet.example").await;
+            assert_eq!(r.status, StatusCode::OK, "{from}");
+            assert_eq!(
+                r.header("access-control-allow-origin"),
+                "https://quiet.example"
+            );
+        }
+    }
+    let (cache, _) = cache_of(&admin, "cors").await;
+    let hits = cache["hits"].as_u64().expect("hits") - hits_before;
+    // Fails only when nine of the sixteen addresses share the flood's shard (p < 1e-4).
+    assert!(hits >= 8 * 16, "the other callers' hits: {hits} ({cache})");
+    assert_eq!(cache["thrashing_shards"], 1, "{cache}");
+}

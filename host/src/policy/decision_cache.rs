@@ -13,31 +13,44 @@
 //! The key of an entry is every declared input, written by the stage ([`KeyWriter`]) with its
 //! length before it, and the partition before them all: two different inputs never share an
 //! entry, whatever bytes they hold.
+//!
+//! A lookup is on every request's path, so it touches little: the partitions are spread over
+//! [`SHARDS`] shards, each under its own lock, and a hit reads the table's control bytes and one
+//! slot that holds the key's bytes (up to [`INLINE_KEY`] of them), the decision and its time —
+//! its counts are plain numbers under the shard's lock, and the only shared counter it moves is
+//! the metric's.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use tokio::time::Instant;
 
 use crate::config::DecisionCacheConfig;
 
-/// Shards of a module's cache: a lookup locks one.
-const SHARDS: usize = 8;
+/// Shards of a module's cache: a lookup locks one, chosen by the key's partition.
+pub const SHARDS: usize = 8;
 
-/// What an entry costs beyond its key and decision (map and queue slots, times, counts).
-const ENTRY_OVERHEAD: usize = 96;
+/// Key bytes kept in an entry's slot; a longer key is kept on the heap. Room for the default
+/// plugins' keys of a request (an address and an API key of 50 characters; a project, a role
+/// and a plan), in a slot of 128 bytes.
+pub const INLINE_KEY: usize = 86;
 
-/// Lookups in one window of the admission check.
+/// What an entry costs beyond its heap bytes: its slot, the table's control byte and its place
+/// in its partition's queue.
+const ENTRY_OVERHEAD: usize = 128 + 1 + 16;
+
+/// Lookups in one window of a shard's admission check.
 const ADMISSION_WINDOW: u64 = 1024;
-/// A window with fewer hits than this (under 1 %) marks the cache as thrashing: the requests'
+/// A window with fewer hits than this (under 1 %) marks the shard as thrashing: the requests'
 /// declared inputs do not repeat, and keeping each miss's decision would only evict another.
 const THRASHING_HITS: u64 = 10;
-/// While thrashing, one request in this many looks its decision up (and keeps it when it
-/// misses), so that inputs that start repeating are noticed (their hits end the thrashing at the
-/// end of a window); the others are decided by the module without a lookup.
+/// While a shard thrashes, one of its requests in this many looks its decision up (and keeps it
+/// when it misses), so that inputs that start repeating are noticed (their hits end the
+/// thrashing at the end of a window); the others are decided by the module without a lookup.
 const THRASHING_SAMPLE: u64 = 16;
 
 /// Writes the declared inputs of a request into a cache key.
@@ -111,50 +124,6 @@ impl KeyWriter {
     }
 }
 
-/// Counters of a module's cache.
-#[derive(Debug, Default)]
-struct Counts {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    expired: AtomicU64,
-    evicted: AtomicU64,
-    skipped: AtomicU64,
-    declined: AtomicU64,
-}
-
-/// Whether a request looks its decision up: always, unless the last window of lookups found
-/// (almost) nothing — then a cache costs a key, a lookup, an insert and an eviction per request
-/// for no hit, and only a sample of requests uses it.
-#[derive(Debug, Default)]
-struct Admission {
-    lookups: AtomicU64,
-    window_hits: AtomicU64,
-    thrashing: std::sync::atomic::AtomicBool,
-    requests: AtomicU64,
-}
-
-impl Admission {
-    fn looked_up(&self, hit: bool) {
-        if hit {
-            self.window_hits.fetch_add(1, Ordering::Relaxed);
-        }
-        let n = self.lookups.fetch_add(1, Ordering::Relaxed) + 1;
-        if n.is_multiple_of(ADMISSION_WINDOW) {
-            let hits = self.window_hits.swap(0, Ordering::Relaxed);
-            self.thrashing
-                .store(hits < THRASHING_HITS, Ordering::Relaxed);
-        }
-    }
-
-    fn samples(&self) -> bool {
-        !self.thrashing.load(Ordering::Relaxed)
-            || self
-                .requests
-                .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(THRASHING_SAMPLE)
-    }
-}
-
 /// What the management API shows of a module's cache.
 #[derive(Debug, Clone, serde::Serialize, PartialEq, Eq)]
 pub struct CacheReport {
@@ -169,11 +138,14 @@ pub struct CacheReport {
     pub evicted: u64,
     /// Decisions too large for a partition, not kept.
     pub skipped: u64,
-    /// Requests decided by the module without a lookup while the cache was thrashing.
+    /// Requests decided by the module without a lookup while their shard was thrashing.
     pub declined: u64,
-    /// Whether the last 1,024 lookups found fewer than 10 decisions: the inputs do not repeat,
-    /// and only one request in 16 looks its decision up (and keeps it) until they do.
+    /// Whether a shard of the cache thrashes: its last 1,024 lookups found fewer than 10
+    /// decisions (its partitions' inputs do not repeat), and only one of its requests in 16
+    /// looks its decision up (and keeps it) until they do.
     pub thrashing: bool,
+    /// How many of the cache's shards thrash (of [`SHARDS`]; partitions are spread over them).
+    pub thrashing_shards: usize,
     pub entries: usize,
     pub bytes: usize,
 }
@@ -187,34 +159,137 @@ pub struct CacheMetrics {
     pub declined: prometheus::IntCounter,
 }
 
-struct Entry<D> {
+/// Counters of a module's cache kept outside its shards (their paths take no lock).
+#[derive(Debug, Default)]
+struct Counts {
+    skipped: AtomicU64,
+    declined: AtomicU64,
+}
+
+/// Counters of a shard, moved under its lock.
+#[derive(Debug, Default, Clone, Copy)]
+struct ShardCounts {
+    hits: u64,
+    misses: u64,
+    expired: u64,
+    evicted: u64,
+}
+
+/// A key's bytes: in the entry's slot when they fit, else on the heap.
+enum KeyBytes {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl KeyBytes {
+    fn of(key: &[u8]) -> Self {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key);
+            Self::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            Self::Heap(key.into())
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Heap(bytes) => bytes,
+        }
+    }
+
+    /// Bytes on the heap.
+    fn heap(&self) -> usize {
+        match self {
+            Self::Inline { .. } => 0,
+            Self::Heap(bytes) => bytes.len(),
+        }
+    }
+}
+
+/// One decision in a shard's table.
+struct Slot<D> {
+    key: KeyBytes,
     decision: D,
     stored: Instant,
+    /// The entry's number in its shard: its partition's queue names it by its hash and this.
+    seq: u64,
+    /// What the entry is counted for against the bounds.
     bytes: usize,
 }
 
+/// A partition's entries, oldest first, by their key's hash and number.
 #[derive(Default)]
 struct Partition {
-    order: VecDeque<Arc<[u8]>>,
+    order: VecDeque<(u64, u64)>,
     bytes: usize,
+}
+
+/// Whether a shard's requests look their decisions up: always, unless the shard's last window
+/// of lookups found (almost) nothing — then a cache costs a key, a lookup, an insert and an
+/// eviction per request for no hit, and only a sample of its requests uses it. Judged per
+/// shard: a caller flooding a module with unique inputs makes its own shard step aside, and the
+/// partitions of the other shards keep their lookups.
+#[derive(Debug, Default)]
+struct Admission {
+    thrashing: AtomicBool,
+    requests: AtomicU64,
+}
+
+impl Admission {
+    fn samples(&self) -> bool {
+        !self.thrashing.load(Ordering::Relaxed)
+            || self
+                .requests
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(THRASHING_SAMPLE)
+    }
 }
 
 struct Shard<D> {
-    entries: HashMap<Arc<[u8]>, Entry<D>, foldhash::fast::RandomState>,
+    table: HashTable<Slot<D>>,
     partitions: HashMap<Arc<[u8]>, Partition, foldhash::fast::RandomState>,
     /// Partitions by their number of entries, to find the largest.
     by_size: BTreeSet<(usize, Arc<[u8]>)>,
     bytes: usize,
+    next_seq: u64,
+    counts: ShardCounts,
+    /// Lookups and hits of the admission window under way.
+    window: (u64, u64),
 }
 
 impl<D> Shard<D> {
     fn new() -> Self {
         Self {
-            entries: HashMap::default(),
+            table: HashTable::new(),
             partitions: HashMap::default(),
             by_size: BTreeSet::new(),
             bytes: 0,
+            next_seq: 0,
+            counts: ShardCounts::default(),
+            window: (0, 0),
         }
+    }
+
+    /// Counts a lookup; at the end of a window, whether the shard thrashes.
+    fn looked_up(&mut self, hit: bool) -> Option<bool> {
+        if hit {
+            self.counts.hits += 1;
+        } else {
+            self.counts.misses += 1;
+        }
+        self.window.0 += 1;
+        self.window.1 += u64::from(hit);
+        if self.window.0 < ADMISSION_WINDOW {
+            return None;
+        }
+        let hits = self.window.1;
+        self.window = (0, 0);
+        Some(hits < THRASHING_HITS)
     }
 
     /// Removes the oldest entry of `partition`; false when it has none.
@@ -229,12 +304,13 @@ impl<D> Shard<D> {
             .partitions
             .get_mut(partition)
             .expect("looked up just before");
-        let Some(key) = part.order.pop_front() else {
+        let Some((hash, seq)) = part.order.pop_front() else {
             return false;
         };
-        if let Some(entry) = self.entries.remove(&key) {
-            part.bytes -= entry.bytes;
-            self.bytes -= entry.bytes;
+        if let Ok(slot) = self.table.find_entry(hash, |s| s.seq == seq) {
+            let (slot, _) = slot.remove();
+            part.bytes -= slot.bytes;
+            self.bytes -= slot.bytes;
         }
         if part.order.is_empty() {
             self.partitions.remove(partition);
@@ -260,6 +336,14 @@ impl<D> Shard<D> {
     }
 }
 
+/// A shard and what its requests check before taking its lock, on a line of its own: the
+/// workers locking neighbouring shards do not share one.
+#[repr(align(128))]
+struct ShardCell<D> {
+    admission: Admission,
+    shard: Mutex<Shard<D>>,
+}
+
 /// The bounds of one shard.
 #[derive(Debug, Clone, Copy)]
 struct Bounds {
@@ -271,13 +355,12 @@ struct Bounds {
 
 /// A module's decisions by their declared inputs.
 pub struct DecisionCache<D> {
-    shards: Box<[Mutex<Shard<D>>]>,
+    shards: Box<[ShardCell<D>]>,
     hasher: foldhash::fast::RandomState,
     bounds: Bounds,
     max_age: Duration,
     inputs: Vec<&'static str>,
     counts: Counts,
-    admission: Admission,
     metrics: std::sync::OnceLock<Option<CacheMetrics>>,
 }
 
@@ -310,13 +393,17 @@ impl<D: Clone> DecisionCache<D> {
             partition_bytes: config.partition_bytes.max(1),
         };
         Some(Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| ShardCell {
+                    admission: Admission::default(),
+                    shard: Mutex::new(Shard::new()),
+                })
+                .collect(),
             hasher: foldhash::fast::RandomState::default(),
             bounds,
             max_age,
             inputs,
             counts: Counts::default(),
-            admission: Admission::default(),
             metrics: std::sync::OnceLock::new(),
         })
     }
@@ -326,7 +413,8 @@ impl<D: Clone> DecisionCache<D> {
         self.metrics.get_or_init(metrics);
     }
 
-    fn shard(&self, key: &KeyWriter) -> &Mutex<Shard<D>> {
+    /// The shard of `key`'s partition (written first, so that it is known before the rest).
+    fn cell(&self, key: &KeyWriter) -> &ShardCell<D> {
         let hash = self.hasher.hash_one(key.partition_bytes());
         &self.shards[hash as usize % SHARDS]
     }
@@ -337,39 +425,11 @@ impl<D: Clone> DecisionCache<D> {
         }
     }
 
-    /// The decision kept for `key`, if it is younger than the maximum age.
-    pub fn get(&self, key: &KeyWriter) -> Option<D> {
-        let found = {
-            let shard = self.shard(key).lock().ok()?;
-            match shard.entries.get(key.bytes.as_slice()) {
-                Some(entry) if entry.stored.elapsed() < self.max_age => {
-                    Some(entry.decision.clone())
-                }
-                Some(_) => {
-                    self.counts.expired.fetch_add(1, Ordering::Relaxed);
-                    None
-                }
-                None => None,
-            }
-        };
-        self.admission.looked_up(found.is_some());
-        match &found {
-            Some(_) => {
-                self.counts.hits.fetch_add(1, Ordering::Relaxed);
-                self.metric(|m| m.hits.inc());
-            }
-            None => {
-                self.counts.misses.fetch_add(1, Ordering::Relaxed);
-                self.metric(|m| m.misses.inc());
-            }
-        }
-        found
-    }
-
-    /// Whether this request looks its decision up, and keeps the module's answer on a miss
-    /// (see [`CacheReport::thrashing`]); counted when it does not.
-    pub fn looks_up(&self) -> bool {
-        if self.admission.samples() {
+    /// Whether this request, whose key holds its partition so far, looks its decision up and
+    /// keeps the module's answer on a miss (see [`CacheReport::thrashing`]); counted when it
+    /// does not.
+    pub fn looks_up(&self, key: &KeyWriter) -> bool {
+        if self.cell(key).admission.samples() {
             return true;
         }
         self.counts.declined.fetch_add(1, Ordering::Relaxed);
@@ -377,32 +437,58 @@ impl<D: Clone> DecisionCache<D> {
         false
     }
 
+    /// The decision kept for `key`, if it is younger than the maximum age.
+    pub fn get(&self, key: &KeyWriter) -> Option<D> {
+        let cell = self.cell(key);
+        let wanted = key.bytes.as_slice();
+        let hash = self.hasher.hash_one(wanted);
+        let (found, thrashing) = {
+            let mut shard = cell.shard.lock().ok()?;
+            let found = match shard.table.find(hash, |s| s.key.as_slice() == wanted) {
+                Some(slot) if slot.stored.elapsed() < self.max_age => Some(slot.decision.clone()),
+                Some(_) => {
+                    shard.counts.expired += 1;
+                    None
+                }
+                None => None,
+            };
+            let thrashing = shard.looked_up(found.is_some());
+            (found, thrashing)
+        };
+        if let Some(thrashing) = thrashing {
+            cell.admission.thrashing.store(thrashing, Ordering::Relaxed);
+        }
+        match &found {
+            Some(_) => self.metric(|m| m.hits.inc()),
+            None => self.metric(|m| m.misses.inc()),
+        }
+        found
+    }
+
     /// Keeps `decision` for `key` (`size`: the decision's heap bytes).
     pub fn put(&self, key: KeyWriter, decision: D, size: usize) {
-        let bytes = key.bytes.len() * 2 + size + ENTRY_OVERHEAD;
+        let wanted = key.bytes.as_slice();
+        let stored_key = KeyBytes::of(wanted);
+        let bytes = stored_key.heap() + size + ENTRY_OVERHEAD;
         if bytes > self.bounds.partition_bytes || bytes > self.bounds.bytes {
             self.counts.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let Ok(mut shard) = self.shard(&key).lock() else {
+        let hash = self.hasher.hash_one(wanted);
+        let Ok(mut shard) = self.cell(&key).shard.lock() else {
             return;
         };
         let now = Instant::now();
-        let partition_len = key.partition_end;
-        let partition = &key.bytes[..partition_len];
-        if let Some(entry) = shard.entries.get_mut(key.bytes.as_slice()) {
-            // Expired (or decided twice at once): replaced where it stands.
-            let old = std::mem::replace(
-                entry,
-                Entry {
-                    decision,
-                    stored: now,
-                    bytes,
-                },
-            );
-            shard.bytes = shard.bytes + bytes - old.bytes;
+        let partition = key.partition_bytes();
+        if let Some(slot) = shard.table.find_mut(hash, |s| s.key.as_slice() == wanted) {
+            // Expired (or decided twice at once): replaced where it stands, in its place in
+            // its partition's queue.
+            let old = std::mem::replace(&mut slot.bytes, bytes);
+            slot.decision = decision;
+            slot.stored = now;
+            shard.bytes = shard.bytes + bytes - old;
             if let Some(part) = shard.partitions.get_mut(partition) {
-                part.bytes = part.bytes + bytes - old.bytes;
+                part.bytes = part.bytes + bytes - old;
             }
             return;
         }
@@ -418,8 +504,7 @@ impl<D: Clone> DecisionCache<D> {
             evicted += 1;
         }
         // Then the module's cache, from its largest partition.
-        while shard.entries.len() >= self.bounds.entries || shard.bytes + bytes > self.bounds.bytes
-        {
+        while shard.table.len() >= self.bounds.entries || shard.bytes + bytes > self.bounds.bytes {
             let Some(victim) = shard.victim(partition) else {
                 break;
             };
@@ -428,53 +513,65 @@ impl<D: Clone> DecisionCache<D> {
             }
             evicted += 1;
         }
-        let key: Arc<[u8]> = Arc::from(key.bytes.into_boxed_slice());
-        let name: Arc<[u8]> = match shard.partitions.get_key_value(&key[..partition_len]) {
+        let seq = shard.next_seq;
+        shard.next_seq += 1;
+        let name: Arc<[u8]> = match shard.partitions.get_key_value(partition) {
             Some((name, _)) => name.clone(),
-            None => Arc::from(&key[..partition_len]),
+            None => Arc::from(partition),
         };
         let part = shard.partitions.entry(name.clone()).or_default();
         let before = part.order.len();
-        part.order.push_back(key.clone());
+        part.order.push_back((hash, seq));
         part.bytes += bytes;
         shard.by_size.remove(&(before, name.clone()));
         shard.by_size.insert((before + 1, name));
         shard.bytes += bytes;
-        shard.entries.insert(
-            key,
-            Entry {
+        shard.counts.evicted += evicted;
+        let hasher = &self.hasher;
+        shard.table.insert_unique(
+            hash,
+            Slot {
+                key: stored_key,
                 decision,
                 stored: now,
+                seq,
                 bytes,
             },
+            |s| hasher.hash_one(s.key.as_slice()),
         );
         drop(shard);
         if evicted > 0 {
-            self.counts.evicted.fetch_add(evicted, Ordering::Relaxed);
             self.metric(|m| m.evicted.inc_by(evicted));
         }
     }
 
     /// Counts and sizes, for the module's report.
     pub fn report(&self) -> CacheReport {
-        let (mut entries, mut bytes) = (0, 0);
-        for shard in self.shards.iter() {
-            if let Ok(shard) = shard.lock() {
-                entries += shard.entries.len();
+        let (mut entries, mut bytes, mut thrashing) = (0, 0, 0);
+        let mut counts = ShardCounts::default();
+        for cell in self.shards.iter() {
+            thrashing += usize::from(cell.admission.thrashing.load(Ordering::Relaxed));
+            if let Ok(shard) = cell.shard.lock() {
+                entries += shard.table.len();
                 bytes += shard.bytes;
+                counts.hits += shard.counts.hits;
+                counts.misses += shard.counts.misses;
+                counts.expired += shard.counts.expired;
+                counts.evicted += shard.counts.evicted;
             }
         }
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         CacheReport {
             inputs: self.inputs.clone(),
             max_age_ms: self.max_age.as_millis() as u64,
-            hits: load(&self.counts.hits),
-            misses: load(&self.counts.misses),
-            expired: load(&self.counts.expired),
-            evicted: load(&self.counts.evicted),
+            hits: counts.hits,
+            misses: counts.misses,
+            expired: counts.expired,
+            evicted: counts.evicted,
             skipped: load(&self.counts.skipped),
             declined: load(&self.counts.declined),
-            thrashing: self.admission.thrashing.load(Ordering::Relaxed),
+            thrashing: thrashing > 0,
+            thrashing_shards: thrashing,
             entries,
             bytes,
         }
@@ -521,10 +618,10 @@ mod tests {
         let cache = DecisionCache::new(&config(100_000, 100_000), vec!["path"], Duration::MAX)
             .expect("cache");
         let miss_and_keep = |n: u64| {
-            if !cache.looks_up() {
+            let k = key("p", &n.to_string());
+            if !cache.looks_up(&k) {
                 return;
             }
-            let k = key("p", &n.to_string());
             if cache.get(&k).is_none() {
                 cache.put(k, n, 0);
             }
@@ -626,8 +723,94 @@ mod tests {
                 cache.put(key(p, &n.to_string()), 3u8, 0);
             }
         }
-        let shard = cache.shards[target].lock().expect("lock");
-        assert!(shard.entries.len() <= 6, "bounded: {}", shard.entries.len());
+        let shard = cache.shards[target].shard.lock().expect("lock");
+        assert!(shard.table.len() <= 6, "bounded: {}", shard.table.len());
+    }
+
+    #[test]
+    fn a_flooding_partition_makes_only_its_own_shard_step_aside() {
+        let cache = DecisionCache::new(&config(100_000, 100_000), vec!["path"], Duration::MAX)
+            .expect("cache");
+        let shard_of =
+            |p: &str| cache.hasher.hash_one(KeyWriter::new(p).partition_bytes()) as usize % SHARDS;
+        let flood = "flood";
+        let (neighbour, quiet) = {
+            let mut others = (0..1_000).map(|n| format!("p{n}"));
+            let neighbour = others
+                .clone()
+                .find(|p| shard_of(p) == shard_of(flood))
+                .expect("a neighbour");
+            let quiet = others
+                .find(|p| shard_of(p) != shard_of(flood))
+                .expect("another shard");
+            (neighbour, quiet)
+        };
+        // Each request of `partition` with `input`: looked up (and kept on a miss) when its
+        // shard lets it, and whether it did.
+        let request = |partition: &str, input: &str| {
+            let k = key(partition, input);
+            let looked = cache.looks_up(&k);
+            if looked && cache.get(&k).is_none() {
+                cache.put(k, 1u8, 0);
+            }
+            looked
+        };
+        for n in 0..2 * ADMISSION_WINDOW {
+            request(flood, &n.to_string());
+            assert!(request(&quiet, "/same"), "the quiet partition looks up");
+        }
+        let r = cache.report();
+        assert_eq!((r.thrashing, r.thrashing_shards), (true, 1), "{r:?}");
+        // The quiet partition kept its lookups, and hit every time after its first.
+        let looked_up: u64 = (0..64).map(|_| u64::from(request(&quiet, "/same"))).sum();
+        assert_eq!(looked_up, 64);
+        // The flood's shard samples one request in 16, whoever makes it.
+        let sampled: u64 = (0..64)
+            .map(|n| u64::from(request(&neighbour, &format!("/n{n}"))))
+            .sum();
+        assert_eq!(sampled, 64 / THRASHING_SAMPLE, "{sampled}");
+        let r = cache.report();
+        assert_eq!(r.hits, 2 * ADMISSION_WINDOW - 1 + 64, "{r:?}");
+    }
+
+    #[test]
+    fn keys_longer_than_a_slot_are_kept_on_the_heap_and_told_apart() {
+        let cache = DecisionCache::new(&config(100, 100), vec!["path"], Duration::from_secs(60))
+            .expect("cache");
+        let partition_len = KeyWriter::new("p").bytes.len();
+        // Inputs that make keys of exactly the slot's room, one byte more, and much more, and
+        // keys that differ in their last byte only.
+        let fits = INLINE_KEY - partition_len - 4;
+        let mut kept = 0;
+        for len in [fits, fits + 1, 4 * INLINE_KEY] {
+            for last in [b'a', b'b'] {
+                let mut input = "x".repeat(len - 1);
+                input.push(char::from(last));
+                let k = key("p", &input);
+                assert_eq!(k.bytes.len(), partition_len + 4 + len);
+                cache.put(k, (len, last), 0);
+                kept += 1;
+            }
+        }
+        for len in [fits, fits + 1, 4 * INLINE_KEY] {
+            for last in [b'a', b'b'] {
+                let mut input = "x".repeat(len - 1);
+                input.push(char::from(last));
+                assert_eq!(cache.get(&key("p", &input)), Some((len, last)), "{len}");
+            }
+        }
+        let r = cache.report();
+        assert_eq!(r.entries, kept);
+        // The slots' room and the longer keys' heap bytes, each counted once.
+        let heap = 2 * (partition_len + 4 + fits + 1) + 2 * (partition_len + 4 + 4 * INLINE_KEY);
+        assert_eq!(r.bytes, kept * ENTRY_OVERHEAD + heap);
+    }
+
+    #[test]
+    fn a_slot_holds_a_shared_decision_and_its_key_in_two_cache_lines() {
+        let slot = std::mem::size_of::<Slot<Arc<u64>>>();
+        assert!(slot <= 128, "{slot} bytes");
+        assert!(ENTRY_OVERHEAD >= slot, "the bounds count the slot");
     }
 
     #[test]

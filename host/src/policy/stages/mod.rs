@@ -480,11 +480,12 @@ impl<S: PolicyStage> Module<S> {
         let Some(cache) = &self.cache else {
             return Err(None);
         };
-        if !cache.looks_up() {
-            return Err(None);
-        }
         SCRATCH.with_borrow_mut(|key| {
+            // The partition first: it names the shard, which says whether to look up at all.
             S::partition(input, key);
+            if !cache.looks_up(key) {
+                return Err(None);
+            }
             S::key(input, &self.configured, self.inputs, key);
             match cache.get(key) {
                 Some(decision) => Ok(decision),
