@@ -17,8 +17,8 @@
 //! A lookup is on every request's path, so it touches little: the partitions are spread over
 //! [`SHARDS`] shards, each under its own lock, and a hit reads the table's control bytes and one
 //! slot that holds the key's bytes (up to [`INLINE_KEY`] of them), the decision and its time —
-//! its counts are plain numbers under the shard's lock, and the only shared counter it moves is
-//! the metric's.
+//! its counts are plain numbers under the shard's lock, and besides the lock the only shared
+//! counters it moves are the decision's reference count and the metric's.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasher;
