@@ -5,10 +5,60 @@ use prometheus::{
     TextEncoder,
 };
 
+/// Counts kept where they are made, without a shared counter moved on the request's path (a
+/// decision cache's hits and misses, under its shards' locks), and added to their counters
+/// when the metrics are rendered.
+pub trait Publish: Send + Sync {
+    /// Adds what was counted since the last call to the counters.
+    fn publish(&self);
+}
+
+/// What [`Metrics::render`] tells to publish first: held weakly, so that a counter's source
+/// goes when its owner does (a cache publishes its last counts itself when it is dropped).
+#[derive(Clone, Default)]
+pub struct Publishers(std::sync::Arc<std::sync::Mutex<Vec<std::sync::Weak<dyn Publish>>>>);
+
+impl std::fmt::Debug for Publishers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map(|p| p.len()).unwrap_or(0);
+        f.debug_tuple("Publishers").field(&n).finish()
+    }
+}
+
+impl Publishers {
+    /// Adds `source` (and forgets the sources that are gone).
+    pub fn add(&self, source: std::sync::Weak<dyn Publish>) {
+        if let Ok(mut sources) = self.0.lock() {
+            sources.retain(|s| s.strong_count() > 0);
+            sources.push(source);
+        }
+    }
+
+    /// Tells every source that is still there to publish.
+    pub fn publish(&self) {
+        let live: Vec<_> = match self.0.lock() {
+            Ok(mut sources) => {
+                sources.retain(|s| s.strong_count() > 0);
+                sources
+                    .iter()
+                    .filter_map(std::sync::Weak::upgrade)
+                    .collect()
+            }
+            Err(_) => return,
+        };
+        // Outside the list's lock: a source takes its own locks.
+        for source in live {
+            source.publish();
+        }
+    }
+}
+
 /// Every metric the gateway exports.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
+    /// Counts added to their counters when rendered (see [`Publish`]).
+    pub publishers: Publishers,
     /// Requests by plane, route group and status.
     pub requests: IntCounterVec,
     /// Latency by plane and route group.
@@ -451,6 +501,7 @@ impl Metrics {
         }));
         let clamped = std::sync::Arc::new(std::array::from_fn(|_| std::sync::OnceLock::new()));
         Self {
+            publishers: Publishers::default(),
             clamped,
             log_lines_dropped,
             connections_closed,
@@ -533,6 +584,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        self.publishers.publish();
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

@@ -208,13 +208,7 @@ pub async fn authenticate(
         KeyRole::ServiceRole => Role::ServiceRole,
     };
     actor.project = Some(record.project_ref.clone());
-    actor.key_id = Some(
-        record
-            .id
-            .hyphenated()
-            .encode_lower(&mut uuid::Uuid::encode_buffer())
-            .to_owned(),
-    );
+    actor.key_id = Some(String::from(&*record.key_id));
     actor.plan = project.as_ref().map(|p| p.plan.clone());
 
     match token.as_deref() {

@@ -286,12 +286,40 @@ where
     }
 }
 
+/// A key's record as resolved: the control store's record, and its id written out once for
+/// the actor's `key_id` — a request copies the text, it does not format the id again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedKey {
+    pub record: ApiKeyRecord,
+    /// `record.id`, hyphenated, in lower case.
+    pub key_id: Box<str>,
+}
+
+impl ResolvedKey {
+    pub fn new(record: ApiKeyRecord) -> Self {
+        let key_id = record
+            .id
+            .hyphenated()
+            .encode_lower(&mut uuid::Uuid::encode_buffer())
+            .into();
+        Self { record, key_id }
+    }
+}
+
+impl std::ops::Deref for ResolvedKey {
+    type Target = ApiKeyRecord;
+
+    fn deref(&self) -> &ApiKeyRecord {
+        &self.record
+    }
+}
+
 /// Resolves keys by hash through [`Lookups`]: by the key's SHA-256, held as its 32 bytes (no
 /// text per lookup, and never the key itself).
 #[derive(Debug, Clone)]
 pub struct KeyResolver {
     store: Arc<dyn ControlStore>,
-    lookups: Arc<Lookups<[u8; 32], ApiKeyRecord>>,
+    lookups: Arc<Lookups<[u8; 32], ResolvedKey>>,
 }
 
 impl KeyResolver {
@@ -334,7 +362,7 @@ impl KeyResolver {
 
     /// The record of `key`, or `None` when no key has that hash. Store failures are not cached;
     /// while the store is unavailable a key found before is answered from memory.
-    pub async fn resolve(&self, key: &str) -> Result<Option<Arc<ApiKeyRecord>>, StoreError> {
+    pub async fn resolve(&self, key: &str) -> Result<Option<Arc<ResolvedKey>>, StoreError> {
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
         self.lookups
             .get(
@@ -342,7 +370,10 @@ impl KeyResolver {
                 || hex::encode(digest),
                 || {
                     let store = self.store.clone();
-                    async move { store.api_key_by_hash(&hex::encode(digest)).await }
+                    async move {
+                        let found = store.api_key_by_hash(&hex::encode(digest)).await?;
+                        Ok(found.map(ResolvedKey::new))
+                    }
                 },
             )
             .await
@@ -352,6 +383,21 @@ impl KeyResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resolved_key_holds_its_id_as_the_envelope_writes_it() {
+        let id = uuid::Uuid::from_u128(0x0F1E_2D3C_4B5A_4978_8695_A4B3_C2D1_E0FF);
+        let key = ResolvedKey::new(ApiKeyRecord {
+            id,
+            project_ref: "p".into(),
+            role: KeyRole::Anon,
+            key_sha256: hash_key("k"),
+            revoked_at: None,
+        });
+        assert_eq!(&*key.key_id, "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0ff");
+        assert_eq!(&*key.key_id, id.to_string());
+        assert_eq!(key.project_ref, "p", "the record's fields through it");
+    }
 
     #[test]
     fn keys_are_hashed_whole_in_lower_hex() {

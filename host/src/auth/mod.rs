@@ -19,7 +19,7 @@ use self::browser::BrowserRule;
 use self::jwt::JwtVerifier;
 use self::keys::KeyResolver;
 use crate::config::AuthConfig;
-use crate::control::{ApiKeyRecord, ControlStore, ProjectRecord};
+use crate::control::{ControlStore, ProjectRecord};
 use crate::error::GatewayError;
 
 /// `aud` of user tokens.
@@ -80,7 +80,10 @@ impl Authenticator {
     }
 
     /// Resolves an API key (cached, positive and negative).
-    pub async fn resolve_key(&self, key: &str) -> Result<Option<Arc<ApiKeyRecord>>, GatewayError> {
+    pub async fn resolve_key(
+        &self,
+        key: &str,
+    ) -> Result<Option<Arc<keys::ResolvedKey>>, GatewayError> {
         self.keys.resolve(key).await.map_err(|e| store_failed(&e))
     }
 

@@ -14,11 +14,16 @@
 //! length before it, and the partition before them all: two different inputs never share an
 //! entry, whatever bytes they hold.
 //!
-//! A lookup is on every request's path, so it touches little: the partitions are spread over
-//! [`SHARDS`] shards, each under its own lock, and a hit reads the table's control bytes and one
-//! slot that holds the key's bytes (up to [`INLINE_KEY`] of them), the decision and its time —
-//! its counts are plain numbers under the shard's lock, and besides the lock the only shared
-//! counters it moves are the decision's reference count and the metric's.
+//! A lookup is on every request's path, so it touches few cache lines: the module's fields it
+//! reads sit together at the head of [`DecisionCache`]; the partitions are spread over
+//! [`SHARDS`] shards, each under its own lock, in a cell of 128 bytes that holds the lock, the
+//! table's header and the hit and miss counts (the bookkeeping of insertion and eviction is
+//! behind a pointer a hit does not follow); and a hit reads the table's control bytes and one
+//! slot of 128 bytes that holds the key's bytes (up to [`INLINE_KEY`] of them), the decision and
+//! its time. A cell and a slot are each aligned to 128 bytes, a pair of lines the core fetches
+//! together. Hits and misses are plain numbers under the shard's lock, added to their metric's
+//! counter when the metrics are rendered ([`crate::metrics::Publish`]): besides the lock, the
+//! only shared counter a hit moves is the decision's reference count.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasher;
@@ -157,6 +162,8 @@ pub struct CacheMetrics {
     pub misses: prometheus::IntCounter,
     pub evicted: prometheus::IntCounter,
     pub declined: prometheus::IntCounter,
+    /// Where the cache is told to add its hits and misses to `hits` and `misses`.
+    pub publishers: crate::metrics::Publishers,
 }
 
 /// Counters of a module's cache kept outside its shards (their paths take no lock).
@@ -173,6 +180,13 @@ struct ShardCounts {
     misses: u64,
     expired: u64,
     evicted: u64,
+}
+
+/// Hits and misses of a shard, moved under its lock on every lookup.
+#[derive(Debug, Default, Clone, Copy)]
+struct Lookups {
+    hits: u64,
+    misses: u64,
 }
 
 /// A key's bytes: in the entry's slot when they fit, else on the heap.
@@ -211,7 +225,8 @@ impl KeyBytes {
     }
 }
 
-/// One decision in a shard's table.
+/// One decision in a shard's table: 128 bytes, aligned to them.
+#[repr(align(128))]
 struct Slot<D> {
     key: KeyBytes,
     decision: D,
@@ -250,57 +265,67 @@ impl Admission {
     }
 }
 
+/// A shard's table and what its lookups count: what a hit touches, beside the lock.
 struct Shard<D> {
     table: HashTable<Slot<D>>,
+    lookups: Lookups,
+    /// Lookups and hits of the admission window under way.
+    window: (u32, u32),
+    /// What insertion and eviction keep, behind a pointer a hit does not follow.
+    books: Box<Books>,
+}
+
+/// A shard's bookkeeping of insertion and eviction, and its rarer counts.
+#[derive(Default)]
+struct Books {
     partitions: HashMap<Arc<[u8]>, Partition, foldhash::fast::RandomState>,
     /// Partitions by their number of entries, to find the largest.
     by_size: BTreeSet<(usize, Arc<[u8]>)>,
     bytes: usize,
     next_seq: u64,
-    counts: ShardCounts,
-    /// Lookups and hits of the admission window under way.
-    window: (u64, u64),
+    expired: u64,
+    evicted: u64,
+    /// The hits and misses already added to the metric's counters.
+    published: Lookups,
 }
 
 impl<D> Shard<D> {
     fn new() -> Self {
         Self {
             table: HashTable::new(),
-            partitions: HashMap::default(),
-            by_size: BTreeSet::new(),
-            bytes: 0,
-            next_seq: 0,
-            counts: ShardCounts::default(),
+            lookups: Lookups::default(),
             window: (0, 0),
+            books: Box::default(),
         }
     }
 
     /// Counts a lookup; at the end of a window, whether the shard thrashes.
     fn looked_up(&mut self, hit: bool) -> Option<bool> {
         if hit {
-            self.counts.hits += 1;
+            self.lookups.hits += 1;
         } else {
-            self.counts.misses += 1;
+            self.lookups.misses += 1;
         }
         self.window.0 += 1;
-        self.window.1 += u64::from(hit);
-        if self.window.0 < ADMISSION_WINDOW {
+        self.window.1 += u32::from(hit);
+        if u64::from(self.window.0) < ADMISSION_WINDOW {
             return None;
         }
         let hits = self.window.1;
         self.window = (0, 0);
-        Some(hits < THRASHING_HITS)
+        Some(u64::from(hits) < THRASHING_HITS)
     }
 
     /// Removes the oldest entry of `partition`; false when it has none.
     fn evict_from(&mut self, partition: &[u8]) -> bool {
-        let Some((name, part)) = self.partitions.get_key_value(partition) else {
+        let books = &mut *self.books;
+        let Some((name, part)) = books.partitions.get_key_value(partition) else {
             return false;
         };
         let name = name.clone();
         let before = part.order.len();
-        self.by_size.remove(&(before, name.clone()));
-        let part = self
+        books.by_size.remove(&(before, name.clone()));
+        let part = books
             .partitions
             .get_mut(partition)
             .expect("looked up just before");
@@ -310,12 +335,12 @@ impl<D> Shard<D> {
         if let Ok(slot) = self.table.find_entry(hash, |s| s.seq == seq) {
             let (slot, _) = slot.remove();
             part.bytes -= slot.bytes;
-            self.bytes -= slot.bytes;
+            books.bytes -= slot.bytes;
         }
         if part.order.is_empty() {
-            self.partitions.remove(partition);
+            books.partitions.remove(partition);
         } else {
-            self.by_size.insert((before - 1, name));
+            books.by_size.insert((before - 1, name));
         }
         true
     }
@@ -325,10 +350,11 @@ impl<D> Shard<D> {
     /// caller its entries).
     fn victim(&self, inserting: &[u8]) -> Option<Arc<[u8]>> {
         let own = self
+            .books
             .partitions
             .get_key_value(inserting)
             .map(|(name, p)| (p.order.len(), name.clone()));
-        match (self.by_size.last(), own) {
+        match (self.books.by_size.last(), own) {
             (Some((largest, name)), Some((own, _))) if *largest > own => Some(name.clone()),
             (_, Some((own, name))) if own > 0 => Some(name),
             (largest, _) => largest.map(|(_, name)| name.clone()),
@@ -336,8 +362,9 @@ impl<D> Shard<D> {
     }
 }
 
-/// A shard and what its requests check before taking its lock, on a line of its own: the
-/// workers locking neighbouring shards do not share one.
+/// A shard and what its requests check before taking its lock, in 128 bytes of its own: the
+/// workers locking neighbouring shards do not share a line, and a lookup touches this pair of
+/// lines and no other of the shard's.
 #[repr(align(128))]
 struct ShardCell<D> {
     admission: Admission,
@@ -354,14 +381,55 @@ struct Bounds {
 }
 
 /// A module's decisions by their declared inputs.
+///
+/// The fields a lookup reads come first, in this order (`repr(C)`): they share a line.
+#[repr(C)]
 pub struct DecisionCache<D> {
-    shards: Box<[ShardCell<D>]>,
+    shared: Arc<Shared<D>>,
     hasher: foldhash::fast::RandomState,
-    bounds: Bounds,
     max_age: Duration,
+    bounds: Bounds,
     inputs: Vec<&'static str>,
+}
+
+/// A cache's shards and counts, shared with the metrics, which add its hits and misses to their
+/// counters when they are rendered.
+struct Shared<D> {
+    shards: [ShardCell<D>; SHARDS],
     counts: Counts,
     metrics: std::sync::OnceLock<Option<CacheMetrics>>,
+}
+
+impl<D> Shared<D> {
+    /// Adds the hits and misses counted since the last time to the metric's counters.
+    fn publish_lookups(&self) {
+        let Some(Some(m)) = self.metrics.get() else {
+            return;
+        };
+        for cell in &self.shards {
+            let Ok(mut shard) = cell.shard.lock() else {
+                continue;
+            };
+            let (now, before) = (shard.lookups, shard.books.published);
+            shard.books.published = now;
+            drop(shard);
+            m.hits.inc_by(now.hits - before.hits);
+            m.misses.inc_by(now.misses - before.misses);
+        }
+    }
+}
+
+impl<D: Send + 'static> crate::metrics::Publish for Shared<D> {
+    fn publish(&self) {
+        self.publish_lookups();
+    }
+}
+
+impl<D> Drop for DecisionCache<D> {
+    fn drop(&mut self) {
+        // A cache goes with its module: what it counted since the last rendering is added now.
+        self.shared.publish_lookups();
+    }
 }
 
 impl<D> std::fmt::Debug for DecisionCache<D> {
@@ -393,34 +461,46 @@ impl<D: Clone> DecisionCache<D> {
             partition_bytes: config.partition_bytes.max(1),
         };
         Some(Self {
-            shards: (0..SHARDS)
-                .map(|_| ShardCell {
+            shared: Arc::new(Shared {
+                shards: std::array::from_fn(|_| ShardCell {
                     admission: Admission::default(),
                     shard: Mutex::new(Shard::new()),
-                })
-                .collect(),
+                }),
+                counts: Counts::default(),
+                metrics: std::sync::OnceLock::new(),
+            }),
             hasher: foldhash::fast::RandomState::default(),
-            bounds,
             max_age,
+            bounds,
             inputs,
-            counts: Counts::default(),
-            metrics: std::sync::OnceLock::new(),
         })
     }
 
-    /// Where hits, misses and evictions are counted from now on (set once).
-    pub fn count_in(&self, metrics: impl FnOnce() -> Option<CacheMetrics>) {
-        self.metrics.get_or_init(metrics);
+    /// Where hits, misses and evictions are counted from now on (set once): evictions and
+    /// declined lookups as they happen, hits and misses when the metrics are rendered.
+    pub fn count_in(&self, metrics: impl FnOnce() -> Option<CacheMetrics>)
+    where
+        D: Send + Sync + 'static,
+    {
+        self.shared.metrics.get_or_init(|| {
+            let metrics = metrics();
+            if let Some(m) = &metrics {
+                let shared: std::sync::Weak<dyn crate::metrics::Publish> =
+                    Arc::downgrade(&self.shared) as _;
+                m.publishers.add(shared);
+            }
+            metrics
+        });
     }
 
     /// The shard of `key`'s partition (written first, so that it is known before the rest).
     fn cell(&self, key: &KeyWriter) -> &ShardCell<D> {
         let hash = self.hasher.hash_one(key.partition_bytes());
-        &self.shards[hash as usize % SHARDS]
+        &self.shared.shards[hash as usize % SHARDS]
     }
 
     fn metric(&self, f: impl FnOnce(&CacheMetrics)) {
-        if let Some(Some(m)) = self.metrics.get() {
+        if let Some(Some(m)) = self.shared.metrics.get() {
             f(m);
         }
     }
@@ -432,7 +512,7 @@ impl<D: Clone> DecisionCache<D> {
         if self.cell(key).admission.samples() {
             return true;
         }
-        self.counts.declined.fetch_add(1, Ordering::Relaxed);
+        self.shared.counts.declined.fetch_add(1, Ordering::Relaxed);
         self.metric(|m| m.declined.inc());
         false
     }
@@ -447,7 +527,7 @@ impl<D: Clone> DecisionCache<D> {
             let found = match shard.table.find(hash, |s| s.key.as_slice() == wanted) {
                 Some(slot) if slot.stored.elapsed() < self.max_age => Some(slot.decision.clone()),
                 Some(_) => {
-                    shard.counts.expired += 1;
+                    shard.books.expired += 1;
                     None
                 }
                 None => None,
@@ -458,10 +538,6 @@ impl<D: Clone> DecisionCache<D> {
         if let Some(thrashing) = thrashing {
             cell.admission.thrashing.store(thrashing, Ordering::Relaxed);
         }
-        match &found {
-            Some(_) => self.metric(|m| m.hits.inc()),
-            None => self.metric(|m| m.misses.inc()),
-        }
         found
     }
 
@@ -471,7 +547,7 @@ impl<D: Clone> DecisionCache<D> {
         let stored_key = KeyBytes::of(wanted);
         let bytes = stored_key.heap() + size + ENTRY_OVERHEAD;
         if bytes > self.bounds.partition_bytes || bytes > self.bounds.bytes {
-            self.counts.skipped.fetch_add(1, Ordering::Relaxed);
+            self.shared.counts.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let hash = self.hasher.hash_one(wanted);
@@ -486,15 +562,15 @@ impl<D: Clone> DecisionCache<D> {
             let old = std::mem::replace(&mut slot.bytes, bytes);
             slot.decision = decision;
             slot.stored = now;
-            shard.bytes = shard.bytes + bytes - old;
-            if let Some(part) = shard.partitions.get_mut(partition) {
+            shard.books.bytes = shard.books.bytes + bytes - old;
+            if let Some(part) = shard.books.partitions.get_mut(partition) {
                 part.bytes = part.bytes + bytes - old;
             }
             return;
         }
         let mut evicted = 0u64;
         // The partition makes room from its own entries first.
-        while let Some(part) = shard.partitions.get(partition)
+        while let Some(part) = shard.books.partitions.get(partition)
             && (part.order.len() >= self.bounds.partition_entries
                 || part.bytes + bytes > self.bounds.partition_bytes)
         {
@@ -504,7 +580,9 @@ impl<D: Clone> DecisionCache<D> {
             evicted += 1;
         }
         // Then the module's cache, from its largest partition.
-        while shard.table.len() >= self.bounds.entries || shard.bytes + bytes > self.bounds.bytes {
+        while shard.table.len() >= self.bounds.entries
+            || shard.books.bytes + bytes > self.bounds.bytes
+        {
             let Some(victim) = shard.victim(partition) else {
                 break;
             };
@@ -513,20 +591,21 @@ impl<D: Clone> DecisionCache<D> {
             }
             evicted += 1;
         }
-        let seq = shard.next_seq;
-        shard.next_seq += 1;
-        let name: Arc<[u8]> = match shard.partitions.get_key_value(partition) {
+        let books = &mut *shard.books;
+        let seq = books.next_seq;
+        books.next_seq += 1;
+        let name: Arc<[u8]> = match books.partitions.get_key_value(partition) {
             Some((name, _)) => name.clone(),
             None => Arc::from(partition),
         };
-        let part = shard.partitions.entry(name.clone()).or_default();
+        let part = books.partitions.entry(name.clone()).or_default();
         let before = part.order.len();
         part.order.push_back((hash, seq));
         part.bytes += bytes;
-        shard.by_size.remove(&(before, name.clone()));
-        shard.by_size.insert((before + 1, name));
-        shard.bytes += bytes;
-        shard.counts.evicted += evicted;
+        books.by_size.remove(&(before, name.clone()));
+        books.by_size.insert((before + 1, name));
+        books.bytes += bytes;
+        books.evicted += evicted;
         let hasher = &self.hasher;
         shard.table.insert_unique(
             hash,
@@ -549,15 +628,15 @@ impl<D: Clone> DecisionCache<D> {
     pub fn report(&self) -> CacheReport {
         let (mut entries, mut bytes, mut thrashing) = (0, 0, 0);
         let mut counts = ShardCounts::default();
-        for cell in self.shards.iter() {
+        for cell in self.shared.shards.iter() {
             thrashing += usize::from(cell.admission.thrashing.load(Ordering::Relaxed));
             if let Ok(shard) = cell.shard.lock() {
                 entries += shard.table.len();
-                bytes += shard.bytes;
-                counts.hits += shard.counts.hits;
-                counts.misses += shard.counts.misses;
-                counts.expired += shard.counts.expired;
-                counts.evicted += shard.counts.evicted;
+                bytes += shard.books.bytes;
+                counts.hits += shard.lookups.hits;
+                counts.misses += shard.lookups.misses;
+                counts.expired += shard.books.expired;
+                counts.evicted += shard.books.evicted;
             }
         }
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -568,8 +647,8 @@ impl<D: Clone> DecisionCache<D> {
             misses: counts.misses,
             expired: counts.expired,
             evicted: counts.evicted,
-            skipped: load(&self.counts.skipped),
-            declined: load(&self.counts.declined),
+            skipped: load(&self.shared.counts.skipped),
+            declined: load(&self.shared.counts.declined),
             thrashing: thrashing > 0,
             thrashing_shards: thrashing,
             entries,
@@ -723,7 +802,7 @@ mod tests {
                 cache.put(key(p, &n.to_string()), 3u8, 0);
             }
         }
-        let shard = cache.shards[target].shard.lock().expect("lock");
+        let shard = cache.shared.shards[target].shard.lock().expect("lock");
         assert!(shard.table.len() <= 6, "bounded: {}", shard.table.len());
     }
 
@@ -807,10 +886,53 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_holds_a_shared_decision_and_its_key_in_two_cache_lines() {
+    fn a_hit_touches_one_pair_of_lines_of_the_shard_and_one_of_the_slot() {
         let slot = std::mem::size_of::<Slot<Arc<u64>>>();
-        assert!(slot <= 128, "{slot} bytes");
+        assert_eq!(slot, 128, "{slot} bytes");
+        assert_eq!(std::mem::align_of::<Slot<Arc<u64>>>(), 128);
         assert!(ENTRY_OVERHEAD >= slot, "the bounds count the slot");
+        // The shard's lock, table header and counts in its cell's 128 bytes.
+        let cell = std::mem::size_of::<ShardCell<Arc<u64>>>();
+        assert_eq!(cell, 128, "{cell} bytes");
+        // The module's fields a lookup reads, in the first line of the cache.
+        let head = std::mem::offset_of!(DecisionCache<Arc<u64>>, max_age) + 16;
+        assert!(head <= 64, "{head} bytes");
+    }
+
+    fn counters() -> CacheMetrics {
+        let counter = |name: &str| prometheus::IntCounter::new(name, name).expect("counter");
+        CacheMetrics {
+            hits: counter("hits"),
+            misses: counter("misses"),
+            evicted: counter("evicted"),
+            declined: counter("declined"),
+            publishers: crate::metrics::Publishers::default(),
+        }
+    }
+
+    #[test]
+    fn hits_and_misses_reach_their_counters_when_published_and_when_the_cache_goes() {
+        let m = counters();
+        let cache = DecisionCache::new(&config(100, 10), vec!["path"], Duration::from_secs(60))
+            .expect("cache");
+        cache.count_in(|| Some(m.clone()));
+        let counted = || (m.hits.get(), m.misses.get());
+        assert_eq!(cache.get(&key("p", "/a")), None);
+        cache.put(key("p", "/a"), Arc::new(1u8), 0);
+        for _ in 0..2 {
+            assert!(cache.get(&key("p", "/a")).is_some());
+        }
+        assert_eq!(counted(), (0, 0), "not moved by a lookup");
+        m.publishers.publish();
+        assert_eq!(counted(), (2, 1));
+        m.publishers.publish();
+        assert_eq!(counted(), (2, 1), "each lookup once");
+        assert!(cache.get(&key("p", "/a")).is_some());
+        assert_eq!(cache.get(&key("q", "/a")), None);
+        drop(cache);
+        assert_eq!(counted(), (3, 2), "the last ones when dropped");
+        m.publishers.publish();
+        assert_eq!(counted(), (3, 2));
     }
 
     #[test]

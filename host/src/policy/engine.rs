@@ -201,6 +201,7 @@ impl PolicyEngine {
             misses: series("miss"),
             evicted: series("evicted"),
             declined: series("declined"),
+            publishers: m.publishers.clone(),
         })
     }
 
