@@ -296,6 +296,7 @@ pub struct ResolvedKey {
 }
 
 impl ResolvedKey {
+    /// `record`, with its id written out.
     pub fn new(record: ApiKeyRecord) -> Self {
         let key_id = record
             .id

@@ -173,7 +173,7 @@ struct Counts {
     declined: AtomicU64,
 }
 
-/// Counters of a shard, moved under its lock.
+/// A module's counts summed over its shards, for its report.
 #[derive(Debug, Default, Clone, Copy)]
 struct ShardCounts {
     hits: u64,
