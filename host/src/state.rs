@@ -1,6 +1,5 @@
 //! The one state shared by both planes.
 
-use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +67,8 @@ impl WeakState {
 /// One breaker per service and a table of breakers per dedicated PostgREST target.
 #[derive(Debug)]
 pub struct Breakers {
-    services: HashMap<Service, Arc<CircuitBreaker>>,
+    /// By [`Service::index`]: a request finds its service's breaker without hashing.
+    services: Box<[(Service, Arc<CircuitBreaker>)]>,
     /// Per dedicated PostgREST target.
     pub postgrest: Arc<BreakerTable>,
 }
@@ -89,15 +89,16 @@ impl Breakers {
 
     /// The breaker of `service`.
     pub fn service(&self, service: Service) -> Arc<CircuitBreaker> {
-        self.services
-            .get(&service)
-            .cloned()
-            .expect("every service has a breaker")
+        let (of, breaker) = &self.services[service.index()];
+        debug_assert_eq!(*of, service);
+        breaker.clone()
     }
 
     /// Every service breaker.
     pub fn services(&self) -> impl Iterator<Item = (&Service, &Arc<CircuitBreaker>)> {
-        self.services.iter()
+        self.services
+            .iter()
+            .map(|(service, breaker)| (service, breaker))
     }
 }
 
@@ -179,5 +180,29 @@ impl AppState {
                 .with_label_values(&[service.name()])
                 .set(breaker.state().as_gauge());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn each_service_finds_its_own_breaker() {
+        let breakers = Breakers::new(&BreakerConfig::default());
+        let mut names = Vec::new();
+        for service in Service::all() {
+            let breaker = breakers.service(service);
+            assert_eq!(breaker.name(), service.name());
+            assert!(Arc::ptr_eq(&breaker, &breakers.service(service)));
+            names.push(breaker.name().to_owned());
+        }
+        let listed: Vec<String> = breakers
+            .services()
+            .map(|(s, _)| s.name().to_owned())
+            .collect();
+        assert_eq!(listed, names);
+        let distinct: std::collections::BTreeSet<&String> = names.iter().collect();
+        assert_eq!(distinct.len(), Service::all().count());
     }
 }

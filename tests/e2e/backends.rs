@@ -551,7 +551,10 @@ async fn nats_killed_with_requests_in_flight_answers_within_budget_and_never_del
 }
 
 /// Records the header names of each request it receives and reads its body to the end.
-async fn recording_upstream() -> (String, Arc<std::sync::Mutex<Vec<Vec<String>>>>) {
+/// Each request's headers, as (name, value) in the order they arrived.
+type Recorded = Arc<std::sync::Mutex<Vec<Vec<(String, String)>>>>;
+
+async fn recording_upstream() -> (String, Recorded) {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let record = seen.clone();
     let url = serve(Router::new().fallback(move |request: Request| {
@@ -559,8 +562,11 @@ async fn recording_upstream() -> (String, Arc<std::sync::Mutex<Vec<Vec<String>>>
         async move {
             let names = request
                 .headers()
-                .keys()
-                .map(|n| n.as_str().to_owned())
+                .iter()
+                .map(|(n, v)| {
+                    let value = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                    (n.as_str().to_owned(), value)
+                })
                 .collect();
             record.lock().expect("lock").push(names);
             let read = axum::body::to_bytes(request.into_body(), usize::MAX).await;
@@ -603,6 +609,10 @@ async fn a_chunked_upload_past_the_storage_limit_is_a_413_and_no_breaker_failure
 #[tokio::test]
 async fn hop_by_hop_and_client_identity_headers_never_reach_an_http_backend() {
     let (upstream, seen) = recording_upstream().await;
+    let authority = upstream
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
     let gw = Gateway::with(|c| c.upstreams.storage_url = Some(upstream))
         .start()
         .await;
@@ -622,12 +632,38 @@ async fn hop_by_hop_and_client_identity_headers_never_reach_an_http_backend() {
         ("x-aura-user-id", "00000000-0000-4000-8000-000000000000"),
         ("x-api-key", TEST_KEY),
         ("x-kept", "1"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-aura-client-ip", "6.6.6.6"),
+        ("forwarded", "for=6.6.6.6"),
+        ("x-request-id", "client-chosen"),
+        ("x-kept-after", "2"),
     ]);
     object.expect(StatusCode::OK).await;
     let seen = seen.lock().expect("lock").clone();
     assert_eq!(seen.len(), 1);
     let names = &seen[0];
-    let has = |name: &str| names.iter().filter(|n| *n == name).count();
+    let has = |name: &str| names.iter().filter(|(n, _)| n == name).count();
+    let value = |name: &str| {
+        let values: Vec<&str> = names
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(values.len(), 1, "{name} once: {names:?}");
+        values[0].to_owned()
+    };
+    // The backend's own authority, the gateway's account of the client, its own request id.
+    assert_eq!(value("host"), authority, "{names:?}");
+    assert_eq!(value("x-forwarded-for"), "127.0.0.1");
+    assert_eq!(value("x-aura-client-ip"), "127.0.0.1");
+    assert_eq!(has("forwarded"), 0, "{names:?}");
+    let id = value("x-request-id");
+    assert!(
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id}"
+    );
+    assert_eq!(value("x-kept"), "1");
+    assert_eq!(value("x-kept-after"), "2");
     assert!(has("x-kept") > 0, "ordinary headers pass: {names:?}");
     for stripped in [
         "x-hop",

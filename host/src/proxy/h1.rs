@@ -20,6 +20,7 @@ use std::task::{Context, Poll, ready};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version, header};
 
+use super::headers::HttpBackendHeaders;
 use crate::framing::{
     Decoded, Decoder, Framing, READ_CHUNK, content_length, has_token, put_chunk_size,
 };
@@ -149,9 +150,23 @@ where
         }
     }
 
-    /// Sends `request` (its URI in origin form) and reads the answer's head; the answer's body
-    /// is then read with [`Self::poll_body`].
+    /// Sends `request` (its URI in origin form) with its headers as they are, and reads the
+    /// answer's head; the answer's body is then read with [`Self::poll_body`].
     pub async fn send<B>(&mut self, request: http::Request<B>) -> Result<Response<()>, SendError<B>>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        self.send_with(request, Added::default()).await
+    }
+
+    /// [`Self::send`], the head written with what `added` says: the backend's `host` and a
+    /// client's request as its backend receives it.
+    pub async fn send_with<B>(
+        &mut self,
+        request: http::Request<B>,
+        added: Added<'_>,
+    ) -> Result<Response<()>, SendError<B>>
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
@@ -161,7 +176,7 @@ where
             Err(error) => return Err(SendError::Unsent(Box::new(Unsent { request, error }))),
         };
         self.write.clear();
-        encode_head(&mut self.write, &request, sending);
+        encode_head(&mut self.write, &request, sending, added);
         if let Err(e) = self.io.write_all(&self.write).await {
             self.keep_alive = false;
             return Err(SendError::Unsent(Box::new(Unsent {
@@ -170,7 +185,9 @@ where
             })));
         }
         let head_request = request.method() == Method::HEAD;
-        let closes = has_token(request.headers(), "close");
+        // A client's `Connection` is not sent (it names the client's hop); the request's own
+        // otherwise.
+        let closes = added.backend.is_none() && has_token(request.headers(), "close");
         let body = request.into_body();
         let written = self.write_body(body, sending).await;
         if let Err(e) = written {
@@ -570,8 +587,31 @@ fn sending<B: Body>(request: &http::Request<B>) -> Result<Sending, WireError> {
     })
 }
 
-/// Writes the request head into `out`: its own framing header, none of the request's.
-fn encode_head<B>(out: &mut Vec<u8>, request: &http::Request<B>, sending: Sending) {
+/// What a request's head carries besides what the request holds, written as the head is: no
+/// header is inserted into or removed from the request's map for it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Added<'a> {
+    /// The backend's `host`, written first in place of the request's own.
+    pub host: Option<&'a HeaderValue>,
+    /// A client's request forwarded to an HTTP backend: which of its headers are written, and
+    /// the gateway's headers after them.
+    pub backend: Option<&'a HttpBackendHeaders<'a>>,
+}
+
+/// Writes the request head into `out`: `added`'s `host` first, the request's headers (those
+/// `added.backend` keeps), the gateway's, then its own framing header, none of the request's.
+fn encode_head<B>(
+    out: &mut Vec<u8>,
+    request: &http::Request<B>,
+    sending: Sending,
+    added: Added<'_>,
+) {
+    fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
     out.extend_from_slice(request.method().as_str().as_bytes());
     out.push(b' ');
     let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
@@ -581,21 +621,32 @@ fn encode_head<B>(out: &mut Vec<u8>, request: &http::Request<B>, sending: Sendin
         target.as_bytes()
     });
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    if let Some(host) = added.host {
+        line(out, b"host", host.as_bytes());
+    }
     for (name, value) in request.headers() {
         if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        let name = name.as_str();
+        match added.backend {
+            Some(backend) if !backend.keeps(name) => continue,
+            None if added.host.is_some() && name == "host" => continue,
+            _ => {}
+        }
+        line(out, name.as_bytes(), value.as_bytes());
+    }
+    if let Some(backend) = added.backend {
+        backend.each_added(|name, value| line(out, name.as_str().as_bytes(), value));
     }
     match sending {
         Sending::Nothing => {}
         Sending::Length(n) => {
-            out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-            out.extend_from_slice(b"\r\n");
+            line(
+                out,
+                b"content-length",
+                itoa::Buffer::new().format(n).as_bytes(),
+            );
         }
         Sending::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
@@ -999,5 +1050,101 @@ mod tests {
         assert!(!conn.poll_idle_closed(&mut cx), "open and quiet");
         drop(peer);
         assert!(conn.poll_idle_closed(&mut cx), "closed by the backend");
+    }
+
+    /// The head's header lines (after the request line), in order.
+    fn header_lines(head: &[u8]) -> Vec<String> {
+        let text = std::str::from_utf8(head).expect("a head is ASCII here");
+        let mut lines: Vec<String> = text.split("\r\n").skip(1).map(str::to_owned).collect();
+        assert_eq!(lines.pop().as_deref(), Some(""), "ends with an empty line");
+        assert_eq!(lines.pop().as_deref(), Some(""), "ends with an empty line");
+        lines
+    }
+
+    #[test]
+    fn a_head_written_for_a_backend_has_the_headers_the_rewritten_map_has() {
+        use crate::actor::Actor;
+        use crate::plane::Plane;
+        let host = HeaderValue::from_static("backend:9000");
+        let mut v6 = Actor::unauthenticated(Plane::Data);
+        v6.client_ip = Some("2001:db8::7".parse().expect("ip"));
+        v6.project = Some("proj\u{7f}".into());
+        let mut user = Actor::unauthenticated(Plane::Data);
+        user.project = Some("alpha".into());
+        user.user_id = Some("6a3e1c9e-user".into());
+        user.org_role = Some("admin".into());
+        user.client_ip = Some("203.0.113.7".parse().expect("ip"));
+        let clients: [&[(&str, &str)]; 4] = [
+            &[],
+            &[
+                ("accept", "*/*"),
+                ("host", "gateway.example"),
+                ("apikey", "k"),
+            ],
+            &[
+                ("connection", "keep-alive, x-hop, X-Request-Id"),
+                ("x-hop", "1"),
+                ("x-request-id", "r1"),
+                ("x-aura-role", "service_role"),
+                ("x-forwarded-for", "6.6.6.6"),
+                ("forwarded", "for=6.6.6.6"),
+                ("accept", "a"),
+                ("accept", "b"),
+                ("content-length", "0"),
+                ("authorization", "Bearer t"),
+                ("te", "trailers"),
+                ("x-api-key", "k"),
+                ("x-client-info", "sdk/1"),
+            ],
+            &[
+                ("upgrade", "h2c"),
+                ("transfer-encoding", "chunked"),
+                ("keep-alive", "5"),
+            ],
+        ];
+        for actor in [Actor::unauthenticated(Plane::Data), v6, user] {
+            for client in clients {
+                let mut request = http::Request::post("/v1/storage/o?x=1").body(());
+                let headers = request.as_mut().expect("request").headers_mut();
+                for (name, value) in client {
+                    headers.append(
+                        http::HeaderName::from_static(name),
+                        HeaderValue::from_static(value),
+                    );
+                }
+                let request = request.expect("request");
+                let sending = Sending::Length(0);
+
+                let backend = HttpBackendHeaders::new(request.headers(), &actor);
+                let mut written = Vec::new();
+                let added = Added {
+                    host: Some(&host),
+                    backend: Some(&backend),
+                };
+                encode_head(&mut written, &request, sending, added);
+
+                let mut rewritten = request.map(|()| ());
+                super::super::headers::for_http_backend(rewritten.headers_mut(), &actor);
+                rewritten.headers_mut().insert(header::HOST, host.clone());
+                let mut expected = Vec::new();
+                encode_head(&mut expected, &rewritten, sending, Added::default());
+
+                let (written, mut expected) = (header_lines(&written), header_lines(&expected));
+                assert_eq!(written[0], "host: backend:9000", "{client:?}");
+                let mut sorted = written.clone();
+                sorted.sort();
+                expected.sort();
+                assert_eq!(sorted, expected, "{client:?} from {actor:?}");
+                // The client's kept headers in their order in the map.
+                let kept: Vec<&String> = written
+                    .iter()
+                    .filter(|l| l.starts_with("accept") || l.starts_with("x-request-id"))
+                    .collect();
+                let mut in_order = kept.clone();
+                in_order
+                    .sort_by_key(|l| client.iter().position(|(n, v)| **l == format!("{n}: {v}")));
+                assert_eq!(kept, in_order);
+            }
+        }
     }
 }

@@ -13,7 +13,6 @@ use std::net::IpAddr;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
 use crate::actor::Actor;
-use crate::headers::shared_value;
 
 /// The names of the headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP_NAMES: [&str; 9] = [
@@ -115,20 +114,65 @@ static X_AURA_PROJECT: HeaderName = HeaderName::from_static("x-aura-project");
 static X_AURA_USER_ID: HeaderName = HeaderName::from_static("x-aura-user-id");
 static X_AURA_ORG_ROLE: HeaderName = HeaderName::from_static("x-aura-org-role");
 
-/// Sets the `x-aura-*` headers describing the actor, for HTTP backends.
-pub fn set_identity_headers(headers: &mut HeaderMap, actor: &Actor) {
-    headers.insert(
-        X_AURA_ROLE.clone(),
-        HeaderValue::from_static(actor.role.as_str()),
-    );
+/// Whether `value` may be sent as a header value as it is (what `HeaderValue::from_str`
+/// accepts: no control character but a tab, no DEL).
+fn is_header_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b >= b' ' && b != 0x7f))
+}
+
+/// The headers the gateway adds to a request for an HTTP backend, in the order they are sent:
+/// the actor as `x-aura-*` (a value that cannot be a header value is left out), then the client
+/// IP it computed as `x-forwarded-for` and `x-aura-client-ip`.
+fn each_added(actor: &Actor, mut each: impl FnMut(&'static HeaderName, &[u8])) {
+    each(&X_AURA_ROLE, actor.role.as_str().as_bytes());
     for (name, value) in [
         (&X_AURA_PROJECT, &actor.project),
         (&X_AURA_USER_ID, &actor.user_id),
         (&X_AURA_ORG_ROLE, &actor.org_role),
     ] {
-        if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
-            headers.insert(name.clone(), v);
+        if let Some(v) = value.as_deref().filter(|v| is_header_value(v)) {
+            each(name, v.as_bytes());
         }
+    }
+    if let Some(ip) = actor.client_ip {
+        let mut buf = [0; 64];
+        let text = ip_text(&mut buf, ip).as_bytes();
+        each(&X_FORWARDED_FOR, text);
+        each(&X_AURA_CLIENT_IP, text);
+    }
+}
+
+/// A request's headers as an HTTP backend receives them, applied while its head is written
+/// (`proxy::h1`) instead of by rewriting the request's map: the client's headers that are kept,
+/// in their order in the map, then the gateway's ([`each_added`]). The same headers as
+/// [`for_http_backend`] leaves in a map, without a removal or an insertion in it (each a hash
+/// and a probe, about 250 instructions).
+#[derive(Debug)]
+pub struct HttpBackendHeaders<'a> {
+    named: Vec<String>,
+    actor: &'a Actor,
+}
+
+impl<'a> HttpBackendHeaders<'a> {
+    /// The backend's view of a request with `headers` from `actor`.
+    pub fn new(headers: &HeaderMap, actor: &'a Actor) -> Self {
+        Self {
+            named: connection_named(headers),
+            actor,
+        }
+    }
+
+    /// Whether the client's header `name` (lower-case) is sent. `host` never is: the pool
+    /// writes its backend's.
+    pub fn keeps(&self, name: &str) -> bool {
+        name != "host" && !is_dropped(name, &self.named)
+    }
+
+    /// Calls `each` with every header the gateway adds, in order.
+    pub fn each_added(&self, each: impl FnMut(&'static HeaderName, &[u8])) {
+        each_added(self.actor, each);
     }
 }
 
@@ -169,23 +213,17 @@ pub fn ip_text(buf: &mut [u8; 64], ip: IpAddr) -> &str {
     std::str::from_utf8(&buf[..len]).expect("an IP address is ASCII")
 }
 
-/// An IP address as a header value, written on the stack.
-fn ip_value(ip: IpAddr) -> HeaderValue {
-    shared_value::<64>(ip_text(&mut [0; 64], ip).as_bytes())
-        .expect("an IP address is a valid header value")
-}
-
-/// Rewrites a request's headers for an HTTP backend: client headers dropped, identity and
-/// client IP set.
+/// Rewrites a request's headers for an HTTP backend in its map: client headers dropped,
+/// identity and client IP set (a WebSocket handshake, which hyper's client sends; other
+/// requests are written through [`HttpBackendHeaders`]).
 pub fn for_http_backend(headers: &mut HeaderMap, actor: &Actor) {
     drop_client_headers(headers);
     headers.remove(header::HOST);
-    set_identity_headers(headers, actor);
-    if let Some(ip) = actor.client_ip {
-        let value = ip_value(ip);
-        headers.insert(X_FORWARDED_FOR.clone(), value.clone());
-        headers.insert(X_AURA_CLIENT_IP.clone(), value);
-    }
+    each_added(actor, |name, value| {
+        if let Ok(value) = HeaderValue::from_bytes(value) {
+            headers.insert(name.clone(), value);
+        }
+    });
 }
 
 /// The request headers as envelope pairs: lower-case names, order kept, client headers
@@ -344,8 +382,46 @@ mod tests {
             "::ffff:192.0.2.1",
         ] {
             let ip: IpAddr = ip.parse().expect("ip");
-            assert_eq!(ip_value(ip), ip.to_string().as_str());
+            assert_eq!(ip_text(&mut [0; 64], ip), ip.to_string());
         }
+    }
+
+    #[test]
+    fn an_identity_value_is_sent_exactly_when_it_is_a_header_value() {
+        for b in 0..=u8::MAX {
+            let bytes = [b'a', b, b'z'];
+            let Ok(text) = std::str::from_utf8(&bytes) else {
+                continue;
+            };
+            assert_eq!(
+                is_header_value(text),
+                HeaderValue::from_str(text).is_ok(),
+                "byte {b:#04x}"
+            );
+        }
+        assert!(is_header_value("ünïcode"));
+        assert_eq!(
+            is_header_value("ünïcode"),
+            HeaderValue::from_str("ünïcode").is_ok()
+        );
+        let mut a = actor();
+        a.user_id = Some("evil\r\nx-aura-role: service_role".into());
+        a.org_role = Some("owner".into());
+        let mut sent = Vec::new();
+        each_added(&a, |name, value| {
+            sent.push((name.as_str(), String::from_utf8_lossy(value).into_owned()));
+        });
+        let sent: Vec<(&str, &str)> = sent.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        assert_eq!(
+            sent,
+            [
+                ("x-aura-role", "anon"),
+                ("x-aura-project", "alpha"),
+                ("x-aura-org-role", "owner"),
+                ("x-forwarded-for", "203.0.113.7"),
+                ("x-aura-client-ip", "203.0.113.7"),
+            ]
+        );
     }
 
     /// The names [`is_dropped`] drops, said plainly: what its first-letter dispatch must agree

@@ -209,17 +209,20 @@ impl HttpTransport {
             .cloned();
         let (parts, body) = request.into_parts();
         let mut headers = parts.headers;
-        let upgrade_headers = upgrade.then(|| {
-            (
-                headers.get(header::UPGRADE).cloned(),
-                HeaderValue::from_static("upgrade"),
-            )
-        });
-        super::headers::for_http_backend(&mut headers, actor);
-        if let Some((Some(upgrade_value), connection)) = upgrade_headers {
-            headers.insert(header::UPGRADE, upgrade_value);
-            headers.insert(header::CONNECTION, connection);
-        }
+        // A handshake goes through hyper's client, which sends the map: it is rewritten. Any
+        // other request's map stays as the client sent it, and its head is written as the
+        // backend receives it.
+        let backend_headers = if upgrade {
+            let upgrade_value = headers.get(header::UPGRADE).cloned();
+            super::headers::for_http_backend(&mut headers, actor);
+            if let Some(upgrade_value) = upgrade_value {
+                headers.insert(header::UPGRADE, upgrade_value);
+                headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            }
+            None
+        } else {
+            Some(super::headers::HttpBackendHeaders::new(&headers, actor))
+        };
         // Made from its parts, not with `http::request::Builder`, whose checks the method, the
         // target and the headers already passed.
         let mut upstream =
@@ -247,7 +250,10 @@ impl HttpTransport {
         } else {
             let place = place.take();
             self.deadlines
-                .run_until(deadline, backend.pool.send(upstream))
+                .run_until(
+                    deadline,
+                    backend.pool.send(upstream, backend_headers.as_ref()),
+                )
                 .await
                 .map(|r| {
                     r.map(|response| {

@@ -41,6 +41,7 @@ use tokio::net::TcpStream;
 use tower::ServiceExt;
 
 use super::h1::{Connection, SendError, WireError};
+use super::headers::HttpBackendHeaders;
 use crate::error::GatewayError;
 
 /// What dials a backend: TCP (with the connect timeout), then TLS for `https://`.
@@ -112,16 +113,19 @@ impl OriginPool {
         self.idle.lock().map(|i| i.len()).unwrap_or_default()
     }
 
-    /// Sends `request` (its URI in origin form: path and query) and answers with the head of
-    /// the backend's answer. The body streams from the connection, which goes back to the
-    /// pool after it.
+    /// Sends `request` (its URI in origin form: path and query) with the backend's `host`,
+    /// and, for a client's request, its headers as `backend` says (see
+    /// [`HttpBackendHeaders`]); answers with the head of the backend's answer. The body streams
+    /// from the connection, which goes back to the pool after it.
     pub async fn send(
         self: &Arc<Self>,
         mut request: Request<Body>,
+        backend: Option<&HttpBackendHeaders<'_>>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
-        request
-            .headers_mut()
-            .insert(header::HOST, self.host.clone());
+        let added = super::h1::Added {
+            host: Some(&self.host),
+            backend,
+        };
         let mut pooled = poll_fn(|cx| Poll::Ready(self.checkout(cx, Instant::now()))).await;
         loop {
             let reused = pooled.is_some();
@@ -131,7 +135,7 @@ impl OriginPool {
                 // future of every request larger.
                 None => Box::pin(self.open()).await?,
             };
-            match conn.send(request).await {
+            match conn.send_with(request, added).await {
                 Ok(head) => {
                     let pool = self.clone();
                     let body = PooledBody {
