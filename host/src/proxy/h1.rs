@@ -1062,6 +1062,33 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_s_host_replaces_the_request_s_own_and_comes_first() {
+        let host = HeaderValue::from_static("backend:9000");
+        let request = http::Request::get("/x")
+            .header("accept", "*/*")
+            .header("host", "client.example")
+            .header("x-kept", "1")
+            .body(())
+            .expect("request");
+        let mut written = Vec::new();
+        let added = Added {
+            host: Some(&host),
+            backend: None,
+        };
+        encode_head(&mut written, &request, Sending::Nothing, added);
+        assert_eq!(
+            header_lines(&written),
+            ["host: backend:9000", "accept: */*", "x-kept: 1"]
+        );
+        let mut plain = Vec::new();
+        encode_head(&mut plain, &request, Sending::Nothing, Added::default());
+        assert_eq!(
+            header_lines(&plain),
+            ["accept: */*", "host: client.example", "x-kept: 1"]
+        );
+    }
+
+    #[test]
     fn a_head_written_for_a_backend_has_the_headers_the_rewritten_map_has() {
         use crate::actor::Actor;
         use crate::plane::Plane;
