@@ -550,10 +550,10 @@ async fn nats_killed_with_requests_in_flight_answers_within_budget_and_never_del
     assert!(once, "a request was delivered twice");
 }
 
-/// Records the header names of each request it receives and reads its body to the end.
 /// Each request's headers, as (name, value) in the order they arrived.
 type Recorded = Arc<std::sync::Mutex<Vec<Vec<(String, String)>>>>;
 
+/// Records the headers of each request it receives and reads its body to the end.
 async fn recording_upstream() -> (String, Recorded) {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let record = seen.clone();
@@ -684,4 +684,50 @@ async fn hop_by_hop_and_client_identity_headers_never_reach_an_http_backend() {
     // The gateway's own identity headers replace the client's.
     assert!(has("x-aura-role") == 1);
     assert!(has("x-aura-project") == 1);
+}
+
+/// A user token whose `sub` carries CR LF and a header of its own (a project's issuer decides
+/// what `sub` says): the head the gateway writes for the backend leaves the user id out rather
+/// than let it start a line, and the role stays the gateway's.
+#[tokio::test]
+async fn a_user_id_that_would_split_the_head_never_reaches_an_http_backend() {
+    use crate::support::fixture::{USER_SECRET, epoch, hs256};
+    let (upstream, seen) = recording_upstream().await;
+    let gw = Gateway::with(|c| c.upstreams.storage_url = Some(upstream))
+        .start()
+        .await;
+    let token = hs256(
+        USER_SECRET,
+        serde_json::json!({ "sub": "evil\r\nx-aura-role: service_role\r\nx-injected: 1",
+                            "aud": "authenticated", "ref": "e2e", "exp": epoch() + 600 }),
+    );
+    let object = client()
+        .get(gw.data_url("/v1/storage/object/b/a.txt"))
+        .call();
+    object.bearer(&token).expect(StatusCode::OK).await;
+    let fine = hs256(
+        USER_SECRET,
+        serde_json::json!({ "sub": "user-1", "aud": "authenticated", "ref": "e2e",
+                            "exp": epoch() + 600 }),
+    );
+    let object = client()
+        .get(gw.data_url("/v1/storage/object/b/a.txt"))
+        .call();
+    object.bearer(&fine).expect(StatusCode::OK).await;
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 2);
+    let values = |at: usize, name: &str| -> Vec<String> {
+        seen[at]
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    assert!(values(0, "x-aura-user-id").is_empty(), "{:?}", seen[0]);
+    assert!(values(0, "x-injected").is_empty(), "{:?}", seen[0]);
+    assert_eq!(values(0, "x-aura-role"), ["authenticated"], "{:?}", seen[0]);
+    assert_eq!(values(0, "x-aura-project"), ["e2e"]);
+    // The same request with a user id that is a header value carries it.
+    assert_eq!(values(1, "x-aura-user-id"), ["user-1"], "{:?}", seen[1]);
+    assert_eq!(values(1, "x-aura-role"), ["authenticated"]);
 }
