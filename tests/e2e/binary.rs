@@ -15,7 +15,7 @@ use crate::support::gateway::Process;
 use crate::support::metrics::metric;
 use crate::support::poll::poll_tries;
 use crate::support::records::e2e_control_file;
-use crate::support::responder::{Bus, reply};
+use crate::support::responder::{Bus, Responder, reply};
 
 fn example(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -288,28 +288,40 @@ async fn the_compile_cache_refuses_an_open_folder_and_recompiles_a_bad_file() {
     }
 }
 
-#[tokio::test]
-async fn sigterm_lets_in_flight_requests_finish() {
+/// The gateway binary on the shared bus with `server` (lines of its `[server]` table) and the
+/// e2e control file, `functions` answered `answer` after `delay`; returned once the gateway's
+/// own NATS connection is up.
+async fn with_slow_functions(
+    server: &str,
+    delay: Duration,
+    answer: &'static [u8],
+) -> (Process, Responder, tempfile::TempDir) {
     let bus = Bus::shared();
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("control.toml"), e2e_control_file()).expect("control file");
     let (nats, prefix) = (&bus.url, &bus.prefix);
-    let control = "[control]\nfile = \"control.toml\"\n";
-    let toml = format!("[nats]\nurl = {nats:?}\nsubject_prefix = {prefix:?}\n{control}");
+    let toml = format!(
+        "[server]\n{server}\n[nats]\nurl = {nats:?}\nsubject_prefix = {prefix:?}\n\
+         [control]\nfile = \"control.toml\"\n"
+    );
     let gw = Process::serve(&write_config(dir.path(), &toml), dir.path());
-    let slowly = Duration::from_millis(1_000);
-    let _responder = bus
-        .respond_after("functions", slowly, |_| reply(200, &[], b"finished"))
+    let responder = bus
+        .respond_after("functions", delay, move |_| reply(200, &[], answer))
         .await;
-    // Wait until the gateway's own NATS connection is up.
     let client = client();
-    let x = || client.get(gw.data_url("/v1/auth/x")).call();
     let _ = poll_tries(100, Duration::from_millis(50), async || {
-        let r = x().read().await;
+        let r = client.get(gw.data_url("/v1/auth/x")).call().read().await;
         let up = r.status != StatusCode::SERVICE_UNAVAILABLE || r.text().contains("no_responders");
         up.then_some(())
     })
     .await;
+    (gw, responder, dir)
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_requests_finish() {
+    let (gw, _responder, _dir) =
+        with_slow_functions("", Duration::from_millis(1_000), b"finished").await;
     let in_flight = tokio::spawn(
         crate::support::call::client()
             .get(gw.data_url("/v1/functions/slow"))
@@ -325,6 +337,93 @@ async fn sigterm_lets_in_flight_requests_finish() {
     assert_eq!(response.status, StatusCode::OK);
     assert_eq!(response.text(), "finished");
     let status = gw.exit().await;
+    assert!(status.success(), "clean exit after SIGTERM: {status:?}");
+}
+
+/// Reads from `conn` until it ends (EOF or reset); every byte read.
+async fn read_to_end(conn: &mut tokio::net::TcpStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt as _;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[tokio::test]
+async fn sigterm_closes_idle_connections_at_once_and_cuts_what_outlives_the_grace() {
+    use tokio::io::AsyncWriteExt as _;
+    let grace = Duration::from_secs(3);
+    // The backend answers long after the grace.
+    let (gw, _responder, _dir) = with_slow_functions(
+        &format!("shutdown_grace_secs = {}", grace.as_secs()),
+        Duration::from_secs(60),
+        b"too late",
+    )
+    .await;
+    let addr = ("127.0.0.1", gw.port);
+    // Keep-alive connections that were answered once and then sent nothing: many, as an edge
+    // holds them.
+    let mut idle = Vec::new();
+    for _ in 0..20 {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        conn.write_all(b"GET /health HTTP/1.1\r\nhost: gateway\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = [0u8; 1024];
+        use tokio::io::AsyncReadExt as _;
+        let n = conn.read(&mut buf).await.expect("answer");
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        idle.push(conn);
+    }
+    // A request whose backend answers after the grace.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "GET /v1/functions/slow HTTP/1.1\r\nhost: gateway\r\napikey: {}\r\n\r\n",
+        crate::support::records::TEST_KEY
+    );
+    slow.write_all(head.as_bytes()).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let signalled = std::time::Instant::now();
+    gw.signal("-TERM");
+    let idle_closed = tokio::time::timeout(grace * 3, async {
+        for conn in &mut idle {
+            assert!(
+                read_to_end(conn).await.is_empty(),
+                "an idle connection got bytes"
+            );
+        }
+        signalled.elapsed()
+    })
+    .await
+    .expect("the idle connections were closed");
+    let cut = tokio::time::timeout(grace * 3, async {
+        let got = read_to_end(&mut slow).await;
+        (got, signalled.elapsed())
+    })
+    .await
+    .expect("the request in flight was cut");
+    let status = gw.exit().await;
+    println!(
+        "idle connections closed after {idle_closed:?}, the slow request cut after {:?}",
+        cut.1
+    );
+    // Closed when shutdown began, not when the grace ran out.
+    assert!(
+        idle_closed < grace / 2,
+        "idle connections closed after {idle_closed:?}"
+    );
+    // The request in flight had its grace, then its connection was dropped without an answer.
+    assert!(cut.1 >= grace - Duration::from_millis(200), "{:?}", cut.1);
+    assert!(cut.0.is_empty(), "{}", String::from_utf8_lossy(&cut.0));
     assert!(status.success(), "clean exit after SIGTERM: {status:?}");
 }
 

@@ -169,9 +169,11 @@ impl CircuitBreaker {
 
     /// Asks to make one call.
     pub fn try_acquire_probe(self: &Arc<Self>) -> Result<Probe, Rejected> {
-        let now = Instant::now();
         let mut inner = self.lock();
+        // The clock is read only when the breaker is open: a closed or half-open breaker's
+        // answer does not depend on the time.
         if let State::Open { until } = inner.state {
+            let now = Instant::now();
             if now < until {
                 return Err(Rejected {
                     retry_after: until - now,

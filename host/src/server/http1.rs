@@ -41,12 +41,13 @@ use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
 use super::body::{BodyError, Pipe, RequestBody};
 use super::head::{self, Framed, Refusal, RequestHead, Sending};
-use super::{Closed, Listener, Prefixed, Requests, stopped};
+use super::stop::{Stop, Stopped};
+use super::{Closed, Listener, Prefixed, Requests};
 use crate::framing::{Decoded, Decoder, Framing, READ_CHUNK, has_token, put_chunk_size};
 use crate::phases::stamps::{Stamped, Stamps};
 use crate::proxy::tunnels::{ClientIo, ClientUpgrade};
@@ -195,7 +196,7 @@ pub(super) fn serve<S: Socket>(
     settings: &Listener,
     io: Prefixed<S>,
     requests: Requests,
-    stop: watch::Receiver<bool>,
+    stop: Stop,
 ) -> impl std::future::Future<Output = ()> + Send + '_ {
     let mut conn = Conn {
         buf: BytesMut::from(&io.prefix[..]),
@@ -204,8 +205,10 @@ pub(super) fn serve<S: Socket>(
         send_timeout: settings.send_timeout,
         stalled: false,
     };
-    let (mut stop, requests) = (stop, requests);
     async move {
+        // Registered once for the connection's life, not once per request.
+        let stopping = stop.wait();
+        tokio::pin!(stopping);
         let mut idle_since = Instant::now();
         let check = tokio::time::sleep_until(first_check(settings, idle_since));
         tokio::pin!(check);
@@ -213,8 +216,8 @@ pub(super) fn serve<S: Socket>(
             let clock = (&mut idle_since, check.as_mut());
             // The head moves into the boxed exchange before anything else is awaited: the
             // connection's task keeps no room for it.
-            let pending = match next_head(settings, &mut conn, clock, &mut stop).await {
-                Ok(head) => exchange(settings, &mut conn, head, &requests, &mut stop),
+            let pending = match next_head(settings, &mut conn, clock, stopping.as_mut()).await {
+                Ok(head) => exchange(settings, &mut conn, head, &requests, &stop),
                 Err(NoHead::Refused(refusal)) => refuse(settings, &mut conn, refusal),
                 Err(NoHead::Stop) => Box::pin(std::future::ready(Next::Close)),
                 Err(NoHead::Gone) => Box::pin(std::future::ready(Next::Gone)),
@@ -290,15 +293,12 @@ async fn next_head<S: Socket>(
     settings: &Listener,
     conn: &mut Conn<S>,
     (idle_since, mut check): (&mut Instant, Pin<&mut Sleep>),
-    stop: &mut watch::Receiver<bool>,
+    mut stopping: Pin<&mut Stopped<'_>>,
 ) -> Result<RequestHead, NoHead> {
     // How much of the buffer was searched for the head's end: a head is parsed when it first
     // arrives, then — when it was not whole — only once new bytes may end it, so that a head
     // that trickles in is searched once, not parsed again on every read.
     let mut scanned = 0;
-    // Registered once for the wait, not once per read.
-    let stopping = stopped(stop);
-    tokio::pin!(stopping);
     loop {
         let whole = if scanned == 0 {
             !conn.buf.is_empty()
@@ -505,7 +505,7 @@ fn exchange<'a, S: Socket>(
     conn: &'a mut Conn<S>,
     head: RequestHead,
     requests: &'a Requests,
-    stop: &'a mut watch::Receiver<bool>,
+    stop: &'a Stop,
 ) -> Pending<'a> {
     Box::pin(exchange_inner(settings, conn, head, requests, stop))
 }
@@ -518,7 +518,7 @@ async fn exchange_inner<S: Socket>(
     conn: &mut Conn<S>,
     head: RequestHead,
     requests: &Requests,
-    stop: &mut watch::Receiver<bool>,
+    stop: &Stop,
 ) -> Next {
     let RequestHead {
         request,
@@ -604,7 +604,7 @@ async fn exchange_inner<S: Socket>(
     drop(tunnel);
     // Shutdown asked for while it was served: the connection ends with this answer.
     let mut close =
-        !keep_alive || unfinished || *stop.borrow() || has_token(&parts.headers, "close");
+        !keep_alive || unfinished || stop.is_set() || has_token(&parts.headers, "close");
     let bodiless = head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT

@@ -9,6 +9,7 @@ mod body;
 mod h2_send;
 mod head;
 mod http1;
+mod stop;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,10 +28,10 @@ use axum::body::Body;
 use axum::response::IntoResponse;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use stop::Stop;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Binds both listeners. Fails with the address when a port is taken.
@@ -54,14 +55,15 @@ pub async fn serve(
     management: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = Stop::new();
     let stopped_at = Arc::new(std::sync::OnceLock::new());
     {
         let stopped_at = stopped_at.clone();
+        let stop = stop.clone();
         tokio::spawn(async move {
             shutdown.await;
             let _ = stopped_at.set(tokio::time::Instant::now());
-            let _ = stop_tx.send(true);
+            stop.set();
         });
     }
     let data_app = build_data_plane_router(state.clone());
@@ -81,21 +83,14 @@ pub async fn serve(
         state.metrics.clone(),
     );
     let (a, b) = tokio::join!(
-        serve_plane(
-            Plane::Data,
-            data,
-            data_tls,
-            data_app,
-            &state,
-            stop_rx.clone()
-        ),
+        serve_plane(Plane::Data, data, data_tls, data_app, &state, stop.clone()),
         serve_plane(
             Plane::Management,
             management,
             mgmt_tls,
             mgmt_app,
             &state,
-            stop_rx
+            stop
         ),
     );
     // Tunnels get what is left of the same grace.
@@ -236,7 +231,7 @@ async fn serve_plane(
     tls: Option<Arc<ListenerTls>>,
     service: PlaneService,
     state: &AppState,
-    mut stop: watch::Receiver<bool>,
+    stop: Stop,
 ) -> anyhow::Result<()> {
     let config: &Config = &state.config;
     let addr = listener.local_addr()?;
@@ -256,12 +251,12 @@ async fn serve_plane(
         .with_label_values(&[plane.as_str()]);
     let connections = TaskTracker::new();
     // Cancelled once the grace is over: the connections still open are dropped.
-    let force_close = CancellationToken::new();
+    let force_close = Stop::new();
     loop {
         // Past the cap, stop accepting: new connections wait in the kernel backlog.
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => p?,
-            _ = stopped(&mut stop) => break,
+            () = stop.wait() => break,
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -272,7 +267,7 @@ async fn serve_plane(
                     continue;
                 }
             },
-            _ = stopped(&mut stop) => break,
+            () = stop.wait() => break,
         };
         let _ = stream.set_nodelay(true);
         // Held by the connection and by a tunnel it may open (released when both are done).
@@ -290,9 +285,11 @@ async fn serve_plane(
         let force_close = force_close.clone();
         connections.spawn(async move {
             let serve = serve_connection(&settings, stream, peer, acceptor, requests, stop);
+            // The connection first: the end of the grace is a flag read on its wake-ups.
             tokio::select! {
+                biased;
                 () = serve => {}
-                () = force_close.cancelled() => {}
+                () = force_close.wait() => {}
             }
             drop(slot);
         });
@@ -313,7 +310,7 @@ async fn serve_plane(
             plane = plane.as_str(),
             "grace period over; closing remaining connections"
         );
-        force_close.cancel();
+        force_close.set();
         connections.wait().await;
     }
     Ok(())
@@ -369,7 +366,7 @@ async fn serve_connection(
     peer: SocketAddr,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     requests: Requests,
-    stop: watch::Receiver<bool>,
+    stop: Stop,
 ) {
     let deadline = tokio::time::Instant::now() + settings.header_timeout;
     let Some(acceptor) = acceptor else {
@@ -405,7 +402,7 @@ async fn serve_tls(
     acceptor: tokio_rustls::TlsAcceptor,
     deadline: tokio::time::Instant,
     requests: Requests,
-    stop: watch::Receiver<bool>,
+    stop: Stop,
 ) {
     let mut stream = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => stream,
@@ -479,7 +476,7 @@ async fn serve_http<S: http1::Socket>(
     protocol: Protocol,
     first_stream_by: tokio::time::Instant,
     requests: Requests,
-    stop: watch::Receiver<bool>,
+    stop: Stop,
 ) {
     match protocol {
         Protocol::Http1 => http1::serve(settings, io, requests, stop).await,
@@ -504,7 +501,7 @@ async fn serve_http2<S: http1::Socket>(
     io: Prefixed<S>,
     first_stream_by: tokio::time::Instant,
     requests: Requests,
-    mut stop: watch::Receiver<bool>,
+    stop: Stop,
 ) {
     let streams = Streams::default();
     let counted = streams.clone();
@@ -533,7 +530,7 @@ async fn serve_http2<S: http1::Socket>(
         result = connection.as_mut() => return log_end(result),
         // The watch runs as long as the connection; were it to end, serving goes on.
         () = send_watch.as_mut() => {}
-        _ = stopped(&mut stop) => connection.as_mut().graceful_shutdown(),
+        () = stop.wait() => connection.as_mut().graceful_shutdown(),
         () = idle.as_mut() => {
             settings.count(Closed::Idle);
             connection.as_mut().graceful_shutdown();
@@ -698,11 +695,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
     }
-}
-
-/// Resolves once shutdown was asked for.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await.map(|_| ());
 }
 
 /// The signal that asked the gateway to stop.
@@ -871,7 +863,7 @@ mod tests {
             SocketAddr,
             Option<tokio_rustls::TlsAcceptor>,
             Requests,
-            watch::Receiver<bool>,
+            Stop,
             _,
         >(&serve_connection);
         eprintln!("a connection's future: {size} bytes");
