@@ -383,6 +383,22 @@ async fn sigterm_closes_idle_connections_at_once_and_cuts_what_outlives_the_grac
         );
         idle.push(conn);
     }
+    // An HTTP/2 connection (prior knowledge) answered once, then idle: its connection task
+    // ends when the gateway closes it.
+    let h2_idle = {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (send, connection) = h2::client::handshake(tcp).await.expect("h2c");
+        let ended = tokio::spawn(async move {
+            let _ = connection.await;
+            std::time::Instant::now()
+        });
+        let mut send = send.ready().await.expect("ready");
+        let health = format!("http://127.0.0.1:{}/health", gw.port);
+        let request = http::Request::get(health).body(()).expect("request");
+        let (response, _) = send.send_request(request, true).expect("sent");
+        assert_eq!(response.await.expect("answer").status(), 200);
+        (send, ended)
+    };
     // A request whose backend answers after the grace.
     let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let head = format!(
@@ -405,6 +421,11 @@ async fn sigterm_closes_idle_connections_at_once_and_cuts_what_outlives_the_grac
     })
     .await
     .expect("the idle connections were closed");
+    let h2_closed = tokio::time::timeout(grace * 3, h2_idle.1)
+        .await
+        .expect("the HTTP/2 connection was closed")
+        .expect("joined")
+        .duration_since(signalled);
     let cut = tokio::time::timeout(grace * 3, async {
         let got = read_to_end(&mut slow).await;
         (got, signalled.elapsed())
@@ -413,14 +434,16 @@ async fn sigterm_closes_idle_connections_at_once_and_cuts_what_outlives_the_grac
     .expect("the request in flight was cut");
     let status = gw.exit().await;
     println!(
-        "idle connections closed after {idle_closed:?}, the slow request cut after {:?}",
+        "idle connections closed after {idle_closed:?}, HTTP/2 after {h2_closed:?}, \
+         the slow request cut after {:?}",
         cut.1
     );
-    // Closed when shutdown began, not when the grace ran out.
+    // Closed when shutdown began (HTTP/2 after its GOAWAY), not when the grace ran out.
     assert!(
         idle_closed < grace / 2,
         "idle connections closed after {idle_closed:?}"
     );
+    assert!(h2_closed < grace / 2, "HTTP/2 closed after {h2_closed:?}");
     // The request in flight had its grace, then its connection was dropped without an answer.
     assert!(cut.1 >= grace - Duration::from_millis(200), "{:?}", cut.1);
     assert!(cut.0.is_empty(), "{}", String::from_utf8_lossy(&cut.0));
