@@ -14,20 +14,22 @@
 //! length before it, and the partition before them all: two different inputs never share an
 //! entry, whatever bytes they hold.
 //!
-//! A lookup is on every request's path, so it touches few cache lines: the module's fields it
-//! reads sit together at the head of [`DecisionCache`]; the partitions are spread over
-//! [`SHARDS`] shards, each under its own lock, in a cell of 128 bytes that holds the lock, the
-//! table's header and the hit and miss counts (the bookkeeping of insertion and eviction is
-//! behind a pointer a hit does not follow); and a hit reads the table's control bytes and one
-//! slot of 128 bytes that holds the key's bytes (up to [`INLINE_KEY`] of them), the decision and
-//! its time. A cell and a slot are each aligned to 128 bytes, a pair of lines the core fetches
-//! together. Hits and misses are plain numbers under the shard's lock, added to their metric's
-//! counter when the metrics are rendered ([`crate::metrics::Publish`]): besides the lock, the
-//! only shared counter a hit moves is the decision's reference count.
+//! A lookup is on every request's path, so it touches few cache lines: [`DecisionCache`] is the
+//! three fields a lookup reads (the rest is behind its pointer); the partitions are spread over
+//! [`SHARDS`] shards, each under its own lock, in one line of 64 bytes that holds the admission
+//! word, the lock, the table's header and the lookups of the admission window under way (the
+//! bookkeeping of insertion and eviction, and the counts of the windows before, are behind a
+//! pointer a hit does not follow); and a hit reads the table's control bytes and one slot of
+//! 128 bytes that holds the key's bytes (up to [`INLINE_KEY`] of them), the decision and its
+//! time. A cell and a slot are each aligned to 128 bytes, a pair of lines some cores fetch
+//! together: neighbouring shards never share one. Hits and misses are plain numbers under the
+//! shard's lock, added to their metric's counter when the metrics are rendered
+//! ([`crate::metrics::Publish`]): besides the lock, the only shared counter a hit moves is the
+//! decision's reference count.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -182,11 +184,19 @@ struct ShardCounts {
     evicted: u64,
 }
 
-/// Hits and misses of a shard, moved under its lock on every lookup.
+/// Hits and misses of a shard.
 #[derive(Debug, Default, Clone, Copy)]
 struct Lookups {
     hits: u64,
     misses: u64,
+}
+
+/// The lookups of a shard's admission window under way, moved under its lock on every lookup;
+/// added to the shard's [`Books::lookups`] when the window ends.
+#[derive(Debug, Default, Clone, Copy)]
+struct Window {
+    lookups: u32,
+    hits: u32,
 }
 
 /// A key's bytes: in the entry's slot when they fit, else on the heap.
@@ -249,28 +259,47 @@ struct Partition {
 /// eviction per request for no hit, and only a sample of its requests uses it. Judged per
 /// shard: a caller flooding a module with unique inputs makes its own shard step aside, and the
 /// partitions of the other shards keep their lookups.
+///
+/// One word: the top bit says the shard thrashes, the others count its requests while it does
+/// (a lookup of a shard that does not thrash reads the word and writes nothing).
 #[derive(Debug, Default)]
-struct Admission {
-    thrashing: AtomicBool,
-    requests: AtomicU64,
-}
+struct Admission(AtomicU32);
 
 impl Admission {
+    const THRASHING: u32 = 1 << 31;
+
     fn samples(&self) -> bool {
-        !self.thrashing.load(Ordering::Relaxed)
-            || self
-                .requests
-                .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(THRASHING_SAMPLE)
+        if self.0.load(Ordering::Relaxed) & Self::THRASHING == 0 {
+            return true;
+        }
+        // The count wraps into the flag after 2^31 requests: the shard then looks up until
+        // its window ends (at most 1,024 lookups later) and is judged again.
+        let before = self.0.fetch_add(1, Ordering::Relaxed);
+        u64::from(before & !Self::THRASHING).is_multiple_of(THRASHING_SAMPLE)
+    }
+
+    fn thrashing(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & Self::THRASHING != 0
+    }
+
+    /// Marks the shard as thrashing or not, at the end of a window. A request counted at the
+    /// same time as the flag is cleared leaves a count without the flag: not thrashing.
+    fn set(&self, thrashing: bool) {
+        if thrashing != self.thrashing() {
+            self.0.store(
+                if thrashing { Self::THRASHING } else { 0 },
+                Ordering::Relaxed,
+            );
+        }
     }
 }
 
-/// A shard's table and what its lookups count: what a hit touches, beside the lock.
+/// A shard's table and what its lookups count: what a hit touches, beside the lock (48 bytes,
+/// in this order).
+#[repr(C)]
 struct Shard<D> {
     table: HashTable<Slot<D>>,
-    lookups: Lookups,
-    /// Lookups and hits of the admission window under way.
-    window: (u32, u32),
+    window: Window,
     /// What insertion and eviction keep, behind a pointer a hit does not follow.
     books: Box<Books>,
 }
@@ -285,6 +314,8 @@ struct Books {
     next_seq: u64,
     expired: u64,
     evicted: u64,
+    /// The hits and misses of the admission windows that ended.
+    lookups: Lookups,
     /// The hits and misses already added to the metric's counters.
     published: Lookups,
 }
@@ -293,27 +324,32 @@ impl<D> Shard<D> {
     fn new() -> Self {
         Self {
             table: HashTable::new(),
-            lookups: Lookups::default(),
-            window: (0, 0),
+            window: Window::default(),
             books: Box::default(),
         }
     }
 
     /// Counts a lookup; at the end of a window, whether the shard thrashes.
     fn looked_up(&mut self, hit: bool) -> Option<bool> {
-        if hit {
-            self.lookups.hits += 1;
-        } else {
-            self.lookups.misses += 1;
-        }
-        self.window.0 += 1;
-        self.window.1 += u32::from(hit);
-        if u64::from(self.window.0) < ADMISSION_WINDOW {
+        self.window.lookups += 1;
+        self.window.hits += u32::from(hit);
+        if u64::from(self.window.lookups) < ADMISSION_WINDOW {
             return None;
         }
-        let hits = self.window.1;
-        self.window = (0, 0);
+        let Window { lookups, hits } = std::mem::take(&mut self.window);
+        let totals = &mut self.books.lookups;
+        totals.hits += u64::from(hits);
+        totals.misses += u64::from(lookups - hits);
         Some(u64::from(hits) < THRASHING_HITS)
+    }
+
+    /// Every hit and miss of the shard: the windows that ended and the one under way.
+    fn lookups(&self) -> Lookups {
+        let (totals, window) = (self.books.lookups, self.window);
+        Lookups {
+            hits: totals.hits + u64::from(window.hits),
+            misses: totals.misses + u64::from(window.lookups - window.hits),
+        }
     }
 
     /// Removes the oldest entry of `partition`; false when it has none.
@@ -362,10 +398,10 @@ impl<D> Shard<D> {
     }
 }
 
-/// A shard and what its requests check before taking its lock, in 128 bytes of its own: the
-/// workers locking neighbouring shards do not share a line, and a lookup touches this pair of
-/// lines and no other of the shard's.
-#[repr(align(128))]
+/// A shard and what its requests check before taking its lock: 64 bytes, the only line of the
+/// shard a lookup touches, at the start of 128 bytes of its own (the workers locking
+/// neighbouring shards share no line, nor a pair of lines).
+#[repr(C, align(128))]
 struct ShardCell<D> {
     admission: Admission,
     shard: Mutex<Shard<D>>,
@@ -382,14 +418,13 @@ struct Bounds {
 
 /// A module's decisions by their declared inputs.
 ///
-/// The fields a lookup reads come first, in this order (`repr(C)`): they share a line.
+/// The three fields a lookup reads (32 bytes, in this order): a module keeps them on the line
+/// it reads for every request; what only a miss or a report reads is behind `shared`.
 #[repr(C)]
 pub struct DecisionCache<D> {
     shared: Arc<Shared<D>>,
     hasher: foldhash::fast::RandomState,
     max_age: Duration,
-    bounds: Bounds,
-    inputs: Vec<&'static str>,
 }
 
 /// A cache's shards and counts, shared with the metrics, which add its hits and misses to their
@@ -398,6 +433,8 @@ struct Shared<D> {
     shards: [ShardCell<D>; SHARDS],
     counts: Counts,
     metrics: std::sync::OnceLock<Option<CacheMetrics>>,
+    bounds: Bounds,
+    inputs: Vec<&'static str>,
 }
 
 impl<D> Shared<D> {
@@ -410,7 +447,7 @@ impl<D> Shared<D> {
             let Ok(mut shard) = cell.shard.lock() else {
                 continue;
             };
-            let (now, before) = (shard.lookups, shard.books.published);
+            let (now, before) = (shard.lookups(), shard.books.published);
             shard.books.published = now;
             drop(shard);
             m.hits.inc_by(now.hits - before.hits);
@@ -435,7 +472,7 @@ impl<D> Drop for DecisionCache<D> {
 impl<D> std::fmt::Debug for DecisionCache<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DecisionCache")
-            .field("inputs", &self.inputs)
+            .field("inputs", &self.shared.inputs)
             .field("max_age", &self.max_age)
             .finish_non_exhaustive()
     }
@@ -468,11 +505,11 @@ impl<D: Clone> DecisionCache<D> {
                 }),
                 counts: Counts::default(),
                 metrics: std::sync::OnceLock::new(),
+                bounds,
+                inputs,
             }),
             hasher: foldhash::fast::RandomState::default(),
             max_age,
-            bounds,
-            inputs,
         })
     }
 
@@ -536,7 +573,7 @@ impl<D: Clone> DecisionCache<D> {
             (found, thrashing)
         };
         if let Some(thrashing) = thrashing {
-            cell.admission.thrashing.store(thrashing, Ordering::Relaxed);
+            cell.admission.set(thrashing);
         }
         found
     }
@@ -546,7 +583,8 @@ impl<D: Clone> DecisionCache<D> {
         let wanted = key.bytes.as_slice();
         let stored_key = KeyBytes::of(wanted);
         let bytes = stored_key.heap() + size + ENTRY_OVERHEAD;
-        if bytes > self.bounds.partition_bytes || bytes > self.bounds.bytes {
+        let bounds = self.shared.bounds;
+        if bytes > bounds.partition_bytes || bytes > bounds.bytes {
             self.shared.counts.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -571,8 +609,8 @@ impl<D: Clone> DecisionCache<D> {
         let mut evicted = 0u64;
         // The partition makes room from its own entries first.
         while let Some(part) = shard.books.partitions.get(partition)
-            && (part.order.len() >= self.bounds.partition_entries
-                || part.bytes + bytes > self.bounds.partition_bytes)
+            && (part.order.len() >= bounds.partition_entries
+                || part.bytes + bytes > bounds.partition_bytes)
         {
             if !shard.evict_from(partition) {
                 break;
@@ -580,9 +618,7 @@ impl<D: Clone> DecisionCache<D> {
             evicted += 1;
         }
         // Then the module's cache, from its largest partition.
-        while shard.table.len() >= self.bounds.entries
-            || shard.books.bytes + bytes > self.bounds.bytes
-        {
+        while shard.table.len() >= bounds.entries || shard.books.bytes + bytes > bounds.bytes {
             let Some(victim) = shard.victim(partition) else {
                 break;
             };
@@ -629,19 +665,20 @@ impl<D: Clone> DecisionCache<D> {
         let (mut entries, mut bytes, mut thrashing) = (0, 0, 0);
         let mut counts = ShardCounts::default();
         for cell in self.shared.shards.iter() {
-            thrashing += usize::from(cell.admission.thrashing.load(Ordering::Relaxed));
+            thrashing += usize::from(cell.admission.thrashing());
             if let Ok(shard) = cell.shard.lock() {
+                let lookups = shard.lookups();
                 entries += shard.table.len();
                 bytes += shard.books.bytes;
-                counts.hits += shard.lookups.hits;
-                counts.misses += shard.lookups.misses;
+                counts.hits += lookups.hits;
+                counts.misses += lookups.misses;
                 counts.expired += shard.books.expired;
                 counts.evicted += shard.books.evicted;
             }
         }
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         CacheReport {
-            inputs: self.inputs.clone(),
+            inputs: self.shared.inputs.clone(),
             max_age_ms: self.max_age.as_millis() as u64,
             hits: counts.hits,
             misses: counts.misses,
@@ -886,17 +923,43 @@ mod tests {
     }
 
     #[test]
-    fn a_hit_touches_one_pair_of_lines_of_the_shard_and_one_of_the_slot() {
+    fn a_hit_touches_one_line_of_the_shard_and_one_pair_of_the_slot() {
         let slot = std::mem::size_of::<Slot<Arc<u64>>>();
         assert_eq!(slot, 128, "{slot} bytes");
         assert_eq!(std::mem::align_of::<Slot<Arc<u64>>>(), 128);
         assert!(ENTRY_OVERHEAD >= slot, "the bounds count the slot");
-        // The shard's lock, table header and counts in its cell's 128 bytes.
-        let cell = std::mem::size_of::<ShardCell<Arc<u64>>>();
-        assert_eq!(cell, 128, "{cell} bytes");
-        // The module's fields a lookup reads, in the first line of the cache.
-        let head = std::mem::offset_of!(DecisionCache<Arc<u64>>, max_age) + 16;
-        assert!(head <= 64, "{head} bytes");
+        // The admission word, the shard's lock, its table's header and its window in the first
+        // line of the cell's 128 bytes.
+        assert_eq!(std::mem::size_of::<ShardCell<Arc<u64>>>(), 128);
+        assert_eq!(std::mem::align_of::<ShardCell<Arc<u64>>>(), 128);
+        let used = std::mem::offset_of!(ShardCell<Arc<u64>>, shard)
+            + std::mem::size_of::<Mutex<Shard<Arc<u64>>>>();
+        assert!(used <= 64, "{used} bytes");
+        // What a lookup reads of the module's cache, and nothing else.
+        let head = std::mem::size_of::<DecisionCache<Arc<u64>>>();
+        assert!(head <= 32, "{head} bytes");
+    }
+
+    #[test]
+    fn the_admission_word_samples_one_request_in_sixteen_while_its_shard_thrashes() {
+        let admission = Admission::default();
+        assert!((0..100).all(|_| admission.samples()), "not thrashing");
+        admission.set(true);
+        assert!(admission.thrashing());
+        let sampled = (0..160).filter(|_| admission.samples()).count();
+        assert_eq!(sampled, 10);
+        admission.set(false);
+        assert!(!admission.thrashing());
+        assert!((0..100).all(|_| admission.samples()));
+        // The count wrapping into the flag ends the thrashing until the window's end.
+        admission.set(true);
+        admission.0.store(u32::MAX, Ordering::Relaxed);
+        assert!(
+            !admission.samples(),
+            "the count's last value, not a multiple of 16"
+        );
+        assert!(!admission.thrashing(), "wrapped");
+        assert!(admission.samples());
     }
 
     fn counters() -> CacheMetrics {

@@ -133,12 +133,16 @@ stage_world!(
 );
 
 /// What the host keeps of an `api-key` module's `configure` answer: the headers it reads.
+///
+/// `names` first (`repr(C)`): what a decision-cache lookup reads, on the line of the module's
+/// other fields it reads ([`super::Module`]).
 #[derive(Debug, Clone, Default)]
+#[repr(C)]
 pub struct KeyConfigured {
-    pub headers: Vec<String>,
     /// The same names parsed, for lookups in a request head; `None` when one of them is not a
     /// lower-case header name as written, and the head is then walked header by header.
-    names: Option<Vec<http::HeaderName>>,
+    pub(super) names: Option<Vec<http::HeaderName>>,
+    pub headers: Vec<String>,
 }
 
 impl KeyConfigured {

@@ -330,15 +330,22 @@ enum Calls<S: PolicyStage> {
 
 /// A loaded module of stage `S`: compiled, exports checked, configuration accepted, its
 /// declaration proven by the conformance vectors before it is put in force.
+///
+/// What a request reads of it comes first, in this order, from the start of a line: the cache's
+/// fields, the declared inputs and the configuration the key is written from.
+#[repr(C, align(64))]
 pub struct Module<S: PolicyStage> {
-    calls: Calls<S>,
-    configured: S::Configured,
-    /// The inputs passed to the module: those it declared, or all of them.
-    inputs: Inputs,
     /// The module's decisions, when it declared its inputs and a maximum age.
     cache: Option<DecisionCache<Decided<S>>>,
+    /// The inputs passed to the module: those it declared, or all of them.
+    inputs: Inputs,
+    /// Whether `native` decides instead of the module (read on the line of the fields above).
+    #[cfg(feature = "native-policies")]
+    native_decides: bool,
+    configured: S::Configured,
     #[cfg(feature = "native-policies")]
     native: Option<S::Native>,
+    calls: Calls<S>,
 }
 
 impl<S: PolicyStage> std::fmt::Debug for Module<S> {
@@ -419,6 +426,8 @@ impl<S: PolicyStage> Module<S> {
             inputs,
             cache,
             #[cfg(feature = "native-policies")]
+            native_decides: native.is_some(),
+            #[cfg(feature = "native-policies")]
             native,
         })
     }
@@ -451,7 +460,9 @@ impl<S: PolicyStage> Module<S> {
         input: S::Input<'_>,
     ) -> Result<Decided<S>, PluginError> {
         #[cfg(feature = "native-policies")]
-        if let Some(native) = &self.native {
+        if self.native_decides
+            && let Some(native) = &self.native
+        {
             return Ok(Arc::new(S::native(native, &self.configured, input)));
         }
         match self.cached(&input) {
@@ -839,6 +850,28 @@ mod tests {
             derived,
             "{} differs from the plugin's configuration type: run this test with AURA_BLESS=1",
             S::FILE
+        );
+    }
+
+    #[test]
+    fn what_a_lookup_reads_of_a_module_is_on_its_first_line() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(align_of::<Module<ApiKey>>(), 64);
+        // The cache's fields and the declared inputs, then the configuration the key is written
+        // from: the api-key stage's header names.
+        let inputs_end = offset_of!(Module<ApiKey>, inputs) + size_of::<Inputs>();
+        assert!(
+            offset_of!(Module<ApiKey>, cache) == 0 && inputs_end <= 40,
+            "the inputs end at {inputs_end}"
+        );
+        let names = offset_of!(Module<ApiKey>, configured)
+            + offset_of!(api_key::KeyConfigured, names)
+            + size_of::<Option<Vec<http::HeaderName>>>();
+        assert!(names <= 64, "the header names end at {names}");
+        let quota = offset_of!(Module<Quota>, configured);
+        assert!(
+            quota < 64,
+            "the quota stage's configuration starts at {quota}"
         );
     }
 
