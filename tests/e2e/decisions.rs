@@ -116,6 +116,65 @@ async fn a_declared_module_is_called_once_for_identical_requests_and_again_when_
 }
 
 #[tokio::test]
+async fn a_kept_decision_serves_the_requests_that_arrive_within_its_maximum_age_and_no_later() {
+    let started = offline("decl-age", "");
+    let (gw, fx) = (&started.gw, &started.fx);
+    let admin = admin(&started);
+    let config = json!({ "echo_all": true, "declare": ["origin"], "max_age_ms": 2_000 });
+    admin.install_ok("cors", &testing_cors(), config).await;
+    let (_, calls_before) = cache_of(&admin, "cors").await;
+    let health = || {
+        let call = Call::get(gw.data_url("/health")).key(&fx.anon_key);
+        call.origin("https://one.example").read()
+    };
+    // The first request's decision is kept between `before` and `kept`.
+    let before = std::time::Instant::now();
+    let mut kept = before;
+    for n in 0..5 {
+        let r = health().await;
+        assert_eq!(
+            r.header("access-control-allow-origin"),
+            "https://one.example"
+        );
+        if n == 0 {
+            kept = std::time::Instant::now();
+        }
+    }
+    assert!(
+        before.elapsed() < Duration::from_millis(1_500),
+        "the first requests took {:?}: too slow a host for this test's ages",
+        before.elapsed()
+    );
+    let (cache, calls) = cache_of(&admin, "cors").await;
+    assert_eq!(calls - calls_before, 1, "{cache}");
+    assert_eq!(
+        (cache["hits"].as_u64(), cache["expired"].as_u64()),
+        (Some(4), Some(0))
+    );
+
+    // A request that arrives after the maximum age is decided again, and its decision kept.
+    tokio::time::sleep(Duration::from_millis(2_200).saturating_sub(kept.elapsed())).await;
+    for _ in 0..3 {
+        let r = health().await;
+        assert_eq!(
+            r.header("access-control-allow-origin"),
+            "https://one.example"
+        );
+    }
+    let (cache, calls) = cache_of(&admin, "cors").await;
+    assert_eq!(calls - calls_before, 2, "called again once: {cache}");
+    assert_eq!(
+        (
+            cache["hits"].as_u64(),
+            cache["misses"].as_u64(),
+            cache["expired"].as_u64(),
+            cache["entries"].as_u64()
+        ),
+        (Some(6), Some(2), Some(1), Some(1))
+    );
+}
+
+#[tokio::test]
 async fn a_false_declaration_is_refused_at_upload_naming_the_input_it_depends_on() {
     let started = offline("decl-false", "");
     let admin = admin(&started);

@@ -96,9 +96,9 @@ async fn refuse_secret_query_keys(
     Ok(())
 }
 
-/// Authenticates a data-plane request from `client`: the `api-key` stage of the request's policy
-/// snapshot (`pinned`) decides through `registry`, like every stage (a failed call fails closed,
-/// and a module that fails too often is rolled back).
+/// Authenticates a data-plane request from `client`, received at `at`: the `api-key` stage of
+/// the request's policy snapshot (`pinned`) decides through `registry`, like every stage (a
+/// failed call fails closed, and a module that fails too often is rolled back).
 ///
 /// `Authorization` is read by the one bearer parser: malformed or duplicated, the request is
 /// refused; a bearer equal to the API key is removed; any other bearer is verified as a user
@@ -110,6 +110,7 @@ pub async fn authenticate(
     registry: &PolicyRegistry,
     pinned: &Policies,
     client: Option<IpAddr>,
+    at: tokio::time::Instant,
     parts: &mut Parts,
 ) -> Result<Actor, GatewayError> {
     let stage = pinned
@@ -131,6 +132,7 @@ pub async fn authenticate(
         request_id,
         plane: Plane::Data,
         project: None,
+        at,
     };
     let input = KeyInput {
         method: parts.method.as_str(),

@@ -48,6 +48,7 @@ async fn caller(
                 &state.policies,
                 &cx.policies,
                 cx.client_ip,
+                cx.started,
                 parts,
             )
             .await?

@@ -70,6 +70,8 @@ pub struct RouteContext {
     pub actor: Arc<Actor>,
     /// The request id (also the `x-request-id` header and the envelope `id`).
     pub request_id: RequestId,
+    /// When the plane's service received the request ([`RequestContext::started`]).
+    pub started: Instant,
     /// When the route group's budget runs out.
     pub deadline: Instant,
     /// The modules the request pinned.

@@ -172,6 +172,7 @@ pub async fn preflight(
         request_id: Some(id.as_str()),
         plane: cx.plane,
         project: cors.host_project.as_deref(),
+        at: cx.started,
     };
     let decision = state
         .policies
@@ -216,6 +217,7 @@ pub async fn respond(
         request_id: cx.id.as_ref().map(RequestId::as_str),
         plane: cx.plane,
         project,
+        at: cx.started,
     };
     let decision = state
         .policies

@@ -55,6 +55,7 @@ pub async fn check(
         request_id: cx.id.as_ref().map(|id| id.as_str()),
         plane: actor.plane,
         project: actor.project.as_deref(),
+        at: cx.started,
     };
     let input = QuotaInput {
         method: method.as_str(),

@@ -208,6 +208,7 @@ impl Pipeline {
         let route_cx = RouteContext {
             actor,
             request_id,
+            started: cx.started,
             deadline,
             policies: cx.policies.clone(),
         };

@@ -110,6 +110,7 @@ pub async fn route_db(
             .and_then(|v| v.to_str().ok()),
         plane: actor.plane,
         project: actor.project.as_deref(),
+        at: cx.started,
     };
     let input = DbInput {
         method: request.method().as_str(),

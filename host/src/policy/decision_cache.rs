@@ -554,15 +554,21 @@ impl<D: Clone> DecisionCache<D> {
         false
     }
 
-    /// The decision kept for `key`, if it is younger than the maximum age.
-    pub fn get(&self, key: &KeyWriter) -> Option<D> {
+    /// The decision kept for `key`, if it was younger than the maximum age at `at`: the time
+    /// the request arrived, read once for all its stages (a decision kept after it is as young
+    /// as can be). A request is thus decided as of its arrival: a decision that comes of age
+    /// while the request waits for its stage (an API key looked up, a per-actor limit) still
+    /// serves it.
+    pub fn get(&self, key: &KeyWriter, at: Instant) -> Option<D> {
         let cell = self.cell(key);
         let wanted = key.bytes.as_slice();
         let hash = self.hasher.hash_one(wanted);
         let (found, thrashing) = {
             let mut shard = cell.shard.lock().ok()?;
             let found = match shard.table.find(hash, |s| s.key.as_slice() == wanted) {
-                Some(slot) if slot.stored.elapsed() < self.max_age => Some(slot.decision.clone()),
+                Some(slot) if at.saturating_duration_since(slot.stored) < self.max_age => {
+                    Some(slot.decision.clone())
+                }
                 Some(_) => {
                     shard.books.expired += 1;
                     None
@@ -578,8 +584,9 @@ impl<D: Clone> DecisionCache<D> {
         found
     }
 
-    /// Keeps `decision` for `key` (`size`: the decision's heap bytes).
-    pub fn put(&self, key: KeyWriter, decision: D, size: usize) {
+    /// Keeps `decision` for `key` (`size`: the decision's heap bytes), as old as the request
+    /// it was decided for, which arrived at `at`.
+    pub fn put(&self, key: KeyWriter, decision: D, size: usize, at: Instant) {
         let wanted = key.bytes.as_slice();
         let stored_key = KeyBytes::of(wanted);
         let bytes = stored_key.heap() + size + ENTRY_OVERHEAD;
@@ -592,14 +599,13 @@ impl<D: Clone> DecisionCache<D> {
         let Ok(mut shard) = self.cell(&key).shard.lock() else {
             return;
         };
-        let now = Instant::now();
         let partition = key.partition_bytes();
         if let Some(slot) = shard.table.find_mut(hash, |s| s.key.as_slice() == wanted) {
             // Expired (or decided twice at once): replaced where it stands, in its place in
             // its partition's queue.
             let old = std::mem::replace(&mut slot.bytes, bytes);
             slot.decision = decision;
-            slot.stored = now;
+            slot.stored = at;
             shard.books.bytes = shard.books.bytes + bytes - old;
             if let Some(part) = shard.books.partitions.get_mut(partition) {
                 part.bytes = part.bytes + bytes - old;
@@ -648,7 +654,7 @@ impl<D: Clone> DecisionCache<D> {
             Slot {
                 key: stored_key,
                 decision,
-                stored: now,
+                stored: at,
                 seq,
                 bytes,
             },
@@ -716,17 +722,61 @@ mod tests {
     async fn a_decision_is_kept_for_its_maximum_age_and_no_longer() {
         let cache = DecisionCache::new(&config(100, 10), vec!["path"], Duration::from_secs(5))
             .expect("cache");
-        assert_eq!(cache.get(&key("p", "/a")), None);
-        cache.put(key("p", "/a"), 7u32, 0);
-        assert_eq!(cache.get(&key("p", "/a")), Some(7));
-        assert_eq!(cache.get(&key("p", "/b")), None, "another input");
-        assert_eq!(cache.get(&key("q", "/a")), None, "another partition");
+        assert_eq!(cache.get(&key("p", "/a"), Instant::now()), None);
+        cache.put(key("p", "/a"), 7u32, 0, Instant::now());
+        assert_eq!(cache.get(&key("p", "/a"), Instant::now()), Some(7));
+        assert_eq!(
+            cache.get(&key("p", "/b"), Instant::now()),
+            None,
+            "another input"
+        );
+        assert_eq!(
+            cache.get(&key("q", "/a"), Instant::now()),
+            None,
+            "another partition"
+        );
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(cache.get(&key("p", "/a")), None, "expired");
-        cache.put(key("p", "/a"), 8, 0);
-        assert_eq!(cache.get(&key("p", "/a")), Some(8), "replaced in place");
+        assert_eq!(cache.get(&key("p", "/a"), Instant::now()), None, "expired");
+        cache.put(key("p", "/a"), 8, 0, Instant::now());
+        assert_eq!(
+            cache.get(&key("p", "/a"), Instant::now()),
+            Some(8),
+            "replaced in place"
+        );
         let r = cache.report();
         assert_eq!((r.hits, r.misses, r.expired, r.entries), (2, 4, 1, 1));
+    }
+
+    #[test]
+    fn a_decision_is_judged_young_or_old_at_the_arrival_of_the_request_that_looks_it_up() {
+        let max_age = Duration::from_secs(5);
+        let cache = DecisionCache::new(&config(100, 10), vec!["path"], max_age).expect("cache");
+        let kept = Instant::now();
+        let later = |ms: u64| kept + Duration::from_millis(ms);
+        cache.put(key("p", "/a"), 1u8, 0, kept);
+        // The clock is not read: only the requests' arrival times count.
+        assert_eq!(
+            cache.get(&key("p", "/a"), later(4_999)),
+            Some(1),
+            "younger than 5 s"
+        );
+        assert_eq!(cache.get(&key("p", "/a"), later(5_000)), None, "5 s old");
+        // A request that arrived before the decision was kept (decided for another request
+        // meanwhile) finds it young.
+        let early = kept
+            .checked_sub(Duration::from_secs(60))
+            .expect("a minute earlier");
+        assert_eq!(
+            cache.get(&key("p", "/a"), early),
+            Some(1),
+            "kept after the arrival"
+        );
+        // A decision is as old as the request it was decided for: one that arrived a second
+        // before the decision was put holds 4 s from the put.
+        cache.put(key("p", "/b"), 2u8, 0, later(9_000));
+        assert_eq!(cache.get(&key("p", "/b"), later(13_999)), Some(2));
+        assert_eq!(cache.get(&key("p", "/b"), later(14_000)), None);
+        assert_eq!(cache.report().expired, 2);
     }
 
     #[test]
@@ -738,8 +788,8 @@ mod tests {
             if !cache.looks_up(&k) {
                 return;
             }
-            if cache.get(&k).is_none() {
-                cache.put(k, n, 0);
+            if cache.get(&k, Instant::now()).is_none() {
+                cache.put(k, n, 0, Instant::now());
             }
         };
         // A window of unique inputs: every miss kept, then the cache is thrashing.
@@ -821,13 +871,17 @@ mod tests {
             .filter(|p| shard_of(p) == target);
         let flood = neighbours.next().expect("a neighbour");
         for path in ["/1", "/2", "/3"] {
-            cache.put(key("quiet", path), 1u8, 0);
+            cache.put(key("quiet", path), 1u8, 0, Instant::now());
         }
         for n in 0..10_000 {
-            cache.put(key(&flood, &n.to_string()), 2u8, 0);
+            cache.put(key(&flood, &n.to_string()), 2u8, 0, Instant::now());
         }
         for path in ["/1", "/2", "/3"] {
-            assert_eq!(cache.get(&key("quiet", path)), Some(1), "{path} kept");
+            assert_eq!(
+                cache.get(&key("quiet", path), Instant::now()),
+                Some(1),
+                "{path} kept"
+            );
         }
         let r = cache.report();
         assert!(r.entries <= 6, "{r:?}");
@@ -836,7 +890,7 @@ mod tests {
         let crowd: Vec<String> = neighbours.take(20).collect();
         for p in &crowd {
             for n in 0..4 {
-                cache.put(key(p, &n.to_string()), 3u8, 0);
+                cache.put(key(p, &n.to_string()), 3u8, 0, Instant::now());
             }
         }
         let shard = cache.shared.shards[target].shard.lock().expect("lock");
@@ -866,8 +920,8 @@ mod tests {
         let request = |partition: &str, input: &str| {
             let k = key(partition, input);
             let looked = cache.looks_up(&k);
-            if looked && cache.get(&k).is_none() {
-                cache.put(k, 1u8, 0);
+            if looked && cache.get(&k, Instant::now()).is_none() {
+                cache.put(k, 1u8, 0, Instant::now());
             }
             looked
         };
@@ -904,7 +958,7 @@ mod tests {
                 input.push(char::from(last));
                 let k = key("p", &input);
                 assert_eq!(k.bytes.len(), partition_len + 4 + len);
-                cache.put(k, (len, last), 0);
+                cache.put(k, (len, last), 0, Instant::now());
                 kept += 1;
             }
         }
@@ -912,7 +966,11 @@ mod tests {
             for last in [b'a', b'b'] {
                 let mut input = "x".repeat(len - 1);
                 input.push(char::from(last));
-                assert_eq!(cache.get(&key("p", &input)), Some((len, last)), "{len}");
+                assert_eq!(
+                    cache.get(&key("p", &input), Instant::now()),
+                    Some((len, last)),
+                    "{len}"
+                );
             }
         }
         let r = cache.report();
@@ -980,18 +1038,18 @@ mod tests {
             .expect("cache");
         cache.count_in(|| Some(m.clone()));
         let counted = || (m.hits.get(), m.misses.get());
-        assert_eq!(cache.get(&key("p", "/a")), None);
-        cache.put(key("p", "/a"), Arc::new(1u8), 0);
+        assert_eq!(cache.get(&key("p", "/a"), Instant::now()), None);
+        cache.put(key("p", "/a"), Arc::new(1u8), 0, Instant::now());
         for _ in 0..2 {
-            assert!(cache.get(&key("p", "/a")).is_some());
+            assert!(cache.get(&key("p", "/a"), Instant::now()).is_some());
         }
         assert_eq!(counted(), (0, 0), "not moved by a lookup");
         m.publishers.publish();
         assert_eq!(counted(), (2, 1));
         m.publishers.publish();
         assert_eq!(counted(), (2, 1), "each lookup once");
-        assert!(cache.get(&key("p", "/a")).is_some());
-        assert_eq!(cache.get(&key("q", "/a")), None);
+        assert!(cache.get(&key("p", "/a"), Instant::now()).is_some());
+        assert_eq!(cache.get(&key("q", "/a"), Instant::now()), None);
         drop(cache);
         assert_eq!(counted(), (3, 2), "the last ones when dropped");
         m.publishers.publish();
@@ -1005,10 +1063,10 @@ mod tests {
             ..DecisionCacheConfig::default()
         };
         let cache = DecisionCache::new(&cfg, vec!["path"], Duration::from_secs(60)).expect("cache");
-        cache.put(key("p", "/big"), 1u8, 4096);
+        cache.put(key("p", "/big"), 1u8, 4096, Instant::now());
         assert_eq!(cache.report().skipped, 1);
         for n in 0..100 {
-            cache.put(key("p", &n.to_string()), 1u8, 200);
+            cache.put(key("p", &n.to_string()), 1u8, 200, Instant::now());
         }
         let r = cache.report();
         assert!(r.bytes <= 1024, "{r:?}");

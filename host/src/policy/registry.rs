@@ -357,7 +357,7 @@ impl PolicyRegistry {
                 {
                     let result = self
                         .tenants
-                        .run(candidate.clone(), &gate, call.request_id, input)
+                        .run(candidate.clone(), &gate, call, input)
                         .await;
                     if let Err(TenantCallError::Plugin(e)) = &result {
                         self.canary_failed(project, S::STAGE, &*candidate, e);
@@ -394,7 +394,7 @@ impl PolicyRegistry {
         {
             return self
                 .tenants
-                .run(installed, &gate, call.request_id, input)
+                .run(installed, &gate, call, input)
                 .await
                 .map(|d| (d, Source::Tenant))
                 .map_err(|e| self.tenant_call_failed(&e));
@@ -411,7 +411,7 @@ impl PolicyRegistry {
                 {
                     return c
                         .module
-                        .decide(call.request_id, input)
+                        .decide_at(call.at, call.request_id, input)
                         .map(decided)
                         .map_err(|e| {
                             self.operator_canary_failed(plane, S::STAGE, &**c, &e);
@@ -421,7 +421,7 @@ impl PolicyRegistry {
                 Trial::Shadow => {
                     let decision = slot
                         .module
-                        .decide(call.request_id, input)
+                        .decide_at(call.at, call.request_id, input)
                         .map_err(|e| self.plugin_failed(&*slot.module, &e))?;
                     c.comparison.count_in(|| {
                         self.tenants
@@ -447,7 +447,7 @@ impl PolicyRegistry {
             }
         }
         slot.module
-            .decide(call.request_id, input)
+            .decide_at(call.at, call.request_id, input)
             .map(decided)
             .map_err(|e| self.plugin_failed(&*slot.module, &e))
     }
@@ -553,6 +553,10 @@ pub struct StageCall<'a> {
     pub plane: Plane,
     /// The request's project, when known.
     pub project: Option<&'a str>,
+    /// When the request's plane received it
+    /// ([`crate::phases::context::RequestContext::started`]): the decisions kept for it are
+    /// judged young or old at this time, read once for all its stages.
+    pub at: tokio::time::Instant,
 }
 
 impl StageCall<'_> {
@@ -648,6 +652,7 @@ mod tests {
             request_id: Some("test"),
             plane: Plane::Data,
             project,
+            at: tokio::time::Instant::now(),
         };
         let mut out = Vec::new();
         let mut source = None;
@@ -767,6 +772,7 @@ mod tests {
             request_id: None,
             plane: Plane::Management,
             project: Some("alpha"),
+            at: tokio::time::Instant::now(),
         };
         let input = CorsInput {
             method: "GET",

@@ -28,6 +28,7 @@ use wasmtime::component::Component;
 use super::compile::{CompileError, CompileReport, Compiler};
 use super::conformance::StageReport;
 use super::isolation::{Busy, TenantPool};
+use super::registry::StageCall;
 use super::rollout::{Compared, Comparison, ShadowMetrics, ShadowSeries, Trial, failure_kind};
 use super::stages::{Decided, Module, ModuleSource, PolicyStage, StageFn, for_stage};
 use super::{Owner, PluginError, PolicyEngine, Stage};
@@ -455,28 +456,29 @@ impl TenantPolicies {
         TenantCallError::Busy(busy)
     }
 
-    /// Runs `installed` for one request on the tenant pool under `gate`: the input is copied
-    /// (owned) for the call on another thread.
+    /// Runs `installed` for one request (`call`) on the tenant pool under `gate`: the input is
+    /// copied (owned) for the call on another thread.
     pub async fn run<S: PolicyStage>(
         &self,
         installed: Arc<Installed<S>>,
         gate: &Arc<Semaphore>,
-        request_id: Option<&str>,
+        call: &StageCall<'_>,
         input: S::Input<'_>,
     ) -> Result<Decided<S>, TenantCallError> {
         // A decision kept for the request's declared inputs needs no tenant thread.
-        let key = match installed.module.cached(&input) {
+        let at = call.at;
+        let key = match installed.module.cached(&input, at) {
             Ok(decision) => return Ok(decision),
             Err(key) => key,
         };
         let query = S::query(input);
-        let request_id = request_id.map(str::to_owned);
+        let request_id = call.request_id.map(str::to_owned);
         let result = self
             .pool
             .run(gate, move || {
                 installed
                     .module
-                    .decide_and_keep(key, request_id.as_deref(), S::input(&query))
+                    .decide_and_keep(key, at, request_id.as_deref(), S::input(&query))
             })
             .await;
         match result {

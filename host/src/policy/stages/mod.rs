@@ -25,6 +25,7 @@ pub mod quota;
 use std::any::Any;
 use std::sync::Arc;
 
+use tokio::time::Instant;
 use wasmtime::component::Component;
 
 use super::conformance::{ConformanceError, StageReport};
@@ -452,10 +453,23 @@ impl<S: PolicyStage> Module<S> {
         }
     }
 
-    /// The module's decision for one request (`request_id` goes with the plugin's log lines):
-    /// the one kept for the request's declared inputs, or the module's answer, kept.
+    /// The module's decision for a request arriving now (`request_id` goes with the plugin's
+    /// log lines): see [`Self::decide_at`].
     pub fn decide(
         &self,
+        request_id: Option<&str>,
+        input: S::Input<'_>,
+    ) -> Result<Decided<S>, PluginError> {
+        self.decide_at(Instant::now(), request_id, input)
+    }
+
+    /// The module's decision for one request (`request_id` goes with the plugin's log lines),
+    /// which arrived at `at`: the one kept for the request's declared inputs and still young
+    /// then, or the module's answer, kept. The request path passes the time its plane received
+    /// the request, read once for all its stages: a hit reads no clock.
+    pub fn decide_at(
+        &self,
+        at: Instant,
         request_id: Option<&str>,
         input: S::Input<'_>,
     ) -> Result<Decided<S>, PluginError> {
@@ -465,9 +479,9 @@ impl<S: PolicyStage> Module<S> {
         {
             return Ok(Arc::new(S::native(native, &self.configured, input)));
         }
-        match self.cached(&input) {
+        match self.cached(&input, at) {
             Ok(decision) => Ok(decision),
-            Err(key) => self.decide_and_keep(key, request_id, input),
+            Err(key) => self.decide_and_keep(key, at, request_id, input),
         }
     }
 
@@ -481,9 +495,14 @@ impl<S: PolicyStage> Module<S> {
         self.call(request_id, input, self.inputs)
     }
 
-    /// The decision kept for `input`'s declared inputs; else the key to keep the module's
-    /// answer under (`None`: the module's decisions are not kept).
-    pub fn cached(&self, input: &S::Input<'_>) -> Result<Decided<S>, Option<KeyWriter>> {
+    /// The decision kept for `input`'s declared inputs, young at `at` (the request's arrival);
+    /// else the key to keep the module's answer under (`None`: the module's decisions are not
+    /// kept).
+    pub fn cached(
+        &self,
+        input: &S::Input<'_>,
+        at: Instant,
+    ) -> Result<Decided<S>, Option<KeyWriter>> {
         thread_local! {
             /// The key of a lookup, written in place: a hit allocates nothing for it.
             static SCRATCH: std::cell::RefCell<KeyWriter> = std::cell::RefCell::default();
@@ -498,17 +517,19 @@ impl<S: PolicyStage> Module<S> {
                 return Err(None);
             }
             S::key(input, &self.configured, self.inputs, key);
-            match cache.get(key) {
+            match cache.get(key, at) {
                 Some(decision) => Ok(decision),
                 None => Err(Some(key.clone())),
             }
         })
     }
 
-    /// Calls the module and keeps its decision under `key` (from [`Self::cached`]).
+    /// Calls the module and keeps its decision under `key` (from [`Self::cached`]) for the
+    /// request that arrived at `at`.
     pub fn decide_and_keep(
         &self,
         key: Option<KeyWriter>,
+        at: Instant,
         request_id: Option<&str>,
         input: S::Input<'_>,
     ) -> Result<Decided<S>, PluginError> {
@@ -516,7 +537,7 @@ impl<S: PolicyStage> Module<S> {
         if let (Some(cache), Some(key)) = (&self.cache, key) {
             // The decision's own bytes are on the heap beside its strings and lists.
             let size = S::decision_bytes(&decision) + std::mem::size_of::<S::Decision>();
-            cache.put(key, decision.clone(), size);
+            cache.put(key, decision.clone(), size, at);
         }
         Ok(decision)
     }
