@@ -25,7 +25,9 @@
 //! together: neighbouring shards never share one. Hits and misses are plain numbers under the
 //! shard's lock, added to their metric's counter when the metrics are rendered
 //! ([`crate::metrics::Publish`]): besides the lock, the only shared counter a hit moves is the
-//! decision's reference count.
+//! decision's reference count. Nor does a lookup read the clock: an entry's age is judged at the
+//! arrival of the request that looks it up, a time the caller read once for all the request's
+//! stages, and an entry is kept as old as the request it was decided for.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasher;
