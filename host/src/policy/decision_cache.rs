@@ -559,8 +559,11 @@ impl<D: Clone> DecisionCache<D> {
     /// The decision kept for `key`, if it was younger than the maximum age at `at`: the time
     /// the request arrived, read once for all its stages (a decision kept after it is as young
     /// as can be). A request is thus decided as of its arrival: a decision that comes of age
-    /// while the request waits for its stage (an API key looked up, a per-actor limit) still
-    /// serves it.
+    /// while the request waits for its stage (an API key looked up, a per-actor limit, or the
+    /// backend's answer, for the CORS decision of the response: at most the route group's
+    /// budget) still serves it. That is never a wrong decision: a stage's decision depends on
+    /// its inputs and its module's configuration only, and the request pinned its modules when
+    /// it arrived; the maximum age bounds how long an entry is kept, not whether it holds.
     pub fn get(&self, key: &KeyWriter, at: Instant) -> Option<D> {
         let cell = self.cell(key);
         let wanted = key.bytes.as_slice();
