@@ -5,7 +5,9 @@
 //! side that owns the connection reads, the decoder says what the bytes are. Everything a peer
 //! sends is bounded here — a chunk-size line of [`MAX_CHUNK_LINE`] bytes, chunk extensions and
 //! trailers of [`MAX_CHUNK_EXTRAS`] bytes in all — and what is not well formed is refused
-//! rather than guessed at.
+//! rather than guessed at: lines end at CRLF only, and a bare CR or LF (or a NUL) inside an
+//! extension or a trailer is refused, since a peer that ends lines there would see the body
+//! end elsewhere.
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::{HeaderMap, header};
@@ -215,6 +217,11 @@ impl Decoder {
                         Step::More(READ_CHUNK)
                     };
                 };
+                // A bare CR or LF ends the line for a peer that reads a lone LF (or CR) as a
+                // line end (RFC 9112 §2.2): the body would end at another place for it.
+                if buf[..end].iter().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
+                    return Step::Refused("a bare CR or LF, or a NUL, in a trailer");
+                }
                 buf.advance(end + 2);
                 if end == 0 {
                     return Step::Next(Framing::Done);
@@ -413,6 +420,22 @@ mod tests {
         ];
         for (wire, why) in cases {
             assert_eq!(decode_all(Framing::CHUNKED, wire, 3), Err(why.to_string()));
+        }
+        // A trailer line with a lone LF or CR: a peer that ends lines there sees the body end
+        // at the empty line after it, and the next request in what follows.
+        for wire in [
+            &b"0\r\nX: a\n\r\nGET /admin HTTP/1.1\r\nHost: a\r\n\r\n"[..],
+            b"0\r\n\nGET /admin HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"0\r\nX: a\rb\r\n\r\n",
+            b"0\r\nX: a\x00\r\n\r\n",
+        ] {
+            for step in [1, 4, wire.len()] {
+                assert_eq!(
+                    decode_all(Framing::CHUNKED, wire, step),
+                    Err("a bare CR or LF, or a NUL, in a trailer".into()),
+                    "{wire:?}, {step} bytes at a time"
+                );
+            }
         }
         let long_line = [b"1;".as_slice(), &[b'x'; MAX_CHUNK_LINE]].concat();
         assert_eq!(

@@ -13,6 +13,7 @@ pub mod config;
 pub mod control;
 pub mod deadline;
 pub mod dev;
+pub mod dns;
 pub mod error;
 pub mod files;
 pub mod fleet;

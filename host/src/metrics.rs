@@ -68,6 +68,14 @@ pub struct Metrics {
     /// Policy plugin failures by plane, stage, kind and module digest.
     pub plugin_failures: IntCounterVec,
     pub decision_cache: IntCounterVec,
+    /// Bytes kept by every decision cache of the instance together (set when rendered).
+    pub decision_cache_bytes: IntGauge,
+    /// `plugins.decision_cache.total_bytes`: the ceiling of `decision_cache_bytes`.
+    pub decision_cache_ceiling_bytes: IntGauge,
+    /// Decision cache entries given back to the instance's ceiling, by reason (`ceiling`:
+    /// evicted to make room under it, from the caches furthest over their share; `idle`: a
+    /// shard no request looked up for `plugins.decision_cache.idle_secs`).
+    pub decision_cache_reclaimed: IntCounterVec,
     /// Plugin log lines (from `log` and captured stdout/stderr) dropped by plane, stage and
     /// reason (`per_call`: over the lines a call may keep, `rate`: over the module's rate,
     /// `bytes`: output over the capture size).
@@ -100,6 +108,12 @@ pub struct Metrics {
     pub issuer_key_fetches: IntCounterVec,
     /// Keys in force per trusted issuer.
     pub issuer_keys: IntGaugeVec,
+    /// Checks of issuers being added refused for want of a place, by scope (`organization`:
+    /// its share is held; `instance`: every place is).
+    pub issuer_checks_refused: IntCounterVec,
+    /// Name lookups by purpose (`backend`, `issuer`, `platform`) and outcome (`ok`, `failed`,
+    /// `timeout`, `refused`).
+    pub dns_lookups: IntCounterVec,
     /// Request paths refused by normalisation, by plane and reason.
     pub paths_refused: IntCounterVec,
     /// Dedicated PostgREST targets refused by the allow-list, by plane.
@@ -217,6 +231,24 @@ impl Metrics {
             &["plane", "stage", "owner", "outcome"],
         )
         .expect("valid metric");
+        let decision_cache_bytes = IntGauge::new(
+            "decision_cache_bytes",
+            "Bytes kept by every decision cache of the instance together (keys and decisions, estimated)",
+        )
+        .expect("valid metric");
+        let decision_cache_ceiling_bytes = IntGauge::new(
+            "decision_cache_ceiling_bytes",
+            "The ceiling of aura_decision_cache_bytes (plugins.decision_cache.total_bytes)",
+        )
+        .expect("valid metric");
+        let decision_cache_reclaimed = IntCounterVec::new(
+            Opts::new(
+                "decision_cache_reclaimed_total",
+                "Decision cache entries given back to the instance's ceiling, by reason (ceiling: evicted to make room, from the caches furthest over their share; idle: a shard no request looked up for a while)",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
         let plugin_log_dropped = IntCounterVec::new(
             Opts::new(
                 "plugin_log_dropped_total",
@@ -305,6 +337,16 @@ impl Metrics {
             "issuer_key_fetches_total",
             "Fetches of projects' trusted issuers' keys by issuer and outcome",
             &["issuer", "outcome"],
+        );
+        let issuer_checks_refused = counter(
+            "issuer_checks_refused_total",
+            "Checks of issuers being added refused for want of a place, by scope (organization, instance)",
+            &["scope"],
+        );
+        let dns_lookups = counter(
+            "dns_lookups_total",
+            "Name lookups by purpose (backend, issuer, platform) and outcome (ok, failed, timeout, refused)",
+            &["purpose", "outcome"],
         );
         let issuer_keys = IntGaugeVec::new(
             Opts::new("issuer_keys", "Keys in force per project's trusted issuer"),
@@ -476,12 +518,17 @@ impl Metrics {
             Box::new(user_jwts.clone()),
             Box::new(issuer_key_fetches.clone()),
             Box::new(issuer_keys.clone()),
+            Box::new(issuer_checks_refused.clone()),
+            Box::new(dns_lookups.clone()),
             Box::new(ratelimit_shared.clone()),
             Box::new(requests.clone()),
             Box::new(latency.clone()),
             Box::new(plugin_calls.clone()),
             Box::new(plugin_failures.clone()),
             Box::new(decision_cache.clone()),
+            Box::new(decision_cache_bytes.clone()),
+            Box::new(decision_cache_ceiling_bytes.clone()),
+            Box::new(decision_cache_reclaimed.clone()),
             Box::new(plugin_log_dropped.clone()),
             Box::new(shadow_disagreements.clone()),
             Box::new(shadow_runs.clone()),
@@ -522,6 +569,9 @@ impl Metrics {
             plugin_calls,
             plugin_failures,
             decision_cache,
+            decision_cache_bytes,
+            decision_cache_ceiling_bytes,
+            decision_cache_reclaimed,
             plugin_log_dropped,
             shadow_disagreements,
             shadow_runs,
@@ -536,6 +586,8 @@ impl Metrics {
             user_jwts,
             issuer_key_fetches,
             issuer_keys,
+            issuer_checks_refused,
+            dns_lookups,
             paths_refused,
             postgrest_targets_refused,
             db_routes_refused,

@@ -77,9 +77,15 @@ pub struct ServiceRow {
     pub body_limit: BodyLimit,
     /// Its paths that need no API key on the data plane (the JWKS lives outside `/v1/`).
     pub public: &'static [PublicPath],
+    /// The one path of it where a WebSocket upgrade is taken (HTTP services only); an
+    /// `Upgrade` anywhere else is refused, never tunnelled.
+    pub websocket: Option<&'static str>,
 }
 
 const READS: &[Method] = &[Method::GET, Method::HEAD];
+
+/// The realtime service's WebSocket route: the only path a connection is upgraded on.
+pub const WEBSOCKET_PATH: &str = "/v1/realtime/websocket";
 
 /// The JWKS of user tokens: the auth service's, served on the data plane.
 pub const JWKS_PATH: &str = "/.well-known/jwks.json";
@@ -95,6 +101,7 @@ const fn row(service: Service, name: &'static str, transport: Transport) -> Serv
         budget: Budget::Default,
         body_limit: BodyLimit::Server,
         public: &[],
+        websocket: None,
     }
 }
 
@@ -122,7 +129,10 @@ pub const SERVICES: [ServiceRow; 9] = [
         budget: Budget::Functions,
         ..row(Service::Functions, "functions", Transport::Nats)
     },
-    row(Service::Realtime, "realtime", Transport::Http),
+    ServiceRow {
+        websocket: Some(WEBSOCKET_PATH),
+        ..row(Service::Realtime, "realtime", Transport::Http)
+    },
     row(Service::Notifications, "notifications", Transport::Nats),
     row(Service::Ai, "ai", Transport::Nats),
     ServiceRow {

@@ -33,7 +33,11 @@ impl AppState {
         store: Arc<dyn ControlStore>,
     ) -> anyhow::Result<Self> {
         let metrics = Metrics::new();
-        let auth = Authenticator::new(&config.auth, store.clone(), Some(&metrics))
+        // One resolver for everything resolved while serving: never the runtime's blocking
+        // threads, each lookup ended at its deadline.
+        let resolver = crate::dns::Resolver::new(&config.dns, Some(&metrics))
+            .map_err(|e| anyhow::anyhow!(e))?;
+        let auth = Authenticator::new(&config.auth, store.clone(), &resolver, Some(&metrics))
             .map_err(|e| anyhow::anyhow!(e))?;
         let config_upstreams = config.upstreams.clone();
         let config_breaker = config.breaker.clone();
@@ -52,7 +56,12 @@ impl AppState {
         crate::policy::conformance::check(&policies)?;
         let nats = NatsTransport::connect(&config.nats).await?;
         let tenants = TenantPolicies::new(runtime.clone(), &config.plugins, metrics.clone());
-        let http = HttpTransport::new(&config_upstreams, config.server.stream_budget(), &metrics)?;
+        let http = HttpTransport::new(
+            &config_upstreams,
+            config.server.stream_budget(),
+            &metrics,
+            &resolver,
+        )?;
         let state = Self::new(StateInner {
             config,
             nats,
@@ -86,6 +95,7 @@ impl AppState {
             .into_iter()
             .filter_map(|(_, stage)| stage.module_digest().map(str::to_owned))
             .collect();
+        state.policies.runtime.cache_budget().spawn_sweeps();
         state.policies.spawn_tasks(
             configured,
             Duration::from_secs(state.config.plugins.module_gc_interval_secs.max(1)),

@@ -829,3 +829,169 @@ async fn one_callers_flood_of_unique_inputs_leaves_the_other_callers_lookups_alo
     assert!(hits >= 8 * 16, "the other callers' hits: {hits} ({cache})");
     assert_eq!(cache["thrashing_shards"], 1, "{cache}");
 }
+
+/// Anon keys of `beta` and `gamma` (organization A) as control records, and the keys.
+fn keys_of_beta_and_gamma() -> (String, String, String) {
+    let mut records = String::new();
+    let mut keys = Vec::new();
+    for project in ["beta", "gamma"] {
+        let key = format!("aura_pk_{project}_{}", Uuid::new_v4().simple());
+        records += &format!(
+            "[[api_keys]]\nid = \"{}\"\nproject_ref = \"{project}\"\nrole = \"anon\"\nkey_sha256 = \"{}\"\n\n",
+            Uuid::new_v4(),
+            aura_gateway::auth::keys::hash_key(&key)
+        );
+        keys.push(key);
+    }
+    let gamma = keys.pop().expect("gamma");
+    let beta = keys.pop().expect("beta");
+    (records, beta, gamma)
+}
+
+#[tokio::test]
+async fn projects_flooding_their_modules_stay_under_the_instances_ceiling_and_a_quiet_projects_decisions_stay()
+ {
+    use futures::StreamExt as _;
+    // Every decision cache of the instance shares 4 MiB; a module's own bound is as large, so
+    // each flooding project could fill the ceiling alone. Loopback is a trusted proxy: the CORS
+    // stage's partition is the address `X-Forwarded-For` names.
+    const CEILING: usize = 4 << 20;
+    let (records, beta_key, gamma_key) = keys_of_beta_and_gamma();
+    let toml = format!(
+        "[rate_limit]\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n\
+         [plugins.decision_cache]\nbytes = {CEILING}\ntotal_bytes = {CEILING}\n\n\
+         [data_plane.plugins.quota.config]\nrate_per_second = 1000000\nburst = 1000000\n"
+    );
+    let gw = Gateway::builder()
+        .nats("nats://127.0.0.1:1")
+        .prefix("decl-ceiling");
+    let started = gw.records(&records).toml(&toml).binary();
+    let (gw, fx) = (&started.gw, &started.fx);
+    let admin = admin(&started);
+    let config = json!({ "echo_all": true, "declare": ["origin"], "max_age_ms": 300_000 });
+    for project in ["alpha", "beta", "gamma"] {
+        admin
+            .of(project)
+            .install_ok("cors", &testing_cors(), config.clone())
+            .await;
+    }
+    // The quiet project, of another organization, keeps ten decisions of its own module.
+    let quiet = Policies::new(gw.mgmt_url(""), console_token(fx.outsider))
+        .of("other")
+        .timeout(Duration::from_secs(60));
+    quiet
+        .install_ok("cors", &testing_cors(), config.clone())
+        .await;
+    let quiet_calls = async || cache_of(&quiet, "cors").await.1;
+    let health = |key: &str, from: &str, origin: &str| {
+        let call = Call::get(gw.data_url("/health")).key(key);
+        call.header("x-forwarded-for", from).origin(origin).read()
+    };
+    let quiet_round = async || {
+        for n in 0..10 {
+            let origin = format!("https://quiet-{n}.example");
+            let r = health(&fx.other_project_key, "198.51.100.1", &origin).await;
+            assert_eq!(r.status, StatusCode::OK);
+            assert_eq!(r.header("access-control-allow-origin"), origin);
+        }
+    };
+    let calls_before = quiet_calls().await;
+    quiet_round().await;
+    let calls_kept = quiet_calls().await;
+    assert_eq!(calls_kept - calls_before, 10, "each origin decided once");
+    quiet_round().await;
+    assert_eq!(quiet_calls().await, calls_kept, "then kept");
+
+    let total = |text: &str| metric(text, "aura_decision_cache_bytes", &[]);
+    let rss_before = gw.rss_mib();
+    let bytes_before = total(&gw.metrics().await);
+    // Three projects flood their modules with unique origins of 2 KB, from 16 addresses each:
+    // 12 MiB of decisions wanted, three times the ceiling.
+    let pad = "a".repeat(2_000);
+    let floods = [
+        ("alpha", fx.anon_key.as_str()),
+        ("beta", beta_key.as_str()),
+        ("gamma", gamma_key.as_str()),
+    ];
+    let (mut served, mut refused, mut highest) = (0, 0, 0.0f64);
+    for round in 0..12 {
+        let requests = (0..300).map(|i| {
+            let n = round * 300 + i;
+            let (project, key) = floods[n % 3];
+            let from = format!("203.0.113.{}", (n / 3) % 16 + 16 * (n % 3));
+            let origin = format!("https://{pad}-{project}-{n}.example");
+            async move { health(key, &from, &origin).await.status }
+        });
+        let statuses: Vec<StatusCode> = futures::stream::iter(requests)
+            .buffer_unordered(6)
+            .collect()
+            .await;
+        served += statuses.iter().filter(|s| **s == StatusCode::OK).count();
+        refused += statuses.iter().filter(|s| **s != StatusCode::OK).count();
+        let now = total(&gw.metrics().await);
+        highest = highest.max(now);
+        assert!(now <= CEILING as f64, "round {round}: {now} bytes kept");
+    }
+    let text = gw.metrics().await;
+    let (bytes_after, reclaimed) = (
+        total(&text),
+        metric(
+            &text,
+            "aura_decision_cache_reclaimed_total",
+            &["reason=\"ceiling\""],
+        ),
+    );
+    let rss_after = gw.rss_mib();
+    let mut sizes = Vec::new();
+    for (project, _) in floods {
+        let (cache, _) = cache_of(&admin.of(project), "cors").await;
+        sizes.push(cache["bytes"].as_u64().expect("bytes"));
+    }
+    println!(
+        "decision caches: {bytes_before} → {bytes_after} bytes (highest {highest}, ceiling \
+         {CEILING}); {reclaimed} entries evicted by the ceiling; flooded modules {sizes:?} bytes; \
+         {served} requests served, {refused} refused; RSS {rss_before:.1} → {rss_after:.1} MiB"
+    );
+    assert!(
+        refused * 10 <= served,
+        "{refused} refused of {}",
+        served + refused
+    );
+    assert_eq!(
+        metric(&text, "aura_decision_cache_ceiling_bytes", &[]),
+        CEILING as f64
+    );
+    assert!(reclaimed > 1_000.0, "{reclaimed}");
+    assert!(
+        bytes_after > (CEILING / 2) as f64,
+        "the floods filled the ceiling: {bytes_after}"
+    );
+    // RSS grows by the ceiling and the tables' room, not by the 12 MiB wanted.
+    assert!(
+        rss_after - rss_before < 12.0,
+        "RSS {rss_before:.1} → {rss_after:.1} MiB"
+    );
+    // The quiet project's decisions were all kept: no call of its module.
+    quiet_round().await;
+    assert_eq!(quiet_calls().await, calls_kept, "the quiet project's hits");
+    let (cache, _) = cache_of(&quiet, "cors").await;
+    assert_eq!(cache["evicted"], 0, "{cache}");
+
+    // A module removed gives its bytes back to the ceiling.
+    let alpha = sizes[0] as f64;
+    assert_eq!(admin.delete("cors").await.status, StatusCode::NO_CONTENT);
+    // The module goes when the last request holding it does.
+    let mut after_removal = total(&gw.metrics().await);
+    for _ in 0..20 {
+        if after_removal <= bytes_after - alpha + 64.0 * 1024.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after_removal = total(&gw.metrics().await);
+    }
+    println!("alpha's module removed: {bytes_after} → {after_removal} bytes");
+    assert!(
+        after_removal <= bytes_after - alpha + 64.0 * 1024.0,
+        "{bytes_after} → {after_removal} (alpha kept {alpha})"
+    );
+}

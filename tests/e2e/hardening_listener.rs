@@ -1,7 +1,8 @@
 //! The listeners under attack, through the real binary: connections that never speak (in clear
 //! text, after a TLS handshake, or with a part of the HTTP/2 preface), HTTP/2 connections that
 //! hold a slot without a stream or stop answering PINGs, and HTTP/2 connections multiplexing
-//! more long-lived streams than the listener's budget.
+//! more long-lived streams than the listener's budget; a part of the HTTP/2 preface held by a
+//! thousand connections at no CPU, and a preface cut in two writes.
 
 use std::time::{Duration, Instant};
 
@@ -142,6 +143,153 @@ async fn connections_that_never_start_a_request_are_closed_at_the_header_timeout
     eprintln!("a TLS request behind four silent TLS connections was served after {waited:?}");
     all_closed(&mut tls, "silent TLS connection").await;
     assert!(closed_count(&gw, "management", "silent").await >= 4.0);
+}
+
+/// The CPU time `pid` has used so far (user and system), in seconds: fields 14 and 15 of
+/// `/proc/PID/stat`, in the kernel's fixed 100 ticks a second.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("process stat");
+    // The command name (field 2) may hold spaces; the fields after it are counted from its `)`.
+    let after = &stat[stat.rfind(')').expect("stat") + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    let ticks = |i: usize| fields[i - 3].parse::<u64>().expect("ticks");
+    (ticks(14) + ticks(15)) as f64 / 100.0
+}
+
+/// A thousand clear-text connections that send only `P` (the first byte of the HTTP/2 preface,
+/// and of `POST`) used to be polled every 5 ms until the header timeout: a quarter of a core in
+/// a release build, for nothing. They wait on readability now: the gateway's CPU time while
+/// they are held stays near zero, and they are closed at the header timeout.
+#[tokio::test]
+async fn connections_holding_a_part_of_the_http2_preface_cost_no_cpu() {
+    const CONNECTIONS: usize = 1_000;
+    let Started { gw, dir: _dir, .. } =
+        started("[server]\nmax_connections = 2000\nheader_read_timeout_ms = 6000\n");
+    let pid = gw.child.id();
+    let window = Duration::from_secs(3);
+    let idle_from = cpu_seconds(pid);
+    tokio::time::sleep(window).await;
+    let idle = cpu_seconds(pid) - idle_from;
+
+    let opened = Instant::now();
+    let mut held = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+            .await
+            .expect("connect");
+        s.write_all(b"P").await.expect("P");
+        held.push(s);
+    }
+    let all_open = opened.elapsed();
+    // Accepted and waiting: the measure starts once the last one is in.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let from = cpu_seconds(pid);
+    tokio::time::sleep(window).await;
+    let used = cpu_seconds(pid) - from;
+    let share = used / window.as_secs_f64();
+    eprintln!(
+        "{CONNECTIONS} connections holding `P` (opened in {all_open:?}): the gateway used \
+         {used:.2} s of CPU in {window:?} ({:.1} % of a core; {idle:.2} s with none)",
+        share * 100.0
+    );
+    // Still held while measured: nothing closed them early.
+    let first = h2raw::closed_within(&mut held[0], Duration::from_millis(10)).await;
+    assert!(first.is_none(), "closed before the header timeout");
+    assert!(share < 0.05, "{:.1} % of a core", share * 100.0);
+
+    // The header timeout closes every one of them, counted as silent.
+    for (i, s) in held.iter_mut().enumerate() {
+        let closed = h2raw::closed_within(s, Duration::from_secs(10)).await;
+        assert!(closed.is_some(), "connection {i} is still open");
+    }
+    let lived = opened.elapsed();
+    eprintln!("all were closed {lived:?} after the first was opened");
+    assert!(lived >= Duration::from_millis(5_500), "{lived:?}");
+    assert!(closed_count(&gw, "data", "silent").await >= CONNECTIONS as f64);
+}
+
+/// A TCP stream whose first `skip` bytes written are dropped: the client has sent them itself.
+struct Skipping {
+    inner: tokio::net::TcpStream,
+    skip: usize,
+}
+
+impl tokio::io::AsyncRead for Skipping {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Skipping {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.skip > 0 {
+            let n = self.skip.min(buf.len());
+            self.skip -= n;
+            return std::task::Poll::Ready(Ok(n));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A preface that arrives in two writes (`P`, then the rest with the client's first frames)
+/// is still HTTP/2 — the bytes read while waiting for the rest are served first — and so is
+/// one cut after `PRI * HTTP`; a `P` followed by `OST` is HTTP/1.1.
+#[tokio::test]
+async fn a_preface_cut_in_two_writes_is_still_http2() {
+    let Started { gw, dir: _dir, .. } = started("[server]\nheader_read_timeout_ms = 5000\n");
+    for cut in [1, 10, 23] {
+        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+            .await
+            .expect("connect");
+        tcp.write_all(&h2raw::PREFACE[..cut]).await.expect("part");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let io = Skipping {
+            inner: tcp,
+            skip: cut,
+        };
+        let (client, connection) = h2::client::handshake(io).await.expect("h2 handshake");
+        tokio::spawn(connection);
+        let (_client, response) = h2_get(client, gw.port, "/health", None).await;
+        eprintln!("a preface cut after {cut} bytes: {}", response.status());
+        assert_eq!(response.status(), 200, "cut after {cut} bytes");
+    }
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .expect("connect");
+    tcp.write_all(b"P").await.expect("P");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let post = "OST /health HTTP/1.1\r\nhost: gw\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+    tcp.write_all(post.as_bytes()).await.expect("rest");
+    let mut answer = Vec::new();
+    let read = tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut answer);
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .expect("answered")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 "), "{answer}");
 }
 
 /// An HTTP/2 connection that sends the preface and then only PINGs — no stream — is closed at

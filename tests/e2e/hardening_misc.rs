@@ -65,23 +65,127 @@ fn wit_out_replaces_a_planted_link_and_never_writes_through_it() {
 }
 
 /// The process compiling an uploaded module used to run as the gateway's user with its files
-/// and network. Confined, it can open, create or run nothing and reach no socket, and as root
-/// it drops to `nobody`.
+/// and network, and its system call filter, a deny-list, let it signal the gateway (`kill`,
+/// `tgkill`), take its descriptors (`pidfd_open`, `pidfd_getfd`), advise on its memory
+/// (`process_madvise`), fork, and make any x32 call. Confined under an allow-list, it can open,
+/// create or run nothing, reach no socket and no other process, and as root it drops to
+/// `nobody`; it can still start threads and signal its own (what compiling and its abort on a
+/// refused allocation need).
 #[test]
-fn the_compile_worker_can_reach_no_file_socket_or_program() {
+fn the_compile_worker_can_reach_no_file_socket_program_or_other_process() {
+    use std::os::unix::process::CommandExt as _;
+    // A process of the worker's own user, which the kernel would let it signal: the filter
+    // refuses. As root, both run as `nobody` (the worker's user once confined).
+    let root = rustix::process::geteuid().is_root();
+    let nobody = aura_gateway::policy::confine::UNPRIVILEGED_ID;
+    let as_nobody = |command: &mut std::process::Command| {
+        if root {
+            command.uid(nobody).gid(nobody);
+        }
+    };
+    let mut sleeper = std::process::Command::new("sleep");
+    sleeper.arg("60");
+    as_nobody(&mut sleeper);
+    let mut target = sleeper.spawn().expect("sleep");
+    let mut check = std::process::Command::new(crate::support::config::binary());
+    check.args(["compile-worker", "--check-sandbox", "--target-pid"]);
+    check.arg(target.id().to_string());
+    as_nobody(&mut check);
+    let worker = check.output().expect("the sandbox check");
+    let _ = target.kill();
+    let _ = target.wait();
+    succeeded(&worker);
+    confined_as_it_should_be(&worker.stdout);
+
+    // Started by the test (the gateway's place), aimed at it.
     let worker = run(&["compile-worker", "--check-sandbox"], None);
     succeeded(&worker);
-    let report: serde_json::Value =
-        serde_json::from_slice(&worker.stdout).expect("the worker's report");
+    confined_as_it_should_be(&worker.stdout);
+}
+
+/// `report` (what `--check-sandbox` printed) shows every forbidden operation denied.
+fn confined_as_it_should_be(report: &[u8]) {
+    let report: serde_json::Value = serde_json::from_slice(report).expect("the worker's report");
     eprintln!("compile worker confinement: {report}");
     assert!(report["error"].is_null(), "{report}");
-    for what in ["read_file", "create_file", "socket", "execute"] {
+    for what in [
+        "read_file",
+        "create_file",
+        "socket",
+        "execute",
+        "fork",
+        "kill",
+        "tgkill",
+        "pidfd_open",
+        "pidfd_getfd",
+        "process_madvise",
+        "x32",
+    ] {
         assert_eq!(report[what], "denied", "{what}: {report}");
+    }
+    for what in ["thread", "signal_own_thread"] {
+        assert_eq!(report[what], "allowed", "{what}: {report}");
     }
     assert_eq!(report["confinement"]["seccomp"], true);
     if rustix::process::geteuid().is_root() {
         let nobody = aura_gateway::policy::confine::UNPRIVILEGED_ID;
         assert_eq!(report["confinement"]["uid"], nobody);
+    }
+}
+
+/// The confined worker still compiles every plugin: each stage's default and each test plugin,
+/// fed on stdin as the gateway feeds it, answers a header saying so and the artefact.
+#[test]
+fn the_confined_compile_worker_compiles_every_plugin() {
+    use aura_gateway::policy::builtin;
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut modules: Vec<(String, Vec<u8>)> = aura_gateway::stage::Stage::ALL
+        .iter()
+        .map(|&s| {
+            (
+                s.key().to_owned(),
+                aura_gateway::policy::builtin_module(s).to_vec(),
+            )
+        })
+        .collect();
+    for path in [
+        builtin::TESTING_PLUGIN_PATH,
+        builtin::TESTING_QUOTA_PLUGIN_PATH,
+        builtin::TESTING_LEGACY_PLUGIN_PATH,
+        builtin::TESTING_DB_PLUGIN_PATH,
+        builtin::TESTING_QUOTA_INPUTS_PLUGIN_PATH,
+        builtin::TESTING_API_KEY_PLUGIN_PATH,
+    ] {
+        let name = std::path::Path::new(path).file_name().expect("name");
+        let module = std::fs::read(path).expect("test plugin");
+        modules.push((name.to_string_lossy().into_owned(), module));
+    }
+    for (name, module) in modules {
+        let mut worker = Command::new(crate::support::config::binary())
+            .arg("compile-worker")
+            .env_clear()
+            .env("MIMALLOC_ARENA_RESERVE", "16MiB")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the compile worker");
+        let mut stdin = worker.stdin.take().expect("stdin");
+        stdin.write_all(&module).expect("the module");
+        drop(stdin);
+        let out = worker.wait_with_output().expect("the worker's answer");
+        let newline = out.stdout.iter().position(|&b| b == b'\n');
+        let header: serde_json::Value = newline
+            .and_then(|n| serde_json::from_slice(&out.stdout[..n]).ok())
+            .unwrap_or_default();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprintln!("{name}: {header}");
+        assert!(out.status.success(), "{name}: {:?} {stderr}", out.status);
+        assert_eq!(header["ok"], true, "{name}: {header} {stderr}");
+        let artefact = out.stdout.len() - newline.unwrap_or(0) - 1;
+        assert_eq!(header["artefact_bytes"], artefact as u64, "{name}");
+        assert!(artefact > 0, "{name}");
     }
 }
 

@@ -521,3 +521,40 @@ async fn hostile_heads_get_the_contracts_error_are_counted_and_the_listener_serv
     c.send(b"GET /health HTTP/1.1\r\nhost: gw\r\n\r\n").await;
     assert_eq!(c.answer("GET").await.status(), 200);
 }
+
+#[tokio::test]
+async fn a_trailer_line_a_lone_lf_or_cr_would_end_is_refused_and_hides_no_request() {
+    let (Started { gw, dir: _dir, .. }, key) = gateway().await;
+    // A front end that ends lines at a lone LF (RFC 9112 §2.2 lets it) sees the body end at
+    // the empty line after `x-t: a\n` and the GET after it as a second request: read as one
+    // more trailer line, that request would be swallowed and answered by nobody.
+    let head = post_head(&key, "t", "transfer-encoding: chunked\r\n");
+    let next = format!("GET /v1/storage/object/next HTTP/1.1\r\nhost: gw\r\napikey: {key}\r\n\r\n");
+    let trailers = ["x-t: a\n", "\n", "x-t: a\rb", "x-t: a\0"];
+    for trailer in trailers {
+        let mut c = Client::connect(gw.port).await;
+        c.send(format!("{head}5\r\nhello\r\n0\r\n{trailer}\r\n{next}").as_bytes())
+            .await;
+        let a = c.answer("POST").await;
+        println!("trailer {trailer:?}: {} {}", a.status(), a.text());
+        assert_eq!(a.status(), 400, "{trailer:?}: {a:?}");
+        assert!(
+            c.closed().await,
+            "{trailer:?}: the connection is closed after the broken body"
+        );
+    }
+    let refused = metric(
+        &gw.metrics().await,
+        "aura_errors_total",
+        &["side=\"client\"", "code=\"invalid_body\""],
+    );
+    assert_eq!(refused, trailers.len() as f64, "counted as the client's");
+    // A well-formed trailer is read and dropped, and the request after it answered.
+    let mut c = Client::connect(gw.port).await;
+    c.send(format!("{head}5\r\nhello\r\n0\r\nx-t: a\r\n\r\n{next}").as_bytes())
+        .await;
+    let a = c.answer("POST").await;
+    assert_eq!((a.status(), a.text()), (200, "POST 5 hello".into()));
+    let a = c.answer("GET").await;
+    assert_eq!((a.status(), a.text()), (200, "GET 0 ".into()));
+}

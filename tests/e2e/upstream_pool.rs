@@ -20,7 +20,9 @@ use crate::support::poll::poll_every;
 /// path: `/keep` answers `keep` and keeps the connection; `/close-after` answers the same and
 /// then closes it, without saying so; `/big` answers 8 MiB slowly; `/short` promises 100 bytes,
 /// sends 10 and closes; `/switch` switches protocols unasked; `/chunked` answers `keep` in
-/// chunked coding, with a chunk extension and a trailer; `/smuggle` sends both a
+/// chunked coding, with a chunk extension and a trailer; `/chunked-then-empty` the same with
+/// an empty `Transfer-Encoding` field after `chunked`; `/http10-chunked` the same in an
+/// HTTP/1.0 answer that asks to be kept alive; `/smuggle` sends both a
 /// `Content-Length` and a `Transfer-Encoding`; `/huge-head` sends a 200 KiB header;
 /// `/echo-head` answers the request head it received as its body; `/cased` answers headers
 /// in mixed case that the gateway replaces or passes.
@@ -130,6 +132,22 @@ async fn serve_connection(mut stream: tokio::net::TcpStream) {
                     )
                     .await
             }
+            "/object/chunked-then-empty" => {
+                // The codings are one list: `chunked` is still the last of them.
+                stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: \r\n\r\n4\r\nkeep\r\n0\r\n\r\n",
+                    )
+                    .await
+            }
+            "/object/http10-chunked" => {
+                // HTTP/1.0 has no transfer codings: the framing is faulty, whatever it asks.
+                stream
+                    .write_all(
+                        b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n4\r\nkeep\r\n0\r\n\r\n",
+                    )
+                    .await
+            }
             "/object/smuggle" => {
                 // Framed twice: a proxy that picked the length would read the chunk framing as
                 // the next answer.
@@ -217,17 +235,20 @@ async fn backend_connections_are_reused_and_never_after_a_close_an_abandoned_or_
     for _ in 0..20 {
         assert_eq!(keep(&gw, &key).await, kept());
     }
+    assert_eq!(backend.accepted(), 1, "the connection was reused");
+    let metrics = gw.metrics().await;
+    let labels = ["backend=\"storage\""];
+    let opened = metric(&metrics, "aura_upstream_connections_opened_total", &labels);
+    assert_eq!(opened, 1.0, "{metrics}");
+    // A `HEAD` answered with a length: the head declares a body the answer has not, so its
+    // connection is not used again (a body written late would answer the next request).
     let head = Call::new(
         reqwest::Method::HEAD,
         gw.data_url("/v1/storage/object/keep"),
     );
     assert_eq!(head.key(&key).status().await, StatusCode::OK);
     assert_eq!(keep(&gw, &key).await, kept());
-    assert_eq!(backend.accepted(), 1, "the connection was reused");
-    let metrics = gw.metrics().await;
-    let labels = ["backend=\"storage\""];
-    let opened = metric(&metrics, "aura_upstream_connections_opened_total", &labels);
-    assert_eq!(opened, 1.0, "{metrics}");
+    assert_eq!(backend.accepted(), 2, "a new connection after the HEAD");
 
     // The backend closes the connection after answering (its keep-alive ran out), without a
     // `Connection: close`: the next request sees the close and takes a new connection.
@@ -237,7 +258,7 @@ async fn backend_connections_are_reused_and_never_after_a_close_an_abandoned_or_
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(keep(&gw, &key).await, kept());
     }
-    assert_eq!(backend.accepted(), 6);
+    assert_eq!(backend.accepted(), 7);
 
     // A client abandons an 8 MiB answer after its first bytes: that connection still holds the
     // rest, and is closed rather than reused.
@@ -365,6 +386,32 @@ async fn hostile_backend_answers_are_refused_with_a_502_and_their_connections_ne
         &["group=\"storage\"", "status=\"502\""],
     );
     assert!(failed >= 2.0, "the refusals are counted: {metrics}");
+}
+
+#[tokio::test]
+async fn the_last_transfer_coding_of_all_fields_frames_an_answer_and_http_1_0_ones_are_not_reused()
+{
+    let backend = RawBackend::start().await;
+    let (Started { gw, .. }, key) = start_gateway(&backend, 8);
+    assert_eq!(keep(&gw, &key).await, kept());
+    // `chunked`, then a field with no coding: chunked is the last coding (RFC 9110 §5.3), so
+    // the body ends at its last chunk rather than at a close that never comes.
+    let within = Duration::from_secs(5);
+    let path = "/v1/storage/object/chunked-then-empty";
+    let answer = tokio::time::timeout(within, get(&gw, &key, path)).await;
+    assert_eq!(answer.ok(), Some(kept()), "decoded as chunked within 5 s");
+    assert_eq!(keep(&gw, &key).await, kept());
+    assert_eq!(backend.accepted(), 1, "the connection was reused after it");
+    // An HTTP/1.0 answer with a transfer coding has faulty framing (RFC 9112 §6.1): read, and
+    // its connection closed however it asks to be kept.
+    let answer = tokio::time::timeout(within, get(&gw, &key, "/v1/storage/object/http10-chunked"));
+    assert_eq!(answer.await.ok(), Some(kept()));
+    assert_eq!(keep(&gw, &key).await, kept());
+    assert_eq!(
+        backend.accepted(),
+        2,
+        "the HTTP/1.0 answer's connection was not reused"
+    );
 }
 
 /// The values of header `name` (any case) in a raw answer or head.

@@ -11,10 +11,18 @@
 //! public roots plus `auth.issuers.tls`, and a resolver that returns only the addresses
 //! [`IssuerTargets`] permits — so a connection only ever goes to a checked address, whatever a
 //! name resolves to at the moment (DNS rebinding included). An IP address written in a URL is
-//! checked before the request.
+//! checked before the request. Names resolve through the gateway's own resolver
+//! ([`crate::dns`], purpose `issuer`): never a thread of the runtime's, each lookup ended at
+//! `dns.timeout_ms`.
+//!
+//! The checks of an issuer being added (its names resolved, its keys fetched once) hold places
+//! of their own, `auth.issuers.max_concurrent_probes`, at most
+//! `max_probes_per_organization` of them for one organization, and never the permits of the
+//! key fetches that users' tokens wait for: one organization adding issuers in a loop cannot
+//! delay another's first token.
 
-use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +36,7 @@ use super::keyset::{
 use crate::config::IssuersConfig;
 use crate::control::records::check_https_url;
 use crate::control::{IssuerRecord, ProjectRecord};
+use crate::dns::{FetchResolver, LookupError, Purpose};
 use crate::metrics::Metrics;
 use crate::proxy::targets::TargetAllowList;
 
@@ -49,6 +58,29 @@ fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
+    }
+}
+
+/// The IPv4 addresses an IPv6 address carries to a translator or relay that may deliver to
+/// them: NAT64 (`64:ff9b::/96`, `64:ff9b:1::/48`, RFC 6052), 6to4 (`2002::/16`, RFC 3056) and
+/// Teredo (`2001::/32`, RFC 4380: its server, and its client stored inverted).
+fn embedded_ipv4(ip: IpAddr) -> Vec<Ipv4Addr> {
+    let IpAddr::V6(v6) = ip else {
+        return Vec::new();
+    };
+    let o = v6.octets();
+    let v4 = |a: u8, b: u8, c: u8, d: u8| Ipv4Addr::new(a, b, c, d);
+    let s = v6.segments();
+    match (s[0], s[1], s[2]) {
+        (0x0064, 0xff9b, _) if s[2..6] == [0, 0, 0, 0] => vec![v4(o[12], o[13], o[14], o[15])],
+        // The /48 form skips octet 8 (the `u` octet): the address is in octets 6, 7, 9 and 10.
+        (0x0064, 0xff9b, 0x0001) => vec![v4(o[6], o[7], o[9], o[10])],
+        (0x2002, _, _) => vec![v4(o[2], o[3], o[4], o[5])],
+        (0x2001, 0x0000, _) => vec![
+            v4(o[4], o[5], o[6], o[7]),
+            v4(!o[12], !o[13], !o[14], !o[15]),
+        ],
+        _ => Vec::new(),
     }
 }
 
@@ -77,7 +109,14 @@ impl IssuerTargets {
         if name.is_some_and(|n| self.allowed.allows_name(n)) || self.allowed.allows_ip(ip) {
             return true;
         }
-        !self.denied.iter().any(|net| net.contains(&ip))
+        let denied = |ip: IpAddr| self.denied.iter().any(|net| net.contains(&ip));
+        // An address that carries an IPv4 one reaches it through a translator or relay: that
+        // address is checked too, whatever networks `denied_networks` lists.
+        !denied(ip)
+            && embedded_ipv4(ip).into_iter().all(|v4| {
+                let v4 = IpAddr::V4(v4);
+                self.allowed.allows_ip(v4) || !denied(v4)
+            })
     }
 
     /// Checks `url` before a fetch: `https`, no user information, and an IP address in it
@@ -93,37 +132,6 @@ impl IssuerTargets {
             Err(FetchFailure::new(
                 "not_allowed",
                 format!("{ip} is in a denied network (auth.issuers.denied_networks)"),
-            ))
-        }
-    }
-
-    /// [`IssuerTargets::check_url`], and a name resolved now with at least one permitted
-    /// address: the check of an issuer being added (the fetches check again each time).
-    pub async fn check_resolved(&self, url: &str) -> Result<(), FetchFailure> {
-        self.check_url(url)?;
-        let name = host_of(url)?;
-        if name.parse::<IpAddr>().is_ok() || self.allowed.allows_name(&name) {
-            return Ok(());
-        }
-        let name = name.as_str();
-        let port = reqwest::Url::parse(url)
-            .ok()
-            .and_then(|u| u.port_or_known_default())
-            .unwrap_or(443);
-        let addrs: Vec<SocketAddr> = tokio::time::timeout(
-            Duration::from_secs(2),
-            tokio::net::lookup_host((name, port)),
-        )
-        .await
-        .map_err(|_| FetchFailure::new("connect", format!("{name} did not resolve in time")))?
-        .map_err(|_| FetchFailure::new("connect", format!("{name} does not resolve")))?
-        .collect();
-        if addrs.iter().any(|a| self.permits(Some(name), a.ip())) {
-            Ok(())
-        } else {
-            Err(FetchFailure::new(
-                "not_allowed",
-                AddressRefused(name.to_owned()).to_string(),
             ))
         }
     }
@@ -151,30 +159,134 @@ impl UrlGuard for IssuerTargets {
 /// The resolver of issuer fetches: only permitted addresses come out.
 struct SsrfResolver {
     targets: Arc<IssuerTargets>,
+    resolver: FetchResolver,
 }
 
 impl reqwest::dns::Resolve for SsrfResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        Box::pin(resolve_permitted(
-            self.targets.clone(),
-            name.as_str().to_owned(),
-        ))
+        let (targets, resolver) = (self.targets.clone(), self.resolver.clone());
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let permitted = resolve_permitted(&targets, &resolver, &host).await?;
+            Ok(Box::new(permitted.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Why a name gave no address to connect to.
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error(transparent)]
+    Refused(#[from] AddressRefused),
+}
+
+impl From<Unusable> for FetchFailure {
+    fn from(e: Unusable) -> Self {
+        let outcome = match &e {
+            Unusable::Refused(_) => "not_allowed",
+            Unusable::Lookup(LookupError::Timeout { .. }) => "timeout",
+            Unusable::Lookup(LookupError::Refused { .. }) => "busy",
+            Unusable::Lookup(LookupError::Failed { .. }) => "connect",
+        };
+        FetchFailure::new(outcome, e.to_string())
     }
 }
 
 /// The addresses of `host` that `targets` permits; none is an error ([`AddressRefused`]).
 async fn resolve_permitted(
-    targets: Arc<IssuerTargets>,
-    host: String,
-) -> Result<reqwest::dns::Addrs, Box<dyn std::error::Error + Send + Sync>> {
-    let resolved = tokio::net::lookup_host((host.as_str(), 0)).await?;
-    let permitted: Vec<SocketAddr> = resolved
-        .filter(|a| targets.permits(Some(&host), a.ip()))
+    targets: &IssuerTargets,
+    resolver: &FetchResolver,
+    host: &str,
+) -> Result<Vec<SocketAddr>, Unusable> {
+    let permitted: Vec<SocketAddr> = resolver
+        .resolve_host(host)
+        .await?
+        .into_iter()
+        .filter(|a| targets.permits(Some(host), a.ip()))
         .collect();
     if permitted.is_empty() {
-        return Err(Box::new(AddressRefused(host)));
+        return Err(AddressRefused(host.to_owned()).into());
     }
-    Ok(Box::new(permitted.into_iter()))
+    Ok(permitted)
+}
+
+/// No place for the check of an issuer being added.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+pub enum ChecksBusy {
+    /// The organization holds its share (`auth.issuers.max_probes_per_organization`).
+    #[error(
+        "this organization already has its most issuer checks in progress (auth.issuers.max_probes_per_organization); retry shortly"
+    )]
+    Organization,
+    /// Every place is held (`auth.issuers.max_concurrent_probes`).
+    #[error(
+        "too many issuer checks are in progress (auth.issuers.max_concurrent_probes); retry shortly"
+    )]
+    Instance,
+}
+
+impl ChecksBusy {
+    /// The metrics label.
+    pub fn scope(self) -> &'static str {
+        match self {
+            Self::Organization => "organization",
+            Self::Instance => "instance",
+        }
+    }
+}
+
+/// The places of issuer checks: few in all, fewer for one organization.
+#[derive(Debug)]
+struct CheckPlaces {
+    instance: Arc<tokio::sync::Semaphore>,
+    /// Places held, by organization; an organization holding none has no entry, so the map
+    /// never holds more entries than there are places.
+    held: Mutex<HashMap<uuid::Uuid, usize>>,
+    share: usize,
+}
+
+/// A place among the checks of issuers being added, held until dropped.
+#[derive(Debug)]
+pub struct CheckPlace {
+    _instance: tokio::sync::OwnedSemaphorePermit,
+    organization: uuid::Uuid,
+    places: Arc<CheckPlaces>,
+}
+
+impl Drop for CheckPlace {
+    fn drop(&mut self) {
+        let mut held = self.places.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = held.get_mut(&self.organization) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.organization);
+            }
+        }
+    }
+}
+
+impl CheckPlaces {
+    /// A place for `organization`, at once or never (a check waits for nothing).
+    fn take(self: &Arc<Self>, organization: uuid::Uuid) -> Result<CheckPlace, ChecksBusy> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let count = held.get(&organization).copied().unwrap_or(0);
+        if count >= self.share {
+            return Err(ChecksBusy::Organization);
+        }
+        let permit = self
+            .instance
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ChecksBusy::Instance)?;
+        held.insert(organization, count + 1);
+        Ok(CheckPlace {
+            _instance: permit,
+            organization,
+            places: self.clone(),
+        })
+    }
 }
 
 /// At most so many distinct `issuer` label values; the rest are `other`.
@@ -230,8 +342,11 @@ impl FetchObserver for SourceMetrics {
 /// The registry of trusted issuers' keys.
 pub struct Issuers {
     targets: Arc<IssuerTargets>,
+    resolver: FetchResolver,
     client: reqwest::Client,
+    /// The key fetches' permits (never an issuer check's).
     permits: Arc<tokio::sync::Semaphore>,
+    checks: Arc<CheckPlaces>,
     limits: FetchLimits,
     freshness: Freshness,
     sources: moka::sync::Cache<[u8; 32], Arc<KeySource>>,
@@ -248,9 +363,15 @@ impl std::fmt::Debug for Issuers {
 }
 
 impl Issuers {
-    /// The registry `config` describes; `metrics` counts fetches and verifications.
-    pub fn new(config: &IssuersConfig, metrics: Option<&Metrics>) -> Result<Self, String> {
+    /// The registry `config` describes, resolving names with `resolver`; `metrics` counts
+    /// fetches, checks and verifications.
+    pub fn new(
+        config: &IssuersConfig,
+        resolver: &crate::dns::Resolver,
+        metrics: Option<&Metrics>,
+    ) -> Result<Self, String> {
         let targets = Arc::new(IssuerTargets::new(config)?);
+        let resolver = resolver.for_fetches(Purpose::Issuer);
         let timeout = Duration::from_millis(config.fetch_timeout_ms);
         let tls = crate::tls::client_config("auth.issuers.tls", config.tls.as_ref(), true)
             .map_err(|e| e.to_string())?;
@@ -259,13 +380,20 @@ impl Issuers {
             .use_preconfigured_tls(tls)
             .dns_resolver(Arc::new(SsrfResolver {
                 targets: targets.clone(),
+                resolver: resolver.clone(),
             }))
             .build()
             .map_err(|e| format!("auth.issuers: the fetch client: {e}"))?;
         Ok(Self {
             targets,
+            resolver,
             client,
             permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_fetches)),
+            checks: Arc::new(CheckPlaces {
+                instance: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_probes)),
+                held: Mutex::new(HashMap::new()),
+                share: config.max_probes_per_organization,
+            }),
             limits: FetchLimits {
                 timeout,
                 max_bytes: config.max_document_bytes,
@@ -292,6 +420,32 @@ impl Issuers {
     /// Where issuers may be.
     pub fn targets(&self) -> &IssuerTargets {
         &self.targets
+    }
+
+    /// A place for checking an issuer `organization` is adding: at once, or refused (counted
+    /// in `aura_issuer_checks_refused_total{scope}`).
+    pub fn admit_check(&self, organization: uuid::Uuid) -> Result<CheckPlace, ChecksBusy> {
+        self.checks.take(organization).inspect_err(|busy| {
+            if let Some(metrics) = &self.metrics {
+                metrics
+                    .issuer_checks_refused
+                    .with_label_values(&[busy.scope()])
+                    .inc();
+            }
+        })
+    }
+
+    /// [`IssuerTargets::check_url`], and a name resolved now with at least one permitted
+    /// address: the check of an issuer being added, in `place` (the fetches check again each
+    /// time). A name that does not resolve within `dns.timeout_ms` is a `timeout` naming it.
+    pub async fn check_resolved(&self, url: &str, _place: &CheckPlace) -> Result<(), FetchFailure> {
+        self.targets.check_url(url)?;
+        let name = host_of(url)?;
+        if name.parse::<IpAddr>().is_ok() || self.targets.allowed.allows_name(&name) {
+            return Ok(());
+        }
+        resolve_permitted(&self.targets, &self.resolver, &name).await?;
+        Ok(())
     }
 
     /// The metrics label of issuer `iss` (`other` past the label budget).
@@ -393,13 +547,18 @@ impl Issuers {
     }
 
     /// Fetches `record`'s keys once now, within every bound, without keeping them: the check of
-    /// an issuer being added. Every URL is checked, names resolved.
-    pub async fn probe(&self, record: &IssuerRecord) -> Result<KeySet, FetchFailure> {
+    /// an issuer being added, in `place` (never a key fetch's permit). Every URL is checked,
+    /// names resolved.
+    pub async fn probe(
+        &self,
+        record: &IssuerRecord,
+        place: &CheckPlace,
+    ) -> Result<KeySet, FetchFailure> {
         match (&record.jwks_url, &record.keys) {
             (None, Some(keys)) => parse_set(keys.as_bytes(), self.limits.max_keys),
             (url, _) => {
                 let check = url.as_deref().unwrap_or(&record.issuer);
-                self.targets.check_resolved(check).await?;
+                self.check_resolved(check, place).await?;
                 let origin = match url {
                     Some(url) => Origin::Url(url.clone()),
                     None => Origin::discovery(record.issuer.clone()),
@@ -409,8 +568,9 @@ impl Issuers {
                     origin,
                     self.client.clone(),
                     self.limits,
+                    // The place is its permit: the key fetches' permits stay theirs.
                     Fetching {
-                        permits: Some(self.permits.clone()),
+                        permits: None,
                         observer: None,
                         guard: Some(guard),
                     },
@@ -466,6 +626,87 @@ mod tests {
             Some("id.corp.example.evil"),
             "10.0.0.1".parse().expect("ip")
         ));
+    }
+
+    #[test]
+    fn addresses_carrying_a_denied_ipv4_address_are_refused() {
+        // The default list denies the translation and relay prefixes whole, whatever they carry.
+        let t = targets(&[]);
+        for denied in [
+            "64:ff9b::5db8:d822",
+            "64:ff9b:1:5db8:d8:2200::",
+            "2002:5db8:d822::1",
+            "2001:0:4136:e378:8000:63bf:a247:27dd",
+        ] {
+            assert!(!t.permits(None, denied.parse().expect("ip")), "{denied}");
+        }
+        // A list of IPv4 networks only still catches them by the address they carry.
+        let config = IssuersConfig {
+            denied_networks: vec!["127.0.0.0/8".to_owned(), "169.254.0.0/16".to_owned()],
+            ..IssuersConfig::default()
+        };
+        let t = IssuerTargets::new(&config).expect("targets");
+        for (denied, carried) in [
+            ("64:ff9b::7f00:1", "127.0.0.1"),
+            ("64:ff9b:1:a9fe:a9:fe00::", "169.254.169.254"),
+            ("2002:7f00:1::", "127.0.0.1"),
+            ("2002:a9fe:a9fe:1::1", "169.254.169.254"),
+            // Teredo: its client inverted (127.0.0.1), and its server (169.254.169.254).
+            ("2001:0:4136:e378:8000:63bf:80ff:fffe", "127.0.0.1"),
+            ("2001:0:a9fe:a9fe:8000:63bf:a247:27dd", "169.254.169.254"),
+        ] {
+            let ip: IpAddr = denied.parse().expect("ip");
+            assert!(
+                embedded_ipv4(ip).contains(&carried.parse().expect("v4")),
+                "{denied} carries {carried}"
+            );
+            assert!(!t.permits(None, ip), "{denied}");
+        }
+        for public in [
+            "64:ff9b::5db8:d822",
+            "2002:5db8:d822::1",
+            "2001:0:4136:e378:8000:63bf:a247:27dd",
+            "2606:4700::1111",
+        ] {
+            assert!(t.permits(None, public.parse().expect("ip")), "{public}");
+        }
+        // Allowed explicitly: the carried address is allowed too.
+        let config = IssuersConfig {
+            denied_networks: vec!["127.0.0.0/8".to_owned()],
+            allowed_targets: vec!["127.0.0.1".to_owned()],
+            ..IssuersConfig::default()
+        };
+        let t = IssuerTargets::new(&config).expect("targets");
+        assert!(t.permits(None, "2002:7f00:1::".parse().expect("ip")));
+        assert!(!t.permits(None, "2002:7f00:2::".parse().expect("ip")));
+    }
+
+    #[test]
+    fn issuer_checks_take_places_of_their_own_shared_between_organizations() {
+        let places = Arc::new(CheckPlaces {
+            instance: Arc::new(tokio::sync::Semaphore::new(3)),
+            held: Mutex::new(HashMap::new()),
+            share: 2,
+        });
+        let (a, b, c) = (
+            uuid::Uuid::new_v4(),
+            uuid::Uuid::new_v4(),
+            uuid::Uuid::new_v4(),
+        );
+        let a1 = places.take(a).expect("a1");
+        let _a2 = places.take(a).expect("a2");
+        assert!(matches!(places.take(a), Err(ChecksBusy::Organization)));
+        let b1 = places.take(b).expect("b1");
+        assert!(matches!(places.take(c), Err(ChecksBusy::Instance)));
+        drop(b1);
+        let _c1 = places.take(c).expect("c1");
+        drop(a1);
+        let _b2 = places.take(b).expect("b takes the place a gave back");
+        assert!(matches!(places.take(a), Err(ChecksBusy::Instance)));
+        assert!(
+            places.held.lock().expect("held").len() <= 3,
+            "no more entries than places"
+        );
     }
 
     #[test]

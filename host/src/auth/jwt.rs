@@ -72,7 +72,9 @@ pub(crate) fn parse_algorithm(name: &str) -> Option<Algorithm> {
     }
 }
 
-/// An HTTP client for key fetches: no redirects, no proxy, `timeout` over each request.
+/// An HTTP client for key fetches: no redirects, no proxy, `timeout` over each request. The
+/// caller gives its resolver (`dns_resolver`): the system's would take a blocking thread per
+/// lookup.
 pub(crate) fn fetch_client(timeout: Duration) -> reqwest::ClientBuilder {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -168,9 +170,15 @@ pub(crate) fn project_ref_claim(claims: &serde_json::Value) -> Result<Option<Str
 }
 
 impl JwtVerifier {
-    /// A verifier for tokens whose `aud` must be exactly `audience`. `None` when the
-    /// configuration holds no key material (every token is then refused by the caller).
-    pub fn new(config: &JwtConfig, audience: &'static str, leeway: Duration) -> Option<Self> {
+    /// A verifier for tokens whose `aud` must be exactly `audience`, its JWKS host resolved
+    /// with `resolver`. `None` when the configuration holds no key material (every token is
+    /// then refused by the caller).
+    pub fn new(
+        config: &JwtConfig,
+        audience: &'static str,
+        leeway: Duration,
+        resolver: &crate::dns::Resolver,
+    ) -> Option<Self> {
         if !config.is_configured() {
             return None;
         }
@@ -191,6 +199,9 @@ impl JwtVerifier {
                 KeySource::new(
                     Origin::Url(url.clone()),
                     fetch_client(PLATFORM_LIMITS.timeout)
+                        .dns_resolver(std::sync::Arc::new(
+                            resolver.for_fetches(crate::dns::Purpose::Platform),
+                        ))
                         .build()
                         .unwrap_or_default(),
                     PLATFORM_LIMITS,

@@ -47,11 +47,13 @@ pub struct Authenticator {
 pub use crate::control::store_failed;
 
 impl Authenticator {
-    /// Builds the authenticator over `store`; `metrics` counts user tokens and issuer key
-    /// fetches. Fails on an `[auth.issuers]` it cannot use (its TLS files).
+    /// Builds the authenticator over `store`, resolving JWKS and issuer hosts with `resolver`;
+    /// `metrics` counts user tokens and issuer key fetches. Fails on an `[auth.issuers]` it
+    /// cannot use (its TLS files).
     pub fn new(
         config: &AuthConfig,
         store: Arc<dyn ControlStore>,
+        resolver: &crate::dns::Resolver,
         metrics: Option<&crate::metrics::Metrics>,
     ) -> Result<Self, String> {
         let leeway = Duration::from_secs(config.leeway_secs);
@@ -70,10 +72,10 @@ impl Authenticator {
                 config.key_cache_capacity,
                 keys::LastKnown::new(stale, config.key_cache_capacity, health),
             ),
-            user_jwt: JwtVerifier::new(&config.user_jwt, USER_AUDIENCE, leeway),
-            console_jwt: JwtVerifier::new(&config.console_jwt, CONSOLE_AUDIENCE, leeway),
+            user_jwt: JwtVerifier::new(&config.user_jwt, USER_AUDIENCE, leeway, resolver),
+            console_jwt: JwtVerifier::new(&config.console_jwt, CONSOLE_AUDIENCE, leeway, resolver),
             browser: BrowserRule::new(config),
-            issuers: issuers::Issuers::new(&config.issuers, metrics)?,
+            issuers: issuers::Issuers::new(&config.issuers, resolver, metrics)?,
             leeway: config.leeway_secs,
             store,
         })

@@ -66,6 +66,12 @@ pub struct IssuersConfig {
     pub discovery_max_age_secs: u64,
     /// Fetches in flight, every issuer together (1–256).
     pub max_concurrent_fetches: usize,
+    /// Checks of issuers being added (`POST …/issuers`: name resolution and the first fetch)
+    /// in flight, every organization together (1–256); never the fetches' permits.
+    pub max_concurrent_probes: usize,
+    /// Of `max_concurrent_probes`, how many one organization may hold at once (at least 1, at
+    /// most `max_concurrent_probes`); past it `429 too_many_issuer_checks`.
+    pub max_probes_per_organization: usize,
     /// Key sets held in memory (at least 1); the least recently used go first.
     pub max_cached: u64,
     /// A key set nobody used for this long is dropped, in seconds (at least `max_age_secs`).
@@ -103,6 +109,9 @@ pub const DEFAULT_DENIED_NETWORKS: &[&str] = &[
     "fe80::/10",
     "ff00::/8",
     "64:ff9b::/96",
+    "64:ff9b:1::/48",
+    "2001::/32",
+    "2002::/16",
 ];
 
 impl Default for IssuersConfig {
@@ -116,6 +125,8 @@ impl Default for IssuersConfig {
             unknown_kid_wait_ms: 500,
             discovery_max_age_secs: 3600,
             max_concurrent_fetches: 16,
+            max_concurrent_probes: 16,
+            max_probes_per_organization: 2,
             max_cached: 10_000,
             idle_secs: 3600,
             allowed_targets: Vec::new(),
@@ -158,6 +169,18 @@ impl IssuersConfig {
             self.max_concurrent_fetches as u64,
             1,
             256,
+        )?;
+        within(
+            "max_concurrent_probes",
+            self.max_concurrent_probes as u64,
+            1,
+            256,
+        )?;
+        within(
+            "max_probes_per_organization",
+            self.max_probes_per_organization as u64,
+            1,
+            self.max_concurrent_probes as u64,
         )?;
         within(
             "metrics_issuer_labels",

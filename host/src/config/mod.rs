@@ -15,6 +15,7 @@ mod admin;
 mod auth;
 mod breaker;
 mod control;
+mod dns;
 mod nats;
 mod planes;
 mod plugins;
@@ -36,6 +37,7 @@ pub use self::admin::AdminConfig;
 pub use self::auth::{AuthConfig, BrowserSignal, IssuersConfig, JwtConfig, SecretKeysFromBrowsers};
 pub use self::breaker::BreakerConfig;
 pub use self::control::{ControlConfig, StoreKind};
+pub use self::dns::{DnsConfig, parse_nameserver};
 pub use self::nats::NatsConfig;
 pub use self::planes::{DataPlaneConfig, ListenerTlsConfig, ManagementPlaneConfig};
 pub use self::plugins::{
@@ -83,6 +85,8 @@ pub struct Config {
     pub breaker: BreakerConfig,
     /// HTTP backends: storage, realtime, dedicated PostgREST.
     pub upstreams: UpstreamsConfig,
+    /// Name resolution: backends, issuers, the platform's JWKS.
+    pub dns: DnsConfig,
     /// Rate limits: per IP before auth, per actor after auth, shared through Redis.
     pub rate_limit: RateLimitConfig,
     /// Data-plane settings.
@@ -110,6 +114,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             breaker: BreakerConfig::default(),
             upstreams: UpstreamsConfig::default(),
+            dns: DnsConfig::default(),
             rate_limit: RateLimitConfig::default(),
             data_plane: DataPlaneConfig::default(),
             management_plane: ManagementPlaneConfig::default(),
@@ -359,6 +364,7 @@ impl Config {
         self.auth.validate("auth")?;
         self.breaker.validate("breaker")?;
         self.upstreams.validate("upstreams")?;
+        self.dns.validate("dns")?;
         self.rate_limit.validate("rate_limit")?;
         self.data_plane.validate(plane_key(Plane::Data))?;
         self.management_plane

@@ -100,11 +100,12 @@ pub struct PluginRuntimeConfig {
     pub decision_cache: DecisionCacheConfig,
 }
 
-/// `plugins.decision_cache`: the bounds of each module's decision cache.
+/// `plugins.decision_cache`: the bounds of each module's decision cache, and of all of them.
 ///
 /// A module that declares the inputs its decisions depend on is called once per distinct
 /// declared inputs within its maximum age; its decisions are kept per loaded module and per
-/// partition (the caller's project, or address before authentication).
+/// partition (the caller's project, or address before authentication), and every module's
+/// decisions share one ceiling of bytes per instance (`total_bytes`).
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DecisionCacheConfig {
@@ -121,6 +122,13 @@ pub struct DecisionCacheConfig {
     pub partition_bytes: usize,
     /// The longest a decision is kept, in milliseconds, whatever a module declares.
     pub max_age_ms: u64,
+    /// Bytes kept by every module's cache of the instance together (keys and decisions,
+    /// estimated). When an insert finds no room, the caches furthest over their fair share (the
+    /// ceiling over the caches that keep entries) give back entries first.
+    pub total_bytes: usize,
+    /// A shard of a module's cache that no request looked up for this long (or for the
+    /// module's maximum age, when shorter) gives its entries back, in seconds.
+    pub idle_secs: u64,
 }
 
 impl Default for DecisionCacheConfig {
@@ -132,6 +140,8 @@ impl Default for DecisionCacheConfig {
             partition_entries: 1_024,
             partition_bytes: 512 << 10,
             max_age_ms: 300_000,
+            total_bytes: 64 << 20,
+            idle_secs: 300,
         }
     }
 }
@@ -161,6 +171,27 @@ impl DecisionCacheConfig {
             return Err(problem(
                 &format!("{key}.max_age_ms"),
                 "must be at most 86400000 (a day)",
+            ));
+        }
+        if !(1 << 16..=1 << 40).contains(&self.total_bytes) {
+            return Err(problem(
+                &format!("{key}.total_bytes"),
+                "must be between 65536 (64 KiB) and 1099511627776 (1 TiB)",
+            ));
+        }
+        if self.bytes > self.total_bytes {
+            return Err(problem(
+                &format!("{key}.total_bytes"),
+                format!(
+                    "must be at least {key}.bytes ({}): one module's cache is bounded within every module's",
+                    self.bytes
+                ),
+            ));
+        }
+        if !(1..=86_400).contains(&self.idle_secs) {
+            return Err(problem(
+                &format!("{key}.idle_secs"),
+                "must be between 1 and 86400 (a day)",
             ));
         }
         Ok(())
@@ -520,5 +551,36 @@ impl ManagementPlaneStages {
             Stage::Quota => Some(&mut self.quota),
             Stage::DbRouting => Some(&mut self.db_routing),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_decision_caches_ceiling_and_idle_time_are_validated_naming_the_key() {
+        let refused = |edit: &dyn Fn(&mut DecisionCacheConfig), field: &str| {
+            let mut config = PluginRuntimeConfig::default();
+            edit(&mut config.decision_cache);
+            let err = config.validate("plugins").expect_err(field);
+            assert_eq!(err.key, format!("plugins.decision_cache.{field}"), "{err}");
+            err.problem
+        };
+        refused(&|c| c.total_bytes = 1024, "total_bytes");
+        refused(&|c| c.total_bytes = (1 << 40) + 1, "total_bytes");
+        let problem = refused(&|c| c.total_bytes = 4 << 20, "total_bytes");
+        assert!(
+            problem.contains("plugins.decision_cache.bytes (8388608)"),
+            "{problem}"
+        );
+        refused(&|c| c.idle_secs = 0, "idle_secs");
+        refused(&|c| c.idle_secs = 86_401, "idle_secs");
+        let mut config = PluginRuntimeConfig::default();
+        assert_eq!(config.decision_cache.total_bytes, 64 << 20);
+        config.decision_cache.bytes = 1 << 20;
+        config.decision_cache.partition_bytes = 64 << 10;
+        config.decision_cache.total_bytes = 1 << 20;
+        assert!(config.validate("plugins").is_ok());
     }
 }

@@ -54,7 +54,8 @@ pub async fn forward_http_service(
     let rest = service.rest_of(request.uri().path()).unwrap_or_default();
     let uri = backend.uri(rest, request.uri().query())?;
     let breaker = state.breakers.service(service);
-    forward_http(state, &breaker, backend, uri, cx, request).await
+    let websocket = service.row().websocket == Some(request.uri().path());
+    forward_http(state, &breaker, backend, uri, cx, request, websocket).await
 }
 
 async fn forward_http(
@@ -64,10 +65,19 @@ async fn forward_http(
     uri: ::http::Uri,
     cx: &RouteContext,
     request: Request,
+    websocket: bool,
 ) -> Result<Response, GatewayError> {
     state
         .http
-        .forward(breaker, backend, uri, request, &cx.actor, cx.deadline)
+        .forward(
+            breaker,
+            backend,
+            uri,
+            request,
+            &cx.actor,
+            cx.deadline,
+            websocket,
+        )
         .await
 }
 
@@ -208,7 +218,7 @@ async fn forward_postgrest(
     let backend = state.http.postgrest(base)?;
     let uri = backend.uri(rest, request.uri().query())?;
     let breaker = state.breakers.postgrest.get(base.trim_end_matches('/'));
-    forward_http(state, &breaker, &backend, uri, cx, request).await
+    forward_http(state, &breaker, &backend, uri, cx, request, false).await
 }
 
 /// Forwards one request to `service` in an envelope and answers with its reply.

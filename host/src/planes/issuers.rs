@@ -5,7 +5,7 @@
 //! | method, path | answer |
 //! |---|---|
 //! | `GET …/issuers` | `200 {"project", "issuers": […]}` |
-//! | `POST …/issuers` | `201` the issuer; `400 invalid_body`, `issuer_not_allowed`, `issuer_reserved`, `issuer_unreachable`; `409 issuer_exists`, `too_many_issuers`; `413` |
+//! | `POST …/issuers` | `201` the issuer; `400 invalid_body`, `issuer_not_allowed`, `issuer_reserved`, `issuer_unreachable`; `409 issuer_exists`, `too_many_issuers`; `413`; `429 too_many_issuer_checks` |
 //! | `GET …/issuers/{id}` | `200` the issuer, `404` |
 //! | `DELETE …/issuers/{id}` | `204`, `404` |
 //!
@@ -28,8 +28,12 @@
 //! is required: `"accepted": []` says that no audience is checked. `role` defaults to every
 //! user being `authenticated`; its `allowed` values are a subset of `authenticated`, `anon`.
 //! The issuer's and JWKS URL's hosts are resolved and checked against
-//! `auth.issuers.denied_networks` (`issuer_not_allowed`), and with `"check": true` (the default)
-//! its keys are fetched once, within every bound (`issuer_unreachable` says why not).
+//! `auth.issuers.denied_networks` (`issuer_not_allowed`; a name that does not resolve within
+//! `dns.timeout_ms` is `issuer_unreachable`, naming it), and with `"check": true` (the default)
+//! its keys are fetched once, within every bound (`issuer_unreachable` says why not). These
+//! checks take a place of their own: at most `auth.issuers.max_probes_per_organization` at once
+//! for one organization and `max_concurrent_probes` in all, never waited for
+//! (`429 too_many_issuer_checks` with `Retry-After`).
 //!
 //! A change applies on this instance at once and on the others through the change events.
 
@@ -228,19 +232,41 @@ pub async fn add(
         ));
     }
     if record.keys.is_none() {
+        // The organization's share of the checks, taken before any name is resolved.
+        let organization = state
+            .auth
+            .cached_project(&project)
+            .await?
+            .ok_or_else(|| GatewayError::not_found("project not found"))?
+            .organization_id;
+        let place = state
+            .auth
+            .issuers
+            .admit_check(organization)
+            .map_err(|busy| {
+                GatewayError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_issuer_checks",
+                    busy.to_string(),
+                    crate::error::Side::Client,
+                )
+                .retry_after(std::time::Duration::from_secs(1))
+            })?;
         let url = record.jwks_url.as_deref().unwrap_or(&record.issuer);
         state
             .auth
             .issuers
-            .targets()
-            .check_resolved(url)
+            .check_resolved(url, &place)
             .await
-            .map_err(|e| GatewayError::bad_request("issuer_not_allowed", e.message))?;
+            .map_err(|e| match e.outcome {
+                "not_allowed" => GatewayError::bad_request("issuer_not_allowed", e.message),
+                _ => GatewayError::bad_request("issuer_unreachable", e.message),
+            })?;
         if new.check {
             state
                 .auth
                 .issuers
-                .probe(&record)
+                .probe(&record, &place)
                 .await
                 .map_err(|e| match e.outcome {
                     "not_allowed" => GatewayError::bad_request("issuer_not_allowed", e.message),

@@ -437,6 +437,9 @@ pub struct WorkerArgs {
     pub cpu_secs: u64,
     /// `--check-sandbox`: confine, try what the confinement forbids, print it, exit.
     pub check_sandbox: bool,
+    /// `--target-pid`: the process the check's signals and process descriptors are aimed at
+    /// (by default the one that started it).
+    pub target_pid: Option<u32>,
 }
 
 impl WorkerArgs {
@@ -448,6 +451,7 @@ impl WorkerArgs {
             max_memory_bytes: 1 << 30,
             cpu_secs: 11,
             check_sandbox: false,
+            target_pid: None,
         };
         let mut it = args.iter();
         while let Some(name) = it.next() {
@@ -464,6 +468,10 @@ impl WorkerArgs {
                 "--max-module-bytes" => out.max_module_bytes = number(value)? as usize,
                 "--max-memory-bytes" => out.max_memory_bytes = number(value)?,
                 "--cpu-secs" => out.cpu_secs = number(value)?,
+                "--target-pid" => {
+                    let pid = u32::try_from(number(value)?).map_err(|e| format!("{name}: {e}"))?;
+                    out.target_pid = Some(pid);
+                }
                 other => return Err(format!("unknown argument {other}")),
             }
         }
@@ -494,7 +502,7 @@ fn peak_rss_bytes(status: Option<&mut std::fs::File>) -> u64 {
 pub fn worker_main(args: WorkerArgs) -> ExitCode {
     use rustix::process::{Resource, Rlimit, setrlimit};
     if args.check_sandbox {
-        let report = super::confine::check();
+        let report = super::confine::check(args.target_pid);
         println!("{}", serde_json::to_string(&report).unwrap_or_default());
         return ExitCode::SUCCESS;
     }

@@ -10,6 +10,13 @@
 //! up its oldest entry. So a caller flooding a module with unique inputs evicts its own
 //! entries, and another project's entries stay as long as the flood does not outnumber them.
 //!
+//! Every cache of the instance also shares one ceiling of bytes
+//! (`plugins.decision_cache.total_bytes`, [`CacheBudget`]): an entry's bytes are reserved in it
+//! before the entry is inserted and given back when it goes, and when there is no room the
+//! caches furthest over their fair share give back entries first; a cache's shards that no
+//! request looks up for a while, and a module's whole cache when the module is unloaded, give
+//! their bytes back.
+//!
 //! The key of an entry is every declared input, written by the stage ([`KeyWriter`]) with its
 //! length before it, and the partition before them all: two different inputs never share an
 //! entry, whatever bytes they hold.
@@ -25,19 +32,21 @@
 //! together: neighbouring shards never share one. Hits and misses are plain numbers under the
 //! shard's lock, added to their metric's counter when the metrics are rendered
 //! ([`crate::metrics::Publish`]): besides the lock, the only shared counter a hit moves is the
-//! decision's reference count. Nor does a lookup read the clock: an entry's age is judged at the
+//! decision's reference count (the ceiling's count of bytes is moved by inserts and evictions
+//! only). Nor does a lookup read the clock: an entry's age is judged at the
 //! arrival of the request that looks it up, a time the caller read once for all the request's
 //! stages, and an entry is kept as old as the request it was decided for.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hashbrown::HashTable;
 use tokio::time::Instant;
 
+use super::cache_budget::{CacheBudget, Freed, Member};
 use crate::config::DecisionCacheConfig;
 
 /// Shards of a module's cache: a lookup locks one, chosen by the key's partition.
@@ -145,7 +154,8 @@ pub struct CacheReport {
     /// Lookups that found an entry older than the maximum age (counted in `misses` too).
     pub expired: u64,
     pub evicted: u64,
-    /// Decisions too large for a partition, not kept.
+    /// Decisions too large for a partition, or that found no room under the instance's
+    /// ceiling, not kept.
     pub skipped: u64,
     /// Requests decided by the module without a lookup while their shard was thrashing.
     pub declined: u64,
@@ -320,6 +330,9 @@ struct Books {
     lookups: Lookups,
     /// The hits and misses already added to the metric's counters.
     published: Lookups,
+    /// The shard's lookups when a sweep last saw them change, and when: a shard whose lookups
+    /// stay the same for the cache's idle time gives its entries back.
+    quiet: Option<(u64, Instant)>,
 }
 
 impl<D> Shard<D> {
@@ -354,12 +367,11 @@ impl<D> Shard<D> {
         }
     }
 
-    /// Removes the oldest entry of `partition`; false when it has none.
-    fn evict_from(&mut self, partition: &[u8]) -> bool {
+    /// Removes the oldest entry of `partition`: the bytes it was counted for; `None` when the
+    /// partition has none.
+    fn evict_from(&mut self, partition: &[u8]) -> Option<usize> {
         let books = &mut *self.books;
-        let Some((name, part)) = books.partitions.get_key_value(partition) else {
-            return false;
-        };
+        let (name, part) = books.partitions.get_key_value(partition)?;
         let name = name.clone();
         let before = part.order.len();
         books.by_size.remove(&(before, name.clone()));
@@ -367,20 +379,66 @@ impl<D> Shard<D> {
             .partitions
             .get_mut(partition)
             .expect("looked up just before");
-        let Some((hash, seq)) = part.order.pop_front() else {
-            return false;
-        };
+        let (hash, seq) = part.order.pop_front()?;
+        let mut freed = 0;
         if let Ok(slot) = self.table.find_entry(hash, |s| s.seq == seq) {
             let (slot, _) = slot.remove();
             part.bytes -= slot.bytes;
             books.bytes -= slot.bytes;
+            freed = slot.bytes;
         }
         if part.order.is_empty() {
             books.partitions.remove(partition);
         } else {
             books.by_size.insert((before - 1, name));
         }
-        true
+        Some(freed)
+    }
+
+    /// Evicts the oldest entries of the shard's largest partitions until `bytes` are freed or
+    /// the shard is empty.
+    fn evict_largest(&mut self, bytes: usize) -> Freed {
+        let mut freed = Freed::default();
+        while freed.bytes < bytes {
+            let Some((_, largest)) = self.books.by_size.last() else {
+                break;
+            };
+            let largest = largest.clone();
+            let Some(b) = self.evict_from(&largest) else {
+                break;
+            };
+            freed.bytes += b;
+            freed.entries += 1;
+        }
+        self.books.evicted += freed.entries;
+        freed
+    }
+
+    /// Drops every entry, and the memory of the table and its books.
+    fn clear(&mut self) -> Freed {
+        let freed = Freed {
+            bytes: self.books.bytes,
+            entries: self.table.len() as u64,
+        };
+        self.table = HashTable::new();
+        let books = &mut *self.books;
+        books.partitions = HashMap::default();
+        books.by_size = BTreeSet::new();
+        books.bytes = 0;
+        freed
+    }
+
+    /// Returns the table's and the books' memory when evictions left them mostly empty.
+    fn shrink(&mut self, hasher: &foldhash::fast::RandomState) {
+        let len = self.table.len();
+        if self.table.capacity() > 4 * len.max(16) {
+            self.table
+                .shrink_to(2 * len, |s| hasher.hash_one(s.key.as_slice()));
+        }
+        let parts = &mut self.books.partitions;
+        if parts.capacity() > 4 * parts.len().max(16) {
+            parts.shrink_to(2 * parts.len());
+        }
     }
 
     /// The partition that gives up an entry when the shard is full and `inserting` adds one:
@@ -437,9 +495,41 @@ struct Shared<D> {
     metrics: std::sync::OnceLock<Option<CacheMetrics>>,
     bounds: Bounds,
     inputs: Vec<&'static str>,
+    /// The instance's ceiling, where the bytes in `held` are counted too.
+    budget: Arc<CacheBudget>,
+    /// Bytes the cache's entries are counted for, over its shards (what the budget weighs).
+    held: AtomicUsize,
+    /// How long a shard goes without a lookup before its entries are given back.
+    idle: Duration,
+    /// The lookups' hasher, to shrink a table.
+    hasher: foldhash::fast::RandomState,
 }
 
 impl<D> Shared<D> {
+    /// Counts an insert's `added` bytes (reserved in the budget before) and the `freed` bytes
+    /// of the entries it evicted or replaced.
+    fn settle(&self, added: usize, freed: usize) {
+        if added >= freed {
+            self.held.fetch_add(added - freed, Ordering::Relaxed);
+        } else {
+            self.held.fetch_sub(freed - added, Ordering::Relaxed);
+        }
+        self.budget.release(freed);
+    }
+
+    /// Counts `freed` bytes given back by evictions outside an insert.
+    fn gave_back(&self, freed: Freed) {
+        if freed.bytes > 0 {
+            self.held.fetch_sub(freed.bytes, Ordering::Relaxed);
+            self.budget.release(freed.bytes);
+        }
+        if freed.entries > 0
+            && let Some(Some(m)) = self.metrics.get()
+        {
+            m.evicted.inc_by(freed.entries);
+        }
+    }
+
     /// Adds the hits and misses counted since the last time to the metric's counters.
     fn publish_lookups(&self) {
         let Some(Some(m)) = self.metrics.get() else {
@@ -464,6 +554,77 @@ impl<D: Send + 'static> crate::metrics::Publish for Shared<D> {
     }
 }
 
+impl<D: Send> Member for Shared<D> {
+    fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    fn give_back(&self, bytes: usize) -> Freed {
+        // Each shard gives in proportion to what it keeps, from its largest partitions.
+        let sizes: Vec<usize> = self
+            .shards
+            .iter()
+            .map(|cell| cell.shard.lock().map_or(0, |s| s.books.bytes))
+            .collect();
+        let kept: usize = sizes.iter().sum();
+        let mut freed = Freed::default();
+        if kept == 0 {
+            return freed;
+        }
+        for (cell, size) in self.shards.iter().zip(sizes) {
+            if size == 0 {
+                continue;
+            }
+            let share = (bytes as u128 * size as u128).div_ceil(kept as u128) as usize;
+            let Ok(mut shard) = cell.shard.lock() else {
+                continue;
+            };
+            let f = shard.evict_largest(share);
+            shard.shrink(&self.hasher);
+            drop(shard);
+            freed.bytes += f.bytes;
+            freed.entries += f.entries;
+        }
+        self.gave_back(freed);
+        freed
+    }
+
+    fn sweep(&self, now: Instant) -> Freed {
+        let mut freed = Freed::default();
+        for cell in &self.shards {
+            let Ok(mut shard) = cell.shard.lock() else {
+                continue;
+            };
+            let seen = shard.lookups();
+            let lookups = seen.hits + seen.misses;
+            match shard.books.quiet {
+                Some((before, since)) if before == lookups => {
+                    if !shard.table.is_empty() && now.saturating_duration_since(since) >= self.idle
+                    {
+                        let f = shard.clear();
+                        freed.bytes += f.bytes;
+                        freed.entries += f.entries;
+                    }
+                }
+                _ => shard.books.quiet = Some((lookups, now)),
+            }
+        }
+        if freed.bytes > 0 {
+            self.held.fetch_sub(freed.bytes, Ordering::Relaxed);
+            self.budget.release(freed.bytes);
+        }
+        freed
+    }
+}
+
+impl<D> Drop for Shared<D> {
+    fn drop(&mut self) {
+        // A cache goes with its module (or the last holder of its shared state): its bytes go
+        // back to the instance's ceiling.
+        self.budget.release(*self.held.get_mut());
+    }
+}
+
 impl<D> Drop for DecisionCache<D> {
     fn drop(&mut self) {
         // A cache goes with its module: what it counted since the last rendering is added now.
@@ -482,12 +643,17 @@ impl<D> std::fmt::Debug for DecisionCache<D> {
 
 impl<D: Clone> DecisionCache<D> {
     /// A cache for decisions that hold `max_age` (the module's; lowered to the host's ceiling)
-    /// and depend on `inputs`; `None` when the configuration or the module keeps nothing.
+    /// and depend on `inputs`, whose bytes count against `budget` (the instance's); `None` when
+    /// the configuration or the module keeps nothing.
     pub fn new(
         config: &DecisionCacheConfig,
+        budget: &Arc<CacheBudget>,
         inputs: Vec<&'static str>,
         max_age: Duration,
-    ) -> Option<Self> {
+    ) -> Option<Self>
+    where
+        D: Send + 'static,
+    {
         let max_age = max_age.min(Duration::from_millis(config.max_age_ms));
         if !config.enabled || max_age.is_zero() || config.entries == 0 {
             return None;
@@ -499,18 +665,26 @@ impl<D: Clone> DecisionCache<D> {
             partition_entries: config.partition_entries.max(1),
             partition_bytes: config.partition_bytes.max(1),
         };
-        Some(Self {
-            shared: Arc::new(Shared {
-                shards: std::array::from_fn(|_| ShardCell {
-                    admission: Admission::default(),
-                    shard: Mutex::new(Shard::new()),
-                }),
-                counts: Counts::default(),
-                metrics: std::sync::OnceLock::new(),
-                bounds,
-                inputs,
+        let hasher = foldhash::fast::RandomState::default();
+        let shared = Arc::new(Shared {
+            shards: std::array::from_fn(|_| ShardCell {
+                admission: Admission::default(),
+                shard: Mutex::new(Shard::new()),
             }),
-            hasher: foldhash::fast::RandomState::default(),
+            counts: Counts::default(),
+            metrics: std::sync::OnceLock::new(),
+            bounds,
+            inputs,
+            budget: budget.clone(),
+            held: AtomicUsize::new(0),
+            idle: budget.idle().min(max_age),
+            hasher: hasher.clone(),
+        });
+        let member: std::sync::Weak<dyn Member> = Arc::downgrade(&shared) as _;
+        budget.join(member);
+        Some(Self {
+            shared,
+            hasher,
             max_age,
         })
     }
@@ -596,12 +770,18 @@ impl<D: Clone> DecisionCache<D> {
         let stored_key = KeyBytes::of(wanted);
         let bytes = stored_key.heap() + size + ENTRY_OVERHEAD;
         let bounds = self.shared.bounds;
-        if bytes > bounds.partition_bytes || bytes > bounds.bytes {
+        // Room under the instance's ceiling is made before the shard is locked: making it may
+        // lock another cache's shards, or this cache's.
+        if bytes > bounds.partition_bytes
+            || bytes > bounds.bytes
+            || !self.shared.budget.reserve(bytes)
+        {
             self.shared.counts.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let hash = self.hasher.hash_one(wanted);
         let Ok(mut shard) = self.cell(&key).shard.lock() else {
+            self.shared.budget.release(bytes);
             return;
         };
         let partition = key.partition_bytes();
@@ -615,17 +795,20 @@ impl<D: Clone> DecisionCache<D> {
             if let Some(part) = shard.books.partitions.get_mut(partition) {
                 part.bytes = part.bytes + bytes - old;
             }
+            drop(shard);
+            self.shared.settle(bytes, old);
             return;
         }
-        let mut evicted = 0u64;
+        let (mut evicted, mut freed) = (0u64, 0usize);
         // The partition makes room from its own entries first.
         while let Some(part) = shard.books.partitions.get(partition)
             && (part.order.len() >= bounds.partition_entries
                 || part.bytes + bytes > bounds.partition_bytes)
         {
-            if !shard.evict_from(partition) {
+            let Some(b) = shard.evict_from(partition) else {
                 break;
-            }
+            };
+            freed += b;
             evicted += 1;
         }
         // Then the module's cache, from its largest partition.
@@ -633,9 +816,10 @@ impl<D: Clone> DecisionCache<D> {
             let Some(victim) = shard.victim(partition) else {
                 break;
             };
-            if !shard.evict_from(&victim) {
+            let Some(b) = shard.evict_from(&victim) else {
                 break;
-            }
+            };
+            freed += b;
             evicted += 1;
         }
         let books = &mut *shard.books;
@@ -666,6 +850,7 @@ impl<D: Clone> DecisionCache<D> {
             |s| hasher.hash_one(s.key.as_slice()),
         );
         drop(shard);
+        self.shared.settle(bytes, freed);
         if evicted > 0 {
             self.metric(|m| m.evicted.inc_by(evicted));
         }
@@ -717,6 +902,11 @@ mod tests {
         }
     }
 
+    /// The default ceiling, far above what these tests keep.
+    fn budget() -> Arc<CacheBudget> {
+        CacheBudget::new(&DecisionCacheConfig::default())
+    }
+
     fn key(partition: &str, input: &str) -> KeyWriter {
         let mut k = KeyWriter::new(partition);
         k.str(input);
@@ -725,8 +915,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_decision_is_kept_for_its_maximum_age_and_no_longer() {
-        let cache = DecisionCache::new(&config(100, 10), vec!["path"], Duration::from_secs(5))
-            .expect("cache");
+        let cache = DecisionCache::new(
+            &config(100, 10),
+            &budget(),
+            vec!["path"],
+            Duration::from_secs(5),
+        )
+        .expect("cache");
         assert_eq!(cache.get(&key("p", "/a"), Instant::now()), None);
         cache.put(key("p", "/a"), 7u32, 0, Instant::now());
         assert_eq!(cache.get(&key("p", "/a"), Instant::now()), Some(7));
@@ -755,7 +950,8 @@ mod tests {
     #[test]
     fn a_decision_is_judged_young_or_old_at_the_arrival_of_the_request_that_looks_it_up() {
         let max_age = Duration::from_secs(5);
-        let cache = DecisionCache::new(&config(100, 10), vec!["path"], max_age).expect("cache");
+        let cache =
+            DecisionCache::new(&config(100, 10), &budget(), vec!["path"], max_age).expect("cache");
         let kept = Instant::now();
         let later = |ms: u64| kept + Duration::from_millis(ms);
         cache.put(key("p", "/a"), 1u8, 0, kept);
@@ -786,8 +982,13 @@ mod tests {
 
     #[test]
     fn a_cache_whose_inputs_never_repeat_keeps_a_sample_until_they_do() {
-        let cache = DecisionCache::new(&config(100_000, 100_000), vec!["path"], Duration::MAX)
-            .expect("cache");
+        let cache = DecisionCache::new(
+            &config(100_000, 100_000),
+            &budget(),
+            vec!["path"],
+            Duration::MAX,
+        )
+        .expect("cache");
         let miss_and_keep = |n: u64| {
             let k = key("p", &n.to_string());
             if !cache.looks_up(&k) {
@@ -865,8 +1066,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_flooding_partition_evicts_its_own_entries_first() {
         // 8 shards of 6 entries, 4 per partition.
-        let cache = DecisionCache::new(&config(8 * 6, 4), vec!["path"], Duration::from_secs(60))
-            .expect("cache");
+        let cache = DecisionCache::new(
+            &config(8 * 6, 4),
+            &budget(),
+            vec!["path"],
+            Duration::from_secs(60),
+        )
+        .expect("cache");
         let shard_of =
             |p: &str| cache.hasher.hash_one(KeyWriter::new(p).partition_bytes()) as usize % SHARDS;
         let target = shard_of("quiet");
@@ -904,8 +1110,13 @@ mod tests {
 
     #[test]
     fn a_flooding_partition_makes_only_its_own_shard_step_aside() {
-        let cache = DecisionCache::new(&config(100_000, 100_000), vec!["path"], Duration::MAX)
-            .expect("cache");
+        let cache = DecisionCache::new(
+            &config(100_000, 100_000),
+            &budget(),
+            vec!["path"],
+            Duration::MAX,
+        )
+        .expect("cache");
         let shard_of =
             |p: &str| cache.hasher.hash_one(KeyWriter::new(p).partition_bytes()) as usize % SHARDS;
         let flood = "flood";
@@ -950,8 +1161,13 @@ mod tests {
 
     #[test]
     fn keys_longer_than_a_slot_are_kept_on_the_heap_and_told_apart() {
-        let cache = DecisionCache::new(&config(100, 100), vec!["path"], Duration::from_secs(60))
-            .expect("cache");
+        let cache = DecisionCache::new(
+            &config(100, 100),
+            &budget(),
+            vec!["path"],
+            Duration::from_secs(60),
+        )
+        .expect("cache");
         let partition_len = KeyWriter::new("p").bytes.len();
         // Inputs that make keys of exactly the slot's room, one byte more, and much more, and
         // keys that differ in their last byte only.
@@ -1039,8 +1255,13 @@ mod tests {
     #[test]
     fn hits_and_misses_reach_their_counters_when_published_and_when_the_cache_goes() {
         let m = counters();
-        let cache = DecisionCache::new(&config(100, 10), vec!["path"], Duration::from_secs(60))
-            .expect("cache");
+        let cache = DecisionCache::new(
+            &config(100, 10),
+            &budget(),
+            vec!["path"],
+            Duration::from_secs(60),
+        )
+        .expect("cache");
         cache.count_in(|| Some(m.clone()));
         let counted = || (m.hits.get(), m.misses.get());
         assert_eq!(cache.get(&key("p", "/a"), Instant::now()), None);
@@ -1067,7 +1288,8 @@ mod tests {
             partition_bytes: 1024,
             ..DecisionCacheConfig::default()
         };
-        let cache = DecisionCache::new(&cfg, vec!["path"], Duration::from_secs(60)).expect("cache");
+        let cache = DecisionCache::new(&cfg, &budget(), vec!["path"], Duration::from_secs(60))
+            .expect("cache");
         cache.put(key("p", "/big"), 1u8, 4096, Instant::now());
         assert_eq!(cache.report().skipped, 1);
         for n in 0..100 {
@@ -1084,11 +1306,13 @@ mod tests {
             enabled: false,
             ..DecisionCacheConfig::default()
         };
-        assert!(DecisionCache::<u8>::new(&off, vec![], Duration::from_secs(1)).is_none());
+        assert!(
+            DecisionCache::<u8>::new(&off, &budget(), vec![], Duration::from_secs(1)).is_none()
+        );
         let on = DecisionCacheConfig::default();
-        assert!(DecisionCache::<u8>::new(&on, vec![], Duration::ZERO).is_none());
-        let capped =
-            DecisionCache::<u8>::new(&on, vec![], Duration::from_secs(86_400)).expect("cache");
+        assert!(DecisionCache::<u8>::new(&on, &budget(), vec![], Duration::ZERO).is_none());
+        let capped = DecisionCache::<u8>::new(&on, &budget(), vec![], Duration::from_secs(86_400))
+            .expect("cache");
         assert_eq!(
             capped.report().max_age_ms,
             on.max_age_ms,

@@ -113,6 +113,8 @@ pub struct PolicyEngine {
     series: Mutex<std::collections::HashMap<(Plane, Stage, String), usize>>,
     /// `plugins.compile_cache_dir`, opened.
     compile_cache: Option<super::compile_cache::CompileCache>,
+    /// The bytes every module's decision cache may keep together.
+    cache_budget: Arc<super::cache_budget::CacheBudget>,
 }
 
 impl PolicyEngine {
@@ -137,12 +139,19 @@ impl PolicyEngine {
             ticker,
             series: Mutex::new(std::collections::HashMap::new()),
             compile_cache,
+            cache_budget: super::cache_budget::CacheBudget::new(&settings.decision_cache),
         }))
     }
 
     /// Where calls, failures and latencies are counted from now on.
     pub fn set_metrics(&self, metrics: crate::metrics::Metrics) {
+        self.cache_budget.count_in(&metrics);
         let _ = self.metrics.set(metrics);
+    }
+
+    /// The ceiling every module's decision cache shares (`plugins.decision_cache.total_bytes`).
+    pub fn cache_budget(&self) -> &Arc<super::cache_budget::CacheBudget> {
+        &self.cache_budget
     }
 
     fn series_acquire(&self, plane: Plane, stage: Stage, digest: &str) {

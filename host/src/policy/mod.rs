@@ -6,6 +6,7 @@
 
 pub mod authoring;
 pub mod builtin;
+pub mod cache_budget;
 pub mod compile;
 pub mod compile_cache;
 pub mod config_schema;

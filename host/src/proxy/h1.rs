@@ -65,9 +65,18 @@ pub enum WireError {
     BodyLength,
 }
 
+impl WireError {
+    /// Whether the client's side failed: its request body broke (framing, a limit, an idle
+    /// client, a client gone) or did not match its own `Content-Length`. Nothing the backend
+    /// did; the exchange is closed all the same.
+    pub fn is_client(&self) -> bool {
+        matches!(self, Self::Body(_) | Self::BodyLength)
+    }
+}
+
 /// What the request's body is sent with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sending {
+pub(crate) enum Sending {
     Nothing,
     Length(u64),
     Chunked,
@@ -299,16 +308,23 @@ where
                     }
                     continue;
                 }
-                let framing = if head_request
+                let bodiless = head_request
                     || status == StatusCode::NO_CONTENT
-                    || status == StatusCode::NOT_MODIFIED
-                    || head.framing == Framing::Length(0)
-                {
+                    || status == StatusCode::NOT_MODIFIED;
+                let framing = if bodiless || head.framing == Framing::Length(0) {
                     Framing::Done
                 } else {
                     head.framing
                 };
-                self.keep_alive = head.keep_alive && framing != Framing::UntilClose;
+                // An answer that has no body but whose head declares one (a `HEAD`'s length,
+                // a `204` or `304` with a length or chunked): a backend that then writes that
+                // body anyway would have it read as the next request's answer, perhaps
+                // another tenant's. Such a connection is not used again.
+                let declares_body = matches!(head.framing, Framing::Chunked(_))
+                    || matches!(head.framing, Framing::Length(n) if n > 0);
+                self.keep_alive = head.keep_alive
+                    && framing != Framing::UntilClose
+                    && !(bodiless && declares_body);
                 self.body = Decoder::new(framing);
                 let mut response = Response::new(());
                 *response.status_mut() = status;
@@ -374,18 +390,18 @@ where
 }
 
 /// A parsed answer head.
-struct Head {
-    status: StatusCode,
-    version: Version,
-    headers: HeaderMap,
-    framing: Framing,
-    keep_alive: bool,
+pub(crate) struct Head {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub framing: Framing,
+    pub keep_alive: bool,
 }
 
 /// The answer head at the start of `buf`, taken out of it when it is all there. Names and
 /// values are sliced out of the head's bytes, not copied: the head's buffer lives until the
 /// answer's head is written to the client.
-fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, WireError> {
+pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, WireError> {
     // A head that ends past the bound is never complete: one read may bring it all.
     let within = &buf[..buf.len().min(MAX_HEAD_BYTES)];
     // `httparse` parses answers only into initialised headers: most answers fit in a few, so
@@ -509,12 +525,26 @@ fn head_of(head: &Bytes, located: &Located, fields: &[Field]) -> Result<Head, Wi
                 length = Some(n);
             }
         } else if name == header::TRANSFER_ENCODING {
-            // The last coding of the last field decides.
+            // A coding the gateway would have to undo (`gzip, chunked`): its framing is
+            // removed on the way to the client, and the client would be handed coded bytes
+            // that nothing marks as coded. Refused, as nginx refuses it.
+            let other = raw
+                .split(|b| *b == b',')
+                .map(<[u8]>::trim_ascii)
+                .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"));
+            if other {
+                return Err(WireError::Invalid("a transfer coding other than chunked"));
+            }
+            // The last coding decides: the fields' values are one list (RFC 9110 §5.3), so a
+            // field that names none changes nothing.
             let last = raw
                 .rsplit(|b| *b == b',')
                 .map(<[u8]>::trim_ascii)
                 .find(|c| !c.is_empty());
-            chunked_last = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
+            chunked_last = match last {
+                Some(coding) => Some(coding.eq_ignore_ascii_case(b"chunked")),
+                None => Some(chunked_last.unwrap_or(false)),
+            };
         } else if name == header::CONNECTION {
             for token in raw.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
                 close |= token.eq_ignore_ascii_case(b"close");
@@ -540,7 +570,9 @@ fn head_of(head: &Bytes, located: &Located, fields: &[Field]) -> Result<Head, Wi
         (None, None) => Framing::UntilClose,
     };
     let keep_alive = match version {
-        Version::HTTP_10 => keep_alive_token && !close,
+        // An HTTP/1.0 answer with a Transfer-Encoding is framed faultily: the connection
+        // ends after it (RFC 9112 §6.1).
+        Version::HTTP_10 => keep_alive_token && !close && chunked_last.is_none(),
         _ => !close,
     };
     Ok(Head {
@@ -600,7 +632,7 @@ pub struct Added<'a> {
 
 /// Writes the request head into `out`: `added`'s `host` first, the request's headers (those
 /// `added.backend` keeps), the gateway's, then its own framing header, none of the request's.
-fn encode_head<B>(
+pub(crate) fn encode_head<B>(
     out: &mut Vec<u8>,
     request: &http::Request<B>,
     sending: Sending,
@@ -614,12 +646,13 @@ fn encode_head<B>(
     }
     out.extend_from_slice(request.method().as_str().as_bytes());
     out.push(b' ');
-    let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
-    out.extend_from_slice(if target.is_empty() {
-        b"/"
-    } else {
-        target.as_bytes()
-    });
+    let target = request.uri().path_and_query().map_or("", |p| p.as_str());
+    // An empty path is written `/`, before a query too (RFC 9112 §3.2.1): `?q` alone is no
+    // request target.
+    if target.is_empty() || target.starts_with('?') {
+        out.push(b'/');
+    }
+    out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     if let Some(host) = added.host {
         line(out, b"host", host.as_bytes());
@@ -876,13 +909,40 @@ mod tests {
             .expect("request");
         assert!(conn.send(head).await.is_ok());
         assert!(conn.body_ended());
-        assert!(conn.is_reusable());
+        // The head declares a body the answer does not have: a backend that writes it anyway
+        // would answer the next request with it, so the connection is not used again.
+        assert!(!conn.is_reusable());
 
-        // A 204 carries no body whatever it says.
+        // A 204 carries no body whatever it says; one that says it has one is not reused.
         let (mut conn, _peer) =
             answered(b"HTTP/1.1 204 No Content\r\ncontent-length: 3\r\n\r\n").await;
         assert!(conn.send(get("/x")).await.is_ok());
         assert!(conn.body_ended());
+        assert!(!conn.is_reusable());
+        for answer in [
+            &b"HTTP/1.1 304 Not Modified\r\ntransfer-encoding: chunked\r\n\r\n"[..],
+            b"HTTP/1.1 304 Not Modified\r\ncontent-length: 7\r\n\r\n",
+        ] {
+            let (mut conn, _peer) = answered(answer).await;
+            assert!(conn.send(get("/x")).await.is_ok());
+            assert!(conn.body_ended());
+            assert!(!conn.is_reusable(), "{}", String::from_utf8_lossy(answer));
+        }
+        // Bodiless answers that declare nothing (or nothing more) keep the connection.
+        for answer in [
+            &b"HTTP/1.1 204 No Content\r\n\r\n"[..],
+            b"HTTP/1.1 304 Not Modified\r\ncontent-length: 0\r\n\r\n",
+        ] {
+            let (mut conn, _peer) = answered(answer).await;
+            assert!(conn.send(get("/x")).await.is_ok());
+            assert!(conn.is_reusable(), "{}", String::from_utf8_lossy(answer));
+        }
+        let (mut conn, _peer) = answered(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+        let head = http::Request::head("/x")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        assert!(conn.send(head).await.is_ok());
+        assert!(conn.is_reusable());
     }
 
     #[tokio::test]
@@ -993,6 +1053,52 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_last_transfer_coding_of_all_fields_frames_an_answer() {
+        let framing = |head: &[u8]| {
+            let head = parse_head(&mut BytesMut::from(head))
+                .expect("valid")
+                .expect("complete");
+            (head.framing, head.keep_alive)
+        };
+        for (te, expected) in [
+            ("chunked\r\ntransfer-encoding: ", Framing::CHUNKED),
+            ("chunked\r\ntransfer-encoding: ,", Framing::CHUNKED),
+            ("", Framing::UntilClose),
+        ] {
+            let head = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: {te}\r\n\r\n");
+            assert_eq!(framing(head.as_bytes()), (expected, true), "{te:?}");
+        }
+        // A coding the gateway would have to undo: refused, never passed on de-chunked.
+        for te in [
+            "gzip\r\ntransfer-encoding: chunked",
+            "chunked\r\ntransfer-encoding: gzip",
+            "chunked, gzip",
+            "gzip, chunked",
+            "identity",
+        ] {
+            let head = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: {te}\r\n\r\n");
+            assert!(
+                matches!(
+                    parse_head(&mut BytesMut::from(head.as_bytes())),
+                    Err(WireError::Invalid("a transfer coding other than chunked"))
+                ),
+                "{te:?}"
+            );
+        }
+        // An HTTP/1.0 answer with a transfer coding is not kept alive, whatever it asks.
+        assert_eq!(
+            framing(
+                b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"
+            ),
+            (Framing::CHUNKED, false)
+        );
+        assert_eq!(
+            framing(b"HTTP/1.0 200 OK\r\ncontent-length: 1\r\nconnection: keep-alive\r\n\r\n"),
+            (Framing::Length(1), true)
+        );
+    }
+
     #[tokio::test]
     async fn chunked_bodies_out_of_bounds_are_refused() {
         let chunked =
@@ -1059,6 +1165,23 @@ mod tests {
         assert_eq!(lines.pop().as_deref(), Some(""), "ends with an empty line");
         assert_eq!(lines.pop().as_deref(), Some(""), "ends with an empty line");
         lines
+    }
+
+    #[test]
+    fn an_empty_path_is_written_as_a_slash_before_a_query_too() {
+        for (uri, line) in [
+            ("http://backend?admin=1", "GET /?admin=1 HTTP/1.1"),
+            ("http://backend", "GET / HTTP/1.1"),
+            ("backend:443", "GET / HTTP/1.1"),
+            ("/a?b", "GET /a?b HTTP/1.1"),
+            ("*", "GET * HTTP/1.1"),
+        ] {
+            let request = http::Request::get(uri).body(()).expect("request");
+            let mut written = Vec::new();
+            encode_head(&mut written, &request, Sending::Nothing, Added::default());
+            let written = String::from_utf8(written).expect("ascii");
+            assert_eq!(written.split("\r\n").next(), Some(line), "{uri}");
+        }
     }
 
     #[test]

@@ -3,10 +3,12 @@
 //!
 //! Removed: hop-by-hop headers and the headers a client lists in `Connection` — except the
 //! names the gateway itself sets or vouches for, which `Connection` cannot remove
-//! ([`is_gateway_owned`]) —, API key headers, any client `x-aura-*`, and the client's own
-//! forwarding headers (`X-Forwarded-For`, `X-Real-IP`, `Forwarded`). Added by the gateway: the
-//! actor as `x-aura-*` (HTTP backends; NATS backends get the envelope's `actor`), the client IP
-//! it computed (`x-forwarded-for` on both, `x-aura-client-ip` on HTTP).
+//! ([`is_gateway_owned`]) —, API key headers, any client `x-aura-*`, the client's own
+//! forwarding headers (`X-Forwarded-*`, `X-Real-IP`, `Forwarded`) and `Expect` (answered by
+//! the gateway). A name is compared with `_` read as `-`, the way CGI-style backends read it.
+//! Added by the gateway: the actor as `x-aura-*` (HTTP backends; NATS backends get the
+//! envelope's `actor`), the client IP it computed (`x-forwarded-for` on both,
+//! `x-aura-client-ip` on HTTP).
 
 use std::net::IpAddr;
 
@@ -50,7 +52,8 @@ pub fn is_hop_by_hop(name: &str) -> bool {
     ) && HOP_BY_HOP_NAMES.contains(&name)
 }
 
-/// The client's own account of where the request came from: replaced by the gateway's.
+/// The client's own account of where the request came from: replaced by the gateway's (with
+/// every other `x-forwarded-*`: a client's `X-Forwarded-Host` or `-Proto` is its own word).
 pub const CLIENT_FORWARDING: &[&str] = &["x-forwarded-for", "x-real-ip", "forwarded"];
 
 /// `x-aura-client-ip`.
@@ -78,19 +81,52 @@ pub fn connection_named(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
+/// Whether `name` is `canonical` (lower-case, with `-`), reading `_` in `name` as `-`: the
+/// spelling WSGI, Rack, CGI and PHP stacks fold into the same variable (`HTTP_X_AURA_ROLE`).
+fn eq_folded(name: &[u8], canonical: &[u8]) -> bool {
+    name.len() == canonical.len() && starts_with_folded(name, canonical)
+}
+
+/// Whether `name` starts with `prefix` (lower-case, with `-`), reading `_` in `name` as `-`.
+fn starts_with_folded(name: &[u8], prefix: &[u8]) -> bool {
+    name.len() >= prefix.len()
+        && name
+            .iter()
+            .zip(prefix)
+            .all(|(n, p)| n == p || (*n == b'_' && *p == b'-'))
+}
+
 /// Whether a request header must not reach a backend as the client sent it: hop-by-hop, the
-/// client's forwarding headers, the API key headers, any `x-aura-*`, and what `Connection`
-/// names.
+/// client's forwarding headers (`x-forwarded-*`, `x-real-ip`, `forwarded`), the API key
+/// headers, any `x-aura-*`, and what `Connection` names. Names are compared with `_` read as
+/// `-` (`x_aura_user_id` is dropped like `x-aura-user-id`), and a client's underscore
+/// spelling of a name the gateway sets itself (`x_request_id`, `content_length`) is dropped
+/// too: backends that fold the two would read the client's value for the gateway's.
 pub fn is_dropped(name: &str, connection_named: &[String]) -> bool {
+    let bytes = name.as_bytes();
     // Dispatched on the first letter: most names start with none of these, and are then
     // compared with nothing.
-    let always = match name.as_bytes().first() {
-        Some(b'c' | b'k' | b'p' | b't' | b'u') => HOP_BY_HOP_NAMES.contains(&name),
-        Some(b'x') => {
-            name.starts_with("x-aura-") || name == "x-api-key" || CLIENT_FORWARDING.contains(&name)
+    let always = match bytes.first() {
+        Some(b'c' | b'k' | b'p' | b't' | b'u') => {
+            HOP_BY_HOP_NAMES
+                .iter()
+                .any(|h| eq_folded(bytes, h.as_bytes()))
+                // The gateway's own `content-length`, in a spelling only a client writes.
+                || bytes == b"content_length"
         }
-        Some(b'f') => CLIENT_FORWARDING.contains(&name),
-        Some(b'a') => name == "apikey",
+        Some(b'x') => {
+            starts_with_folded(bytes, b"x-aura-")
+                || starts_with_folded(bytes, b"x-forwarded-")
+                || eq_folded(bytes, b"x-api-key")
+                || eq_folded(bytes, b"x-real-ip")
+                // The gateway's own request id, in a spelling only a client writes.
+                || bytes == b"x_request_id"
+        }
+        Some(b'f') => bytes == b"forwarded",
+        // The gateway answers `Expect: 100-continue` itself, before it asks for the body: a
+        // backend that read it would wait for a body already on its way, or answer `100` late.
+        Some(b'e') => bytes == b"expect",
+        Some(b'a') => bytes == b"apikey",
         _ => false,
     };
     always || connection_named.iter().any(|c| c == name)
@@ -455,11 +491,17 @@ mod tests {
     /// The names [`is_dropped`] drops, said plainly: what its first-letter dispatch must agree
     /// with.
     fn dropped_by_definition(name: &str, named: &[String]) -> bool {
-        HOP_BY_HOP_NAMES.contains(&name)
-            || CLIENT_FORWARDING.contains(&name)
-            || name == "apikey"
-            || name == "x-api-key"
-            || name.starts_with("x-aura-")
+        let folded = name.replace('_', "-");
+        let folded = folded.as_str();
+        HOP_BY_HOP_NAMES.contains(&folded)
+            || CLIENT_FORWARDING.contains(&folded)
+            || folded == "apikey"
+            || name == "expect"
+            || folded == "x-api-key"
+            || folded.starts_with("x-aura-")
+            || folded.starts_with("x-forwarded-")
+            // The gateway's own names, in a client's underscore spelling.
+            || (name.contains('_') && is_gateway_owned(folded))
             || named.iter().any(|c| c == name)
     }
 
@@ -491,9 +533,31 @@ mod tests {
                 "apikey2",
                 "host",
                 "origin",
+                "expect",
+                "expected",
             ])
             .map(|n| n.to_string())
             .collect();
+        // Each name in its underscore spelling too, and a few backends fold more.
+        for name in names.clone() {
+            names.push(name.replace('-', "_"));
+        }
+        names.extend(
+            [
+                "x_forwarded_host",
+                "x-forwarded-proto",
+                "x-forwarded_port",
+                "x_aura_user_id",
+                "x_aura_role",
+                "x_aura_org_role",
+                "x_request_id",
+                "content_length",
+                "transfer_encoding",
+                "x_custom_header",
+                "user_agent",
+            ]
+            .map(String::from),
+        );
         // Each listed name with a letter more, a letter fewer, and its first letter changed.
         for name in names.clone() {
             names.push(format!("{name}s"));
@@ -527,9 +591,41 @@ mod tests {
             "x-hop",
             "upgrade",
             "x-real-ip",
+            "expect",
         ] {
             assert!(is_dropped(h, &named), "{h}");
         }
         assert!(!is_dropped("authorization", &named));
+    }
+
+    #[test]
+    fn underscore_spellings_of_the_gateways_headers_are_dropped() {
+        for h in [
+            "x_aura_user_id",
+            "x_aura_role",
+            "x_aura_org_role",
+            "x-aura_project",
+            "x_forwarded_for",
+            "x_forwarded_host",
+            "x-forwarded-proto",
+            "x_real_ip",
+            "x_api_key",
+            "x_request_id",
+            "content_length",
+            "transfer_encoding",
+            "proxy_connection",
+        ] {
+            assert!(is_dropped(h, &[]), "{h}");
+        }
+        // The gateway's own spelling of what it sets is kept; other underscores pass.
+        for h in [
+            "x-request-id",
+            "content-length",
+            "x_custom",
+            "user_agent",
+            "my_header",
+        ] {
+            assert!(!is_dropped(h, &[]), "{h}");
+        }
     }
 }

@@ -8,8 +8,10 @@
 //!
 //! Breaker outcomes: a connection failure, a broken exchange, or a `502`, `503` or `504` from the
 //! backend count as failures; any other answer (including `500`, which is the backend answering)
-//! is a success; a call cut by the route's budget or by the client going away counts as neither
-//! (the probe is given back).
+//! is a success; a call cut by the route's budget, by the client going away, or by the client's
+//! own body failing (broken framing, over its limit, idle, a length that differs from its
+//! `Content-Length`) counts as neither: the probe is given back, and the client is answered
+//! `400`/`408`/`413`. Only what the backend did counts against a breaker every tenant shares.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +49,43 @@ pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
     connection_upgrade && upgrade_ws
 }
 
+/// Whether `headers` ask for a WebSocket upgrade the route takes (`websocket`); refused
+/// (`400`) when they ask for any upgrade elsewhere, or for one with a request body: a
+/// connection is turned into a tunnel only on the realtime WebSocket route, from a handshake
+/// that carries nothing after its head.
+fn upgrade_of(headers: &HeaderMap, websocket: bool) -> Result<bool, GatewayError> {
+    if !headers.contains_key(header::UPGRADE) {
+        return Ok(false);
+    }
+    let asks = is_websocket_upgrade(headers);
+    if !asks {
+        // An `Upgrade` the request does not ask for in `Connection` (or not to WebSocket) is
+        // the hop's own header, dropped like the others: the request goes as a plain one.
+        return Ok(false);
+    }
+    if !websocket {
+        return Err(GatewayError::bad_request(
+            "upgrade_refused",
+            format!(
+                "a WebSocket upgrade is taken only on {}",
+                crate::routes::WEBSOCKET_PATH
+            ),
+        ));
+    }
+    let declares_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get_all(header::CONTENT_LENGTH)
+            .iter()
+            .any(|v| v.as_bytes() != b"0");
+    if declares_body {
+        return Err(GatewayError::bad_request(
+            "upgrade_refused",
+            "a WebSocket handshake carries no body",
+        ));
+    }
+    Ok(true)
+}
+
 /// Removes the hop-by-hop headers of a backend's response.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named = connection_named(headers);
@@ -60,6 +99,31 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in &named {
         headers.remove(name.as_str());
     }
+}
+
+/// The answer to a request whose body failed on its way to the backend: `413` past its limit,
+/// `408` when the client stopped sending, `400` otherwise (broken framing, a length that
+/// differs from its `Content-Length`, a client gone — who then reads no answer).
+fn client_body_error(error: &super::pool::UpstreamError) -> GatewayError {
+    if super::is_body_limit(error) {
+        return GatewayError::payload_too_large("the request body is over the limit");
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    // The innermost error says what was wrong with the body (its framing, its length).
+    let mut innermost: &(dyn std::error::Error + 'static) = error;
+    while let Some(err) = source {
+        if err.is::<super::idle::IdleTimeout>() {
+            return GatewayError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "the request body stopped arriving",
+                crate::error::Side::Client,
+            );
+        }
+        innermost = err;
+        source = err.source();
+    }
+    GatewayError::bad_request("invalid_body", innermost.to_string())
 }
 
 /// Whether an answer of the backend counts as a breaker failure.
@@ -124,14 +188,16 @@ impl HttpTransport {
     }
 
     /// The pools of the configured backends, dialing `http://` and `https://` (the public roots
-    /// plus `upstreams.tls`); `opened` counts the connections they open, by backend.
+    /// plus `upstreams.tls`), their names resolved by `resolver` (never on a blocking thread);
+    /// `opened` counts the connections they open, by backend.
     pub fn new(
         config: &UpstreamsConfig,
         max_streams: usize,
         metrics: &crate::metrics::Metrics,
+        resolver: &crate::dns::Resolver,
     ) -> Result<Self, crate::tls::TlsError> {
         let opened = metrics.upstream_connections_opened.clone();
-        let mut connector = HttpConnector::new();
+        let mut connector = HttpConnector::new_with_resolver(resolver.for_backends());
         connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
         connector.set_nodelay(true);
         connector.enforce_http(false);
@@ -181,7 +247,12 @@ impl HttpTransport {
     }
 
     /// Forwards `request` to `uri` (origin form) of `backend` through `breaker`, until
-    /// `deadline` for the response head.
+    /// `deadline` for the response head. `websocket`: the route takes a WebSocket upgrade
+    /// (anywhere else one is refused).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site, each a distinct input"
+    )]
     pub async fn forward(
         &self,
         breaker: &Arc<CircuitBreaker>,
@@ -190,7 +261,9 @@ impl HttpTransport {
         mut request: Request,
         actor: &Actor,
         deadline: Instant,
+        websocket: bool,
     ) -> Result<Response, GatewayError> {
+        let upgrade = upgrade_of(request.headers(), websocket)?;
         // Before the breaker and the backend: a request over the budget costs neither.
         let place =
             self.streams[usize::from(actor.plane == crate::plane::Plane::Management)].take()?;
@@ -201,7 +274,6 @@ impl HttpTransport {
             )
             .retry_after(r.retry_after)
         })?;
-        let upgrade = is_websocket_upgrade(request.headers());
         let client_upgrade = upgrade.then(|| super::tunnels::ClientUpgrade::of(&mut request));
         let slot = request
             .extensions()
@@ -215,6 +287,9 @@ impl HttpTransport {
         let backend_headers = if upgrade {
             let upgrade_value = headers.get(header::UPGRADE).cloned();
             super::headers::for_http_backend(&mut headers, actor);
+            // A handshake has no body (refused above when it declares one): a length kept
+            // here would have the backend read the tunnel's first bytes as the body.
+            headers.remove(header::CONTENT_LENGTH);
             if let Some(upgrade_value) = upgrade_value {
                 headers.insert(header::UPGRADE, upgrade_value);
                 headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -273,13 +348,12 @@ impl HttpTransport {
                     ),
                 ));
             }
-            // The client's body went past its limit while streaming: the client's fault, not
-            // the backend's; the probe goes back unconsumed.
-            Ok(Err(e)) if super::is_body_limit(&e) => {
+            // The client's body failed (over its limit, broken framing, idle, cut): the
+            // client's fault, not the backend's. The probe goes back unconsumed, so no client
+            // can open a breaker that every tenant shares by sending broken bodies.
+            Ok(Err(e)) if e.is_client() => {
                 drop(probe);
-                return Err(GatewayError::payload_too_large(
-                    "the request body is over the limit",
-                ));
+                return Err(client_body_error(&e));
             }
             Ok(Err(e)) => {
                 probe.record_failure();
@@ -363,7 +437,8 @@ mod tests {
             .build()
             .expect("runtime");
         let _entered = runtime.enter();
-        let transport = HttpTransport::new(&config, 8, &metrics).expect("transport");
+        let transport = HttpTransport::new(&config, 8, &metrics, &crate::dns::Resolver::system())
+            .expect("transport");
         for service in Service::all() {
             assert_eq!(
                 transport.backend(service).is_some(),

@@ -45,7 +45,7 @@ use super::headers::HttpBackendHeaders;
 use crate::error::GatewayError;
 
 /// What dials a backend: TCP (with the connect timeout), then TLS for `https://`.
-pub type Connector = HttpsConnector<HttpConnector>;
+pub type Connector = HttpsConnector<HttpConnector<crate::dns::ConnectResolver>>;
 type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
 
 /// How long a connection may wait unused in a pool before it is closed.
@@ -69,12 +69,22 @@ pub enum UpstreamError {
     /// A WebSocket handshake broke: the request may have reached the backend.
     #[error("upgrade exchange: {0}")]
     Upgrade(#[source] hyper::Error),
+    /// The client's request body failed ([`WireError::is_client`]): the client's fault, never
+    /// the backend's; the request is not sent again.
+    #[error("{0}")]
+    Client(#[source] WireError),
 }
 
 impl UpstreamError {
     /// Whether the backend could not be reached at all.
     pub fn is_connect(&self) -> bool {
-        !matches!(self, Self::Exchange(_) | Self::Upgrade(_))
+        matches!(self, Self::Connect(_) | Self::ClosedBeforeSending)
+    }
+
+    /// Whether the client's side failed, not the backend: such an exchange never counts
+    /// against the backend's breaker.
+    pub fn is_client(&self) -> bool {
+        matches!(self, Self::Client(_))
     }
 }
 
@@ -144,20 +154,24 @@ impl OriginPool {
                     };
                     return Ok(head.map(|()| body));
                 }
+                // The client's request is refused before a byte of it was written: the
+                // connection is as good as it was, and the request is not sent again.
+                Err(SendError::Unsent(unsent)) if unsent.error.is_client() => {
+                    if conn.is_reusable() {
+                        self.put(conn, Instant::now());
+                    }
+                    return Err(UpstreamError::Client(unsent.error));
+                }
                 // Nothing of it written: a reused connection that closed under it hands it
                 // back, for a new connection.
                 Err(SendError::Unsent(unsent)) if reused => {
                     tracing::debug!(error = %unsent.error, "reused backend connection closed; sending again");
                     request = unsent.request;
                 }
-                Err(SendError::Unsent(unsent)) => {
-                    return Err(match unsent.error {
-                        e @ (WireError::Body(_) | WireError::BodyLength) => {
-                            UpstreamError::Exchange(e)
-                        }
-                        _ => UpstreamError::ClosedBeforeSending,
-                    });
-                }
+                Err(SendError::Unsent(_)) => return Err(UpstreamError::ClosedBeforeSending),
+                // The client's body broke while it was sent: the connection is closed (the
+                // backend holds half a request), the fault is the client's.
+                Err(SendError::Sent(e)) if e.is_client() => return Err(UpstreamError::Client(e)),
                 Err(SendError::Sent(e)) => return Err(UpstreamError::Exchange(e)),
             }
         }
@@ -546,7 +560,9 @@ mod tests {
             .with_tls_config(crate::tls::client_config("t", None, false).expect("tls"))
             .https_or_http()
             .enable_http1()
-            .wrap_connector(HttpConnector::new());
+            .wrap_connector(HttpConnector::new_with_resolver(
+                crate::dns::Resolver::system().for_backends(),
+            ));
         let pools = Pools::new(
             connector,
             1,

@@ -20,11 +20,11 @@ use crate::framing::{Framing, content_length, tokens};
 use crate::phases::stamps::Stamps;
 
 /// The most headers a request head may carry (hyper's server default).
-pub(super) const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADERS: usize = 100;
 
 /// A request head, parsed.
 #[derive(Debug)]
-pub(super) struct RequestHead {
+pub(crate) struct RequestHead {
     /// Method, target, version and headers; the body is the connection's to give.
     pub request: Request<()>,
     /// How the request's body ends (`Done`: it has none).
@@ -39,7 +39,7 @@ pub(super) struct RequestHead {
 
 /// Why a head is refused: the answer's status, code and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Refusal {
+pub(crate) struct Refusal {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: &'static str,
@@ -78,7 +78,7 @@ struct Field {
 /// The request head at the start of `buf`, taken out of it when complete; `None` while it is
 /// not all there. Only the first `limit` bytes are looked at: a head not complete within them
 /// is refused.
-pub(super) fn parse(buf: &mut BytesMut, limit: usize) -> Result<Option<RequestHead>, Refusal> {
+pub(crate) fn parse(buf: &mut BytesMut, limit: usize) -> Result<Option<RequestHead>, Refusal> {
     let within = &buf[..buf.len().min(limit)];
     let start = within.as_ptr() as usize;
     let offset = |part: &[u8]| -> (u32, u32) {
@@ -213,7 +213,7 @@ pub(super) fn parse(buf: &mut BytesMut, limit: usize) -> Result<Option<RequestHe
 
 /// Whether `buf` holds an empty line (`\n\n` or `\n\r\n`), the end of a head: searched from
 /// `scanned` (less the two bytes a line end may straddle), which is moved to the end.
-pub(super) fn may_end(buf: &[u8], scanned: &mut usize) -> bool {
+pub(crate) fn may_end(buf: &[u8], scanned: &mut usize) -> bool {
     let from = scanned.saturating_sub(2).min(buf.len());
     *scanned = buf.len();
     let rest = &buf[from..];
@@ -229,7 +229,7 @@ pub(super) fn may_end(buf: &[u8], scanned: &mut usize) -> bool {
 
 /// How an answer's body is framed on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Sending {
+pub(crate) enum Sending {
     /// No body follows (`HEAD`, `1xx`, `204`, `304`): the answer's own length header, if any,
     /// is passed as it is (but never on a `1xx` or `204`).
     Bodiless,
@@ -241,7 +241,7 @@ pub(super) enum Sending {
 
 /// What the connection adds to an answer's head.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Framed {
+pub(crate) struct Framed {
     pub version: Version,
     pub sending: Sending,
     /// `Connection: close` (the connection ends after this answer).
@@ -252,7 +252,7 @@ pub(super) struct Framed {
 /// connection decides (`Connection`, `Keep-Alive`, `Content-Length`, `Transfer-Encoding`) and
 /// those `stamps` replace, the stamps, the connection's own headers, and `Date` when the answer
 /// has none. A `101` keeps its `Connection`.
-pub(super) fn encode(
+pub(crate) fn encode(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &HeaderMap,
@@ -319,7 +319,7 @@ pub(super) fn encode(
 }
 
 /// The length an answer's `Content-Length` header states, when it is one number.
-pub(super) fn stated_length(headers: &HeaderMap) -> Option<u64> {
+pub(crate) fn stated_length(headers: &HeaderMap) -> Option<u64> {
     let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
     let first = content_length(values.next()?.as_bytes())?;
     values

@@ -7,7 +7,7 @@
 
 mod body;
 mod h2_send;
-mod head;
+pub(crate) mod head;
 mod http1;
 mod stop;
 
@@ -362,7 +362,7 @@ impl Requests {
 /// `server.max_connections`.
 async fn serve_connection(
     settings: &Listener,
-    stream: tokio::net::TcpStream,
+    mut stream: tokio::net::TcpStream,
     peer: SocketAddr,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     requests: Requests,
@@ -370,14 +370,14 @@ async fn serve_connection(
 ) {
     let deadline = tokio::time::Instant::now() + settings.header_timeout;
     let Some(acceptor) = acceptor else {
-        let Some(protocol) = peek_protocol(&stream, deadline).await else {
+        let Some((protocol, read)) = peek_protocol(&mut stream, deadline).await else {
             settings.count(Closed::Silent);
             tracing::debug!(%peer, "connection started no request within the header timeout; closed");
             return;
         };
         return serve_http(
             settings,
-            Prefixed::new(stream, bytes::Bytes::new()),
+            Prefixed::new(stream, read),
             protocol,
             deadline,
             requests,
@@ -442,23 +442,37 @@ async fn serve_tls(
     serve_http(settings, io, protocol, deadline, requests, stop).await;
 }
 
-/// The protocol of a plain-text connection, from its first bytes left in the socket (peeked,
-/// not read), by `deadline`; `None` when it closed or stayed silent.
+/// The protocol of a plain-text connection by `deadline`, and the bytes read from it to tell
+/// (to be served first); `None` when it closed or stayed silent.
+///
+/// The first bytes are peeked: the common case (a request's first segment, the whole preface
+/// or anything that is not a part of it) is told without a read or a copy. A strict part of the
+/// preface (`P`) is taken out of the socket instead: peeking again would find the same bytes at
+/// once, and waiting on readability with them still queued would never wait, so the rest is
+/// read as it arrives, and a client that stops there costs no CPU until the deadline.
 async fn peek_protocol(
-    stream: &tokio::net::TcpStream,
+    stream: &mut tokio::net::TcpStream,
     deadline: tokio::time::Instant,
-) -> Option<Protocol> {
+) -> Option<(Protocol, bytes::Bytes)> {
     let mut first = [0u8; 24];
     tokio::time::timeout_at(deadline, async {
+        match stream.peek(&mut first).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => {
+                if let Some(protocol) = protocol_of(&first[..n]) {
+                    return Some((protocol, bytes::Bytes::new()));
+                }
+            }
+        }
+        // At most the preface's length is read: what follows it is the protocol's own.
+        let mut read = 0;
         loop {
-            match stream.peek(&mut first).await {
+            match stream.read(&mut first[read..]).await {
                 Ok(0) | Err(_) => return None,
-                Ok(n) => match protocol_of(&first[..n]) {
-                    Some(protocol) => return Some(protocol),
-                    // A strict part of the preface so far: wait for the rest (rare: a first
-                    // segment cut inside the preface).
-                    None => tokio::time::sleep(Duration::from_millis(5)).await,
-                },
+                Ok(n) => read += n,
+            }
+            if let Some(protocol) = protocol_of(&first[..read]) {
+                return Some((protocol, bytes::Bytes::copy_from_slice(&first[..read])));
             }
         }
     })
@@ -799,6 +813,55 @@ mod tests {
         drop(open);
         let lived = watcher.await.expect("watcher");
         assert_eq!(lived, Duration::from_secs(360));
+    }
+
+    #[tokio::test]
+    async fn a_part_of_the_preface_is_read_out_of_the_socket_and_handed_on() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let connect = || tokio::net::TcpStream::connect(addr);
+
+        // A request's first bytes: told from a peek, nothing taken out of the socket.
+        let mut client = connect().await.expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        client
+            .write_all(b"GET / HTTP/1.1\r\n")
+            .await
+            .expect("write");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let told = peek_protocol(&mut server, deadline).await;
+        assert_eq!(told, Some((Protocol::Http1, bytes::Bytes::new())));
+        let mut get = [0u8; 3];
+        server.read_exact(&mut get).await.expect("read");
+        assert_eq!(&get, b"GET");
+
+        // A preface in two parts: the first is read out, the wait is for the rest, and what was
+        // read is handed on; what follows the preface stays in the socket.
+        let mut client = connect().await.expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        client.write_all(&H2_PREFACE[..8]).await.expect("write");
+        let detect = tokio::spawn(async move {
+            let told = peek_protocol(&mut server, deadline).await;
+            (told, server)
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!detect.is_finished(), "told from a part of the preface");
+        client.write_all(&H2_PREFACE[8..]).await.expect("write");
+        client.write_all(b"\0\0\0\x04").await.expect("write");
+        let (told, mut server) = detect.await.expect("detect");
+        let preface = bytes::Bytes::from_static(H2_PREFACE);
+        assert_eq!(told, Some((Protocol::Http2, preface)));
+        let mut frame = [0u8; 4];
+        server.read_exact(&mut frame).await.expect("read");
+        assert_eq!(&frame, b"\0\0\0\x04");
+
+        // `P` and nothing more: nothing by the deadline.
+        let mut client = connect().await.expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        client.write_all(b"P").await.expect("write");
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+        assert_eq!(peek_protocol(&mut server, deadline).await, None);
     }
 
     /// Whether `bytes` points into the `len` bytes from `start`.

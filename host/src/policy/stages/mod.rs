@@ -409,6 +409,7 @@ impl<S: PolicyStage> Module<S> {
         let cache = declaration.and_then(|d| {
             DecisionCache::new(
                 &runtime.settings().decision_cache,
+                runtime.cache_budget(),
                 d.inputs.names(S::INPUTS),
                 d.max_age,
             )
