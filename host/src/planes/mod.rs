@@ -3,6 +3,7 @@
 //! the phases in order ([`chain`]).
 
 pub mod admin;
+pub mod admin_token;
 pub mod auth_settings;
 pub mod chain;
 pub mod data;

@@ -474,7 +474,7 @@ pub async fn rollback(
 /// Guarded by `plugins.admin_token`; without one the route does not exist.
 pub async fn reload(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
     if let Err(error) =
-        super::admin::check_token(state.config.plugins.admin_token.as_deref(), &headers)
+        super::admin_token::check_token(state.config.plugins.admin_token.as_deref(), &headers)
     {
         return error.into_response();
     }
