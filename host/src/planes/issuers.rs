@@ -233,12 +233,7 @@ pub async fn add(
     }
     if record.keys.is_none() {
         // The organization's share of the checks, taken before any name is resolved.
-        let organization = state
-            .auth
-            .cached_project(&project)
-            .await?
-            .ok_or_else(|| GatewayError::not_found("project not found"))?
-            .organization_id;
+        let organization = super::project_route::organization_of(&state, &project).await?;
         let place = state
             .auth
             .issuers

@@ -101,12 +101,7 @@ pub async fn put(
     // Bounded before the body is read: uploads cannot pile up bodies and compilations, and
     // one organization cannot take every place (its share is
     // `plugins.tenant_max_concurrent_uploads_per_org`).
-    let organization = state
-        .auth
-        .cached_project(&project)
-        .await?
-        .ok_or_else(|| GatewayError::not_found("project not found"))?
-        .organization_id;
+    let organization = super::project_route::organization_of(&state, &project).await?;
     let _upload = state
         .policies
         .tenants

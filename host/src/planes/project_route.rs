@@ -48,6 +48,17 @@ impl FromRequestParts<AppState> for ProjectRoute {
     }
 }
 
+/// The organization of `project` (from the control store's cache), for a bound shared per
+/// organization; `404` for an unknown project.
+pub async fn organization_of(state: &AppState, project: &str) -> Result<uuid::Uuid, GatewayError> {
+    Ok(state
+        .auth
+        .cached_project(project)
+        .await?
+        .ok_or_else(|| GatewayError::not_found("project not found"))?
+        .organization_id)
+}
+
 /// The console user of a management request (`-` if its token named none).
 pub fn console_user(parts: &http::request::Parts) -> String {
     parts

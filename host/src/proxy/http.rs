@@ -469,6 +469,46 @@ mod tests {
         assert_eq!(h, untouched);
     }
 
+    #[tokio::test]
+    async fn a_failed_client_body_is_answered_by_what_failed_and_always_as_the_clients() {
+        use super::super::h1::WireError;
+        use super::super::pool::UpstreamError;
+        use http_body_util::BodyExt as _;
+        let body = |e: Box<dyn std::error::Error + Send + Sync>| {
+            client_body_error(&UpstreamError::Client(WireError::Body(e)))
+        };
+        let idle = body(Box::new(super::super::idle::IdleTimeout(
+            Duration::from_secs(300),
+        )));
+        assert_eq!((idle.status.as_u16(), idle.code), (408, "body_timeout"));
+        let over = http_body_util::Limited::new(
+            http_body_util::Full::new(bytes::Bytes::from_static(b"abc")),
+            1,
+        );
+        let limit = body(over.collect().await.expect_err("over its limit"));
+        assert_eq!(
+            (limit.status.as_u16(), limit.code),
+            (413, "payload_too_large")
+        );
+        let framing = body(Box::new(std::io::Error::other(
+            "a chunk-size line without a size",
+        )));
+        assert_eq!(
+            (framing.status.as_u16(), framing.code),
+            (400, "invalid_body")
+        );
+        assert!(
+            framing.message.contains("chunk-size"),
+            "{}",
+            framing.message
+        );
+        let length = client_body_error(&UpstreamError::Client(WireError::BodyLength));
+        assert_eq!((length.status.as_u16(), length.code), (400, "invalid_body"));
+        for e in [idle, limit, framing, length] {
+            assert_eq!(e.side, crate::error::Side::Client, "{e}");
+        }
+    }
+
     #[test]
     fn upgrades_are_recognised() {
         let mut h = HeaderMap::new();
