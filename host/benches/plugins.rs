@@ -222,8 +222,8 @@ fn bench_native(c: &mut Criterion) {
 /// handing a shadow run to the tenant pool (the run itself happens there, off the path).
 fn bench_rollout(c: &mut Criterion) {
     use aura_gateway::policy::Stage;
-    use aura_gateway::policy::isolation::TenantPool;
     use aura_gateway::policy::rollout::{Compared, Comparison, on_canary};
+    use aura_gateway::policy::runtime::isolation::TenantPool;
     use aura_gateway::policy::stages::{CorsDecision, CorsQuery, PolicyStage};
     let mut group = c.benchmark_group("rollout");
     group.bench_function("canary_side", |b| {

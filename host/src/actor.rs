@@ -31,6 +31,31 @@ impl Role {
     }
 }
 
+/// Who issued a user token, for quotas, logs and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IssuerLabel {
+    /// The platform's own tokens (`[auth.user_jwt]`).
+    Platform,
+    /// One of the project's trusted issuers.
+    Project {
+        id: uuid::Uuid,
+        iss: std::sync::Arc<str>,
+    },
+    /// No issuer the project trusts (the token was refused).
+    Untrusted,
+}
+
+impl IssuerLabel {
+    /// `platform`, `untrusted`, or the trusted issuer's `iss`.
+    pub fn as_str(&self) -> &str {
+        match self {
+            IssuerLabel::Platform => "platform",
+            IssuerLabel::Project { iss, .. } => iss.as_ref(),
+            IssuerLabel::Untrusted => "untrusted",
+        }
+    }
+}
+
 /// The caller of one request. Its serialized fields are the envelope's `actor` object, also
 /// written by `EnvelopeRequest::to_json`: a field added here must be written there too.
 #[derive(Debug, Clone, Serialize)]
@@ -57,7 +82,7 @@ pub struct Actor {
     /// Who issued the user's verified token: the platform or one of the project's trusted
     /// issuers (for quotas and logs; not part of the envelope).
     #[serde(skip)]
-    pub issuer: Option<crate::auth::user_token::IssuerLabel>,
+    pub issuer: Option<IssuerLabel>,
 }
 
 impl Actor {

@@ -135,7 +135,7 @@ impl FleetAnnouncer {
 }
 
 #[async_trait::async_trait]
-impl crate::policy::installs::Announce for FleetAnnouncer {
+impl crate::policy::registry::Announce for FleetAnnouncer {
     async fn tenant_modules_changed(&self, project: &str) {
         if let Some(state) = self.0.upgrade() {
             publish(

@@ -22,6 +22,9 @@ pub mod framing;
 pub mod fuzzing;
 pub mod headers;
 pub mod hot;
+pub mod jwks;
+#[cfg(test)]
+mod layering;
 pub mod metrics;
 pub mod path;
 pub mod phases;

@@ -7,7 +7,7 @@ use aura_gateway::auth::keys::{generate_key, hash_key};
 use aura_gateway::config::Config;
 use aura_gateway::control::postgres::PostgresStore;
 use aura_gateway::control::{self, KeyRole};
-use aura_gateway::policy::{Policies, PolicyEngine, authoring, compile};
+use aura_gateway::policy::{Policies, PolicyEngine, runtime::compile, stages::authoring};
 use aura_gateway::state::AppState;
 use aura_gateway::{server, telemetry};
 use clap::{Parser, Subcommand};
@@ -187,7 +187,7 @@ fn stage_keys() -> clap::builder::PossibleValuesParser {
 
 fn main() -> ExitCode {
     // Not a user command: the gateway runs itself this way to compile uploaded modules in a
-    // process of their own (aura_gateway::policy::compile).
+    // process of their own (aura_gateway::policy::runtime::compile).
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(compile::WORKER_COMMAND) {
         return match compile::WorkerArgs::parse(&args[2..]) {
@@ -432,8 +432,11 @@ fn plugin_check(
             let text = std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             Some(
-                aura_gateway::policy::vectors::Vectors::parse(&text, &path.display().to_string())
-                    .map_err(anyhow::Error::msg)?,
+                aura_gateway::policy::stages::vectors::Vectors::parse(
+                    &text,
+                    &path.display().to_string(),
+                )
+                .map_err(anyhow::Error::msg)?,
             )
         }
     };
@@ -480,7 +483,7 @@ fn plugin_check(
     }
     let runtime = PolicyEngine::new(&config.plugins)?;
     let policies = Policies::load(&runtime, &config, None)?;
-    let reports = aura_gateway::policy::conformance::check(&policies)?;
+    let reports = aura_gateway::policy::stages::conformance::check(&policies)?;
     for report in reports
         .iter()
         .filter(|r| r.stage.key() == stage && planes.iter().any(|p| p == r.plane.as_str()))
@@ -526,7 +529,7 @@ fn plugin_check(
     }
     if let (Some(v), Some(path)) = (&vectors, vectors_file) {
         let outcomes = v.run(stage, &policies);
-        let (table, all_passed) = aura_gateway::policy::vectors::table(&outcomes);
+        let (table, all_passed) = aura_gateway::policy::stages::vectors::table(&outcomes);
         println!("\nauthor vectors ({}):\n{table}", path.display());
         if !all_passed {
             let failed: Vec<&str> = outcomes
@@ -560,7 +563,7 @@ async fn check_config(path: Option<PathBuf>) -> anyhow::Result<()> {
         Default::default()
     };
     let policies = Policies::load_with(&runtime, &config, base, &stored)?;
-    for report in aura_gateway::policy::conformance::check(&policies)? {
+    for report in aura_gateway::policy::stages::conformance::check(&policies)? {
         println!("{report}");
     }
     // The listeners' certificates and every client TLS section, read as the gateway would.

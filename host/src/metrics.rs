@@ -180,7 +180,7 @@ pub struct Metrics {
     decisions: std::sync::Arc<[prometheus::IntCounter; 8]>,
     /// `quota_rules_clamped` by plane, source and field, looked up at first use (a series
     /// appears when it is first counted, as with the vector's own lookup).
-    clamped: std::sync::Arc<[std::sync::OnceLock<prometheus::IntCounter>; 12]>,
+    pub(crate) clamped: std::sync::Arc<[std::sync::OnceLock<prometheus::IntCounter>; 12]>,
 }
 
 impl Metrics {
@@ -614,26 +614,6 @@ impl Metrics {
         &self.decisions[plane << 2 | usize::from(actor) << 1 | usize::from(!allowed)]
     }
 
-    /// The counter of a quota rule's field lowered to its ceiling.
-    pub fn quota_rule_clamped(
-        &self,
-        plane: crate::plane::Plane,
-        source: crate::ratelimit::rules::RuleSource,
-        field: crate::ratelimit::rules::Field,
-    ) -> &prometheus::IntCounter {
-        use crate::ratelimit::rules::RuleSource;
-        let at = usize::from(plane == crate::plane::Plane::Management) * 6
-            + usize::from(source == RuleSource::Tenant) * 3
-            + field as usize;
-        self.clamped[at].get_or_init(|| {
-            self.quota_rules_clamped.with_label_values(&[
-                plane.as_str(),
-                source.as_str(),
-                field.as_str(),
-            ])
-        })
-    }
-
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         self.publishers.publish();
@@ -648,46 +628,5 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plane::Plane;
-    use crate::ratelimit::rules::{Field, RuleSource};
-
-    #[test]
-    fn a_clamped_field_is_counted_under_its_own_labels() {
-        let metrics = Metrics::new();
-        let mut expected = Vec::new();
-        let mut times = 0;
-        for plane in [Plane::Data, Plane::Management] {
-            for source in [RuleSource::Operator, RuleSource::Tenant] {
-                for field in [Field::Rate, Field::Burst, Field::Cost] {
-                    times += 1;
-                    for _ in 0..times {
-                        metrics.quota_rule_clamped(plane, source, field).inc();
-                    }
-                    expected.push((plane.as_str(), source.as_str(), field.as_str(), times));
-                }
-            }
-        }
-        let text = metrics.render();
-        for (plane, source, field, times) in expected {
-            let labels = [
-                format!("plane=\"{plane}\""),
-                format!("source=\"{source}\""),
-                format!("field=\"{field}\""),
-            ];
-            let line = text
-                .lines()
-                .find(|l| {
-                    l.starts_with("aura_quota_rules_clamped_total{")
-                        && labels.iter().all(|label| l.contains(label.as_str()))
-                })
-                .unwrap_or_else(|| panic!("no series for {labels:?}"));
-            assert!(line.ends_with(&format!(" {times}")), "{line}: {times}");
-        }
     }
 }

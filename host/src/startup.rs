@@ -53,7 +53,7 @@ impl AppState {
         runtime.set_metrics(metrics.clone());
         let stored = crate::policy::fetch_stored_modules(&config, store.as_ref()).await?;
         let policies = Policies::load_with(&runtime, &config, base, &stored)?;
-        crate::policy::conformance::check(&policies)?;
+        crate::policy::stages::conformance::check(&policies)?;
         let nats = NatsTransport::connect(&config.nats).await?;
         let tenants = TenantPolicies::new(runtime.clone(), &config.plugins, metrics.clone());
         let http = HttpTransport::new(

@@ -1,17 +1,23 @@
-//! `/v1/admin/*`: what is in force on one instance, through the real binary.
+//! `/v1/admin/*`: what is in force on one instance, through the real binary; the effective
+//! configuration never shows a secret carried in a URL's query. The management plane's routes do
+//! not exist on the data plane, and a console user's database calls keep the console token in
+//! the gateway and reach only allow-listed PostgREST targets.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::builder::{Gateway, Started};
-use crate::support::call::Call;
-use crate::support::config::METRICS_TOKEN;
-use crate::support::fixture::{CONSOLE_SECRET, USER_SECRET, console_token};
+use crate::support::call::{Call, IntoCall};
+use crate::support::config::{FLEET_SECRET, METRICS_TOKEN};
+use crate::support::edge::Edge;
+use crate::support::fixture::{CONSOLE_SECRET, Fixture, USER_SECRET, console_token};
 use crate::support::gateway::Process;
 use crate::support::policy::{cors_probe, digest, testing_cors};
 use crate::support::poll::poll_tries;
+use crate::support::postgres::{TestDatabase, control_table};
+use crate::support::raw::{get, status_of};
 use crate::support::records::stored_cors_module;
 
 const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
@@ -209,4 +215,103 @@ async fn without_a_token_configured_the_admin_routes_do_not_exist() {
     let status = gw.mgmt_url("/v1/admin/status");
     let (status, answer) = call(&status, Method::GET, Some(ADMIN_TOKEN), None).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+}
+
+/// A password given as `?password=` in the database URL used to be shown by
+/// `/v1/admin/config`.
+#[tokio::test]
+async fn the_effective_configuration_never_shows_a_secret_in_a_url_query() {
+    let fx = Fixture::new();
+    let (db, _store) = TestDatabase::seeded(&fx).await;
+    // Trust authentication on the test server: the password is carried, not checked.
+    let url = format!(
+        "{}?password=hunter2-query-secret&application_name=aura",
+        db.url
+    );
+    let store = control_table(&url);
+    let admin = format!("\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n");
+    let Started { gw, .. } = Gateway::builder()
+        .fixture(&fx)
+        .toml(store + &admin)
+        .binary();
+    let config = Call::get(gw.mgmt_url("/v1/admin/config")).bearer(ADMIN_TOKEN);
+    let text = config.expect(StatusCode::OK).await.text();
+    assert!(!text.contains("hunter2-query-secret"), "{text}");
+    let redacted = text.contains("password=[redacted]&application_name=aura");
+    assert!(redacted, "{text}");
+    assert!(!text.contains(FLEET_SECRET), "{text}");
+}
+
+/// The management plane's own routes answered `401` on the data plane (the API key check ran
+/// first); they do not exist there: `404`, whatever the credentials.
+#[tokio::test]
+async fn management_routes_do_not_exist_on_the_data_plane() {
+    let admin = format!(
+        "[admin]\ntoken = \"{ADMIN_TOKEN}\"\n\n[plugins]\nadmin_token = \"{ADMIN_TOKEN}\"\n"
+    );
+    let Started { gw, fx, dir: _dir } = Gateway::builder().toml(admin).binary();
+    let c = reqwest::Client::new();
+    for path in [
+        "/v1/admin/config",
+        "/v1/admin/status",
+        "/v1/policies/reload",
+        "/ready",
+        "/v1/projects/alpha",
+        "/v1/organizations/x/projects",
+    ] {
+        for key in [None, Some(fx.anon_key.as_str())] {
+            let mut request = c.get(gw.data_url(path)).call().bearer(ADMIN_TOKEN);
+            if let Some(key) = key {
+                request = request.key(key);
+            }
+            let r = request.read().await;
+            assert_eq!(r.status, StatusCode::NOT_FOUND, "{path} with key {key:?}");
+            assert_eq!(r.json()["error"]["code"], "not_found", "{path}");
+        }
+    }
+    // Where they live, they answer.
+    let status = c
+        .get(gw.mgmt_url("/v1/admin/status"))
+        .call()
+        .bearer(ADMIN_TOKEN);
+    status.expect(StatusCode::OK).await;
+}
+
+#[tokio::test]
+async fn the_console_token_stays_in_the_gateway_and_targets_are_allow_listed() {
+    let edge = Edge::start("").await;
+    let console = console_token(edge.fx.admin);
+    let as_admin = |path: &str| {
+        let call = Call::get(edge.gw.mgmt_url(path)).bearer(&console);
+        call.header("x-aura-project", "ded")
+    };
+    as_admin("/v1/db/todos?select=*")
+        .expect(StatusCode::OK)
+        .await;
+    let seen = edge.postgrest.last().expect("forwarded to ded's PostgREST");
+    let reached = seen.one("authorization").is_some();
+    assert!(!reached, "the console token reached PostgREST");
+    assert_eq!(seen.one("x-aura-org-role").as_deref(), Some("admin"));
+    // Over NATS the console token is still the backend's to see.
+    assert_eq!(as_admin("/v1/db/sql").status().await, StatusCode::OK);
+
+    // A dedicated target outside upstreams.postgrest_allowed_targets is never called.
+    let started = Instant::now();
+    let far = format!("{}_far", edge.ded_key);
+    let todos = Call::get(edge.gw.data_url("/v1/db/todos")).key(far);
+    let r = todos.expect(StatusCode::SERVICE_UNAVAILABLE).await;
+    assert_eq!(r.code(), "db_target_not_allowed");
+    let tried = started.elapsed() >= Duration::from_secs(1);
+    assert!(!tried, "no connection was tried");
+
+    // A path parameter that is not UTF-8 once decoded: the contract's JSON error.
+    let bearer = format!("Bearer {console}");
+    let raw = get(
+        "/v1/projects/alpha/policies/%FF",
+        &[("authorization", &bearer)],
+    );
+    let answer = edge.mgmt(raw).await;
+    assert_eq!(status_of(&answer), 400, "{answer}");
+    assert!(answer.contains("application/json"), "{answer}");
+    assert!(answer.contains("\"invalid_path\""), "{answer}");
 }

@@ -1,5 +1,6 @@
 //! HTTP backends (storage, realtime WebSocket/SSE/REST, dedicated PostgREST), db routing and
-//! circuit breakers, end to end.
+//! circuit breakers, end to end; WebSocket tunnels hold their connection slot while open and
+//! end within the shutdown grace.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,7 +26,7 @@ use crate::support::nats_server::NatsServer;
 use crate::support::poll::poll_every;
 use crate::support::records::{TEST_KEY, e2e_control_file};
 use crate::support::responder::{Bus, reply};
-use crate::support::upstream::serve_http;
+use crate::support::upstream::{serve_http, websocket_echo};
 
 /// Serves `app` on an ephemeral port; returns its base URL.
 async fn serve(app: Router) -> String {
@@ -730,4 +731,51 @@ async fn a_user_id_that_would_split_the_head_never_reaches_an_http_backend() {
     // The same request with a user id that is a header value carries it.
     assert_eq!(values(1, "x-aura-user-id"), ["user-1"], "{:?}", seen[1]);
     assert_eq!(values(1, "x-aura-role"), ["authenticated"]);
+}
+
+#[tokio::test]
+async fn websocket_tunnels_hold_their_connection_slot_and_end_within_the_grace() {
+    let realtime = websocket_echo().await;
+    let gw = Gateway::with(|c| c.upstreams.realtime_url = Some(realtime))
+        .with(|c| (c.server.max_connections, c.server.shutdown_grace_secs) = (2, 1))
+        .start()
+        .await;
+    let url = format!("ws://{}/v1/realtime/websocket?apikey={TEST_KEY}", gw.data);
+    let (first, _) = tokio_tungstenite::connect_async(&url)
+        .await
+        .expect("tunnel 1");
+    let (mut second, _) = tokio_tungstenite::connect_async(&url)
+        .await
+        .expect("tunnel 2");
+    // Both slots are held by open tunnels: a third connection waits in the backlog.
+    let health = gw.data_url("/health");
+    let third = tokio::spawn(async move {
+        let started = Instant::now();
+        let r = Call::get(&health).try_send().await;
+        (r.map(|r| r.status()), started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let served = third.is_finished();
+    assert!(
+        !served,
+        "a third connection was served while two tunnels were open"
+    );
+    drop(first);
+    let third = tokio::time::timeout(Duration::from_secs(5), third).await;
+    let (status, waited) = third.expect("served once a tunnel ended").expect("task");
+    assert_eq!(status.expect("answered"), StatusCode::OK);
+    assert!(waited >= Duration::from_millis(700), "{waited:?}");
+
+    // Shutdown: the open tunnel ends within the grace (1 s).
+    let started = Instant::now();
+    let shutdown = tokio::spawn(gw.shutdown());
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = second.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the tunnel outlived the shutdown grace");
+    let took = started.elapsed();
+    shutdown.await.expect("shut down");
+    println!("tunnel closed {took:?} after shutdown began (grace 1 s)");
+    assert!(took < Duration::from_secs(3), "{took:?}");
 }

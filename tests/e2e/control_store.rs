@@ -89,7 +89,7 @@ async fn contract(store: &dyn ControlStore, fx: &Fixture) {
     assert!(matches!(unknown, Err(StoreError::NotFound(_))));
     // Project policy modules, content-addressed.
     let module = b"\0asm-not-really-a-module".to_vec();
-    let digest = aura_gateway::policy::tenants::digest_of(&module);
+    let digest = aura_gateway::policy::digest_of(&module);
     store
         .put_module(&digest, &module)
         .await
@@ -158,11 +158,11 @@ async fn contract(store: &dyn ControlStore, fx: &Fixture) {
     // Stored modules nobody references nor used within the grace are collected; referenced or
     // recently used ones are kept.
     let kept_module = b"\0asm-referenced".to_vec();
-    let kept = aura_gateway::policy::tenants::digest_of(&kept_module);
+    let kept = aura_gateway::policy::digest_of(&kept_module);
     let used_module = b"\0asm-in-use-by-an-instance".to_vec();
-    let used = aura_gateway::policy::tenants::digest_of(&used_module);
+    let used = aura_gateway::policy::digest_of(&used_module);
     let tried_module = b"\0asm-on-trial".to_vec();
-    let tried = aura_gateway::policy::tenants::digest_of(&tried_module);
+    let tried = aura_gateway::policy::digest_of(&tried_module);
     for (d, m) in [
         (&kept, &kept_module),
         (&used, &used_module),

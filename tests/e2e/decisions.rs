@@ -8,7 +8,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::builder::{Gateway, Started};
+use crate::support::builder::{Gateway, Started, offline};
 use crate::support::call::Call;
 use crate::support::fixture::{USER_SECRET, console_token, epoch, hs256};
 use crate::support::metrics::metric;
@@ -19,12 +19,6 @@ use crate::support::upstream::Recorder;
 fn admin(started: &Started) -> Policies {
     Policies::new(started.gw.mgmt_url(""), console_token(started.fx.admin))
         .timeout(Duration::from_secs(60))
-}
-
-/// A gateway binary off NATS with `toml`.
-fn offline(prefix: &str, toml: &str) -> Started {
-    let gw = Gateway::builder().nats("nats://127.0.0.1:1").prefix(prefix);
-    gw.toml(toml).binary()
 }
 
 /// The `cache` object of the health of alpha's module for `stage`, and its calls.
@@ -259,7 +253,7 @@ async fn a_projects_quota_module_denies_by_address_and_by_claim_and_others_are_u
     let started = offline("decl-deny", "");
     let (gw, fx) = (&started.gw, &started.fx);
     let admin = admin(&started);
-    let quota = aura_gateway::policy::builtin::QUOTA;
+    let quota = aura_gateway::policy::stages::builtin::QUOTA;
     // `/health` with a key: the quota stage decides, and nothing else answers but 200.
     let storage = |key: &str| Call::get(gw.data_url("/health")).key(key);
 
@@ -398,7 +392,7 @@ async fn reads_go_to_the_clients_replica_and_a_replica_for_a_write_is_refused() 
 
     // A module that answers a replica for every request: the host refuses it for a write,
     // fails closed (no target reached) and counts it.
-    let hostile = aura_gateway::policy::builtin::TESTING_DB_PLUGIN_PATH;
+    let hostile = aura_gateway::policy::stages::builtin::TESTING_DB_PLUGIN_PATH;
     let toml = format!("{toml}\n[data_plane.plugins.db_routing]\nmodule = \"{hostile}\"\n");
     let gw = Gateway::builder()
         .nats("nats://127.0.0.1:1")
@@ -461,7 +455,7 @@ async fn a_modules_configuration_schema_is_served_and_enforced_before_configure(
     assert!(message.contains("schema"), "{message}");
     assert!(message.contains("/max_age_ms"), "names the key: {message}");
     // So is the default quota module's, for a figure of the wrong type.
-    let quota = aura_gateway::policy::builtin::QUOTA;
+    let quota = aura_gateway::policy::stages::builtin::QUOTA;
     let (status, body) = admin
         .install("quota", quota, json!({ "burst": "lots" }))
         .await
@@ -505,7 +499,7 @@ async fn a_modules_configuration_schema_is_served_and_enforced_before_configure(
 /// that `config-schema` answers schema `choice` (with `port` for a remote reference): what an
 /// uploader who edits a built module sends.
 fn quota_inputs_module(choice: u8, port: u16) -> Vec<u8> {
-    let path = aura_gateway::policy::builtin::TESTING_QUOTA_INPUTS_PLUGIN_PATH;
+    let path = aura_gateway::policy::stages::builtin::TESTING_QUOTA_INPUTS_PLUGIN_PATH;
     let mut module = std::fs::read(path).expect("the 0.3.0 quota test module");
     let marker = b"aura-hostile-schema:0:port=00000";
     let edit = format!("aura-hostile-schema:{}:port={port:05}", char::from(choice));

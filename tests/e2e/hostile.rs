@@ -1,8 +1,9 @@
 //! Hostile credentials: thousands of random, malformed or guessed keys and tokens. None is
-//! accepted, the store sees each distinct key at most once per cache period, and no key text
-//! reaches the logs.
+//! accepted, the store sees each distinct key at most once per cache period, and no key or token
+//! text reaches the logs, the real binary's at debug level included.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use aura_gateway::planes::build_data_plane_router;
 use aura_gateway::state::AppState;
@@ -11,8 +12,10 @@ use http::{Request, StatusCode};
 use serde_json::json;
 use tower::ServiceExt;
 
-use crate::support::config::test_config;
+use crate::support::call::IntoCall;
+use crate::support::config::{example, test_config, write_config};
 use crate::support::fixture::{CountingStore, Fixture, USER_SECRET, epoch, hs256};
+use crate::support::gateway::Process;
 
 /// A small deterministic generator (xorshift64*), so failures can be replayed.
 struct Rng(u64);
@@ -196,5 +199,54 @@ async fn ten_thousand_bad_keys_and_tokens_are_all_refused() {
             StatusCode::UNAUTHORIZED,
             "token {token:?} was accepted"
         );
+    }
+}
+
+#[tokio::test]
+async fn no_key_or_token_text_reaches_the_log_even_at_debug_level() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example_control = example("control/local.toml");
+    std::fs::copy(example_control, dir.path().join("control.toml"))
+        .expect("copy the example control file");
+    let nats = crate::support::nats_server::shared().url();
+    let path = write_config(
+        dir.path(),
+        &format!(
+            "[nats]\nurl = {nats:?}\n[control]\nfile = \"control.toml\"\n\
+             [auth.user_jwt]\nhs256_secret = \"binary-user-jwt-secret-0123456789abcdef\"\n\
+             [log]\nlevel = \"debug\"\nformat = \"json\"\n",
+        ),
+    );
+    let gw = Process::serve(&path, dir.path());
+    let client = reqwest::Client::new();
+    let f = || client.get(gw.data_url("/v1/functions/f")).call();
+    let demo = "aura_pk_localdemo_0123456789abcdefghijklmnopqrstuv";
+    let mut secrets = Vec::new();
+    for i in 0..200 {
+        let guess = format!("aura_sk_guess{i:04}_{}", uuid::Uuid::new_v4().simple());
+        let header = if i % 2 == 0 { "apikey" } else { "x-api-key" };
+        assert_eq!(
+            f().header(header, &guess).status().await,
+            StatusCode::UNAUTHORIZED
+        );
+        let id = uuid::Uuid::new_v4().simple();
+        let token = format!("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ{i:04}{id}.c2lnbmF0dXJl");
+        let with_token = f().key(demo).bearer(&token);
+        assert_eq!(with_token.status().await, StatusCode::UNAUTHORIZED);
+        secrets.push(guess);
+        secrets.push(token);
+    }
+    // A real key, used: still never logged.
+    let health = client.get(gw.data_url("/health")).call().key(demo);
+    assert_eq!(health.status().await, StatusCode::OK);
+    secrets.push(demo.to_owned());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = gw.log_text();
+    let lines = log.lines().count();
+    assert!(lines > 400, "the debug log was written ({lines} lines)");
+    for secret in &secrets {
+        assert!(!log.contains(secret.as_str()), "{secret} is in the log");
+        let body = &secret[8..];
+        assert!(!log.contains(body), "part of {secret} is in the log");
     }
 }

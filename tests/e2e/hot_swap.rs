@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use aura_gateway::policy::builtin::{QUOTA, TESTING_PLUGIN_PATH};
+use aura_gateway::policy::stages::builtin::{QUOTA, TESTING_PLUGIN_PATH};
 use reqwest::StatusCode;
 
 use crate::support::builder::Gateway;
@@ -224,7 +224,7 @@ async fn a_module_named_by_digest_is_swapped_in_through_the_management_api() {
     let fx = crate::support::fixture::Fixture::new();
     let store = Arc::new(fx.file_store(dir.path()));
     let module = std::fs::read(TESTING_PLUGIN_PATH).expect("module");
-    let digest = aura_gateway::policy::tenants::digest_of(&module);
+    let digest = aura_gateway::policy::digest_of(&module);
     store.put_module(&digest, &module).await.expect("stored");
 
     let token = "admin-token-0123456789abcdef";

@@ -1,4 +1,7 @@
-//! Identity on both planes, end to end: API keys, user JWTs, console JWTs and org roles.
+//! Identity on both planes, end to end: API keys, user JWTs, console JWTs and org roles. Through
+//! the real binary, an `Authorization` header is verified or refused, never forwarded
+//! unverified; a `service_role` key in a URL is refused whatever the headers say; and a key in a
+//! header is decided once for every path, a key in the query per path.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,11 +13,15 @@ use uuid::Uuid;
 
 use crate::support::builder::Gateway;
 use crate::support::call::Call;
+use crate::support::edge::Edge;
 use crate::support::fixture::{
-    CONSOLE_SECRET, Fixture, USER_SECRET, console_token_with, epoch, hs256, user_token,
+    CONSOLE_SECRET, Fixture, USER_SECRET, console_token, console_token_with, epoch, hs256,
+    user_token,
 };
 use crate::support::gateway::InProcess;
+use crate::support::metrics::metric;
 use crate::support::postgres::TestDatabase;
+use crate::support::raw::{get, status_of};
 use crate::support::responder::{Envelopes, header_names, json_ok};
 
 /// A gateway over `store` (or `fx`'s records in a control file), with responders on auth,
@@ -457,4 +464,155 @@ async fn management_statuses_follow_the_contract() {
         }
         assert_eq!(call.status().await, status, "{what}");
     }
+}
+
+#[tokio::test]
+async fn authorization_is_verified_or_refused_never_forwarded_unverified() {
+    let edge = Edge::start("").await;
+    let fx = &edge.fx;
+    let token = user_token("alpha", Uuid::new_v4());
+    let other_token = user_token("other", Uuid::new_v4());
+    let send = async |authorizations: &[String]| {
+        let mut headers = vec![("apikey", fx.anon_key.as_str())];
+        headers.extend(authorizations.iter().map(|v| ("authorization", v.as_str())));
+        edge.data(get("/v1/storage/object/x", &headers)).await
+    };
+
+    // A tab after the scheme, any case: parsed and verified.
+    let answer = send(&[format!("bEaReR\t{token}")]).await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    let seen = edge.storage.last().expect("forwarded");
+    assert_eq!(seen.one("x-aura-role").as_deref(), Some("authenticated"));
+    assert_eq!(seen.all("authorization"), vec![format!("bEaReR\t{token}")]);
+    edge.storage.clear();
+
+    for (what, authorizations) in [
+        (
+            "another project's token after a tab",
+            vec![format!("Bearer\t{other_token}")],
+        ),
+        (
+            "two Authorization headers",
+            vec![format!("Bearer {token}"), format!("Bearer {other_token}")],
+        ),
+        ("another scheme", vec!["Basic dXNlcjpwYXNz".to_owned()]),
+        ("a malformed bearer", vec!["Bearer a b".to_owned()]),
+        ("an empty bearer", vec!["Bearer".to_owned()]),
+    ] {
+        let answer = send(&authorizations).await;
+        assert_eq!(status_of(&answer), 401, "{what}: {answer}");
+        // A readable bearer is verified (`invalid_jwt` when refused); an unreadable header is
+        // `invalid_token`.
+        let code = if what.starts_with("another project") {
+            "\"invalid_jwt\""
+        } else {
+            "\"invalid_token\""
+        };
+        assert!(answer.contains(code), "{what}: {answer}");
+    }
+    let forwarded = edge.storage.seen();
+    assert!(forwarded.is_empty(), "nothing forwarded: {forwarded:?}");
+    // A public path needs no key, but a token there has no project to be checked against.
+    let signup = || Call::post(edge.gw.data_url("/v1/auth/signup"));
+    assert_eq!(
+        signup().bearer(&token).status().await,
+        StatusCode::UNAUTHORIZED
+    );
+    let before = edge.envelopes().len();
+    let served = signup().status().await;
+    assert_eq!(served, StatusCode::OK, "without a token it is served");
+    assert_eq!(edge.envelopes().len(), before + 1);
+
+    // The same parser on the management plane.
+    let console = format!("Bearer {}", console_token(fx.admin));
+    let two = [
+        ("authorization", console.as_str()),
+        ("authorization", "Bearer x"),
+    ];
+    let answer = edge.mgmt(get("/v1/projects/alpha", &two)).await;
+    assert_eq!(status_of(&answer), 401, "{answer}");
+}
+
+#[tokio::test]
+async fn a_service_role_key_in_the_url_is_refused_whatever_the_headers_say() {
+    let edge = Edge::start(
+        "[data_plane.plugins.api_key.config]\nheaders = [\"apikey\", \"x-api-key\", \"x-client-key\"]\n",
+    )
+    .await;
+    let fx = &edge.fx;
+    let (anon, service) = (&fx.anon_key, &fx.service_key);
+    let sse = "/v1/realtime/sse";
+    for (path, header_key) in [
+        (format!("{sse}?apikey={service}"), service),
+        (format!("{sse}?apikey={service}"), anon),
+        (format!("{sse}?apikey={anon}&apikey={service}"), anon),
+        (format!("/v1/storage/object/x?apikey={service}"), service),
+    ] {
+        let r = Call::get(edge.gw.data_url(&path))
+            .key(header_key)
+            .read()
+            .await;
+        let body = r.json_or_null();
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_api_key", "{path}");
+    }
+    assert!(edge.realtime.seen().is_empty() && edge.storage.seen().is_empty());
+    // An anon key in the URL of a streaming route is still fine.
+    let anon_sse = Call::get(edge.gw.data_url(&format!("{sse}?apikey={anon}")));
+    assert_eq!(anon_sse.status().await, StatusCode::OK);
+    // Every header the api-key stage reads is a credential, never forwarded.
+    let object = Call::get(edge.gw.data_url("/v1/storage/object/x"));
+    let client_key = object.header("x-client-key", anon).status().await;
+    assert_eq!(client_key, StatusCode::OK);
+    let seen = edge.storage.last().expect("forwarded");
+    let reached = seen.one("x-client-key").is_some();
+    assert!(!reached, "the key reached storage");
+}
+
+/// The default api-key module declares the path only for a request with a key in the query
+/// (`path-with-query-keys`): a key sent in a header is decided once for every path, a key in the
+/// query per path. A decision kept for a header key never answers a request that carries a key
+/// in the query too, and a query key stays refused on every path that does not accept one.
+#[tokio::test]
+async fn a_header_keys_decision_serves_every_path_and_query_keys_are_decided_per_path() {
+    let edge = Edge::start("").await;
+    let anon = &edge.fx.anon_key;
+    let stage = |text: &str, outcome: &str| {
+        let outcome = format!("outcome=\"{outcome}\"");
+        let labels = ["plane=\"data\"", "stage=\"api_key\"", outcome.as_str()];
+        metric(text, "aura_decision_cache_total", &labels)
+    };
+    let before = edge.gw.metrics().await;
+    let (misses, hits) = (stage(&before, "miss"), stage(&before, "hit"));
+    for n in 0..10 {
+        let object = Call::get(edge.gw.data_url(&format!("/v1/storage/object/b/{n}")));
+        object.key(anon).expect(StatusCode::OK).await;
+    }
+    let text = edge.gw.metrics().await;
+    assert_eq!(
+        stage(&text, "miss") - misses,
+        1.0,
+        "one decision, ten paths"
+    );
+    assert!(stage(&text, "hit") - hits >= 9.0, "{text}");
+    assert_eq!(edge.storage.seen().len(), 10);
+
+    let (storage_a, storage_b) = ("/v1/storage/object/b/1", "/v1/storage/object/b/2");
+    for path in [storage_a, storage_a, storage_b] {
+        // The header key's kept decision is not this request's: its query key is refused.
+        let with_query = Call::get(edge.gw.data_url(&format!("{path}?apikey={anon}")));
+        let r = with_query.key(anon).read().await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(r.json_or_null()["error"]["code"], "invalid_api_key");
+    }
+    let sse = Call::get(edge.gw.data_url(&format!("/v1/realtime/sse?apikey={anon}")));
+    assert_eq!(sse.status().await, StatusCode::OK, "accepted where it is");
+    let text = edge.gw.metrics().await;
+    let decided = stage(&text, "miss") - misses;
+    assert_eq!(decided, 4.0, "one decision per path with a query key");
+    assert_eq!(
+        edge.storage.seen().len(),
+        10,
+        "no refused request reached storage"
+    );
 }

@@ -1,7 +1,9 @@
-//! User JWTs signed with RS256 and ES256 keys from a JWKS, and algorithm confusion.
+//! User JWTs signed with RS256 and ES256 keys from a JWKS, algorithm confusion, and a JWKS
+//! fetch that hangs without holding a request.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use reqwest::StatusCode;
@@ -9,9 +11,10 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::support::builder::Gateway;
-use crate::support::call::IntoCall;
+use crate::support::call::{Call, IntoCall};
 use crate::support::fixture::{Fixture, epoch};
 use crate::support::responder::reply;
+use crate::support::upstream::Recorder;
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -130,4 +133,67 @@ async fn rs256_and_es256_tokens_verify_against_the_jwks_and_confusion_is_refused
 fn base64_url(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+#[tokio::test]
+async fn a_slow_jwks_fetch_never_holds_a_request() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    let fixture = |name: &str| {
+        let path = format!("{}/../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read(path).expect("fixture")
+    };
+    let jwks: serde_json::Value =
+        serde_json::from_slice(&fixture("jwks.json")).expect("jwks fixture");
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let count = fetches.clone();
+    let serve_jwks = axum::routing::get(move || {
+        let n = count.fetch_add(1, Ordering::SeqCst);
+        let jwks = jwks.clone();
+        async move {
+            if n > 0 {
+                // Every fetch after the first hangs.
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+            axum::Json(jwks)
+        }
+    });
+    let app = axum::Router::new().route("/jwks.json", serve_jwks);
+    let addr = crate::support::upstream::serve_http(app).await;
+    let fx = Fixture::new();
+    let storage = Recorder::start().await;
+    let gw = Gateway::with(|c| c.upstreams.storage_url = Some(storage.url.clone()))
+        .with(|c| {
+            let jwt = &mut c.auth.user_jwt;
+            jwt.jwks_url = Some(format!("http://{addr}/jwks.json"));
+            (jwt.jwks_max_age_secs, jwt.jwks_refresh_cooldown_secs) = (Some(1), Some(1));
+        })
+        .fixture(&fx)
+        .start()
+        .await;
+    let rsa = EncodingKey::from_rsa_pem(&fixture("rsa_private.pem")).expect("rsa key");
+    let mut header = Header::new(Algorithm::RS256);
+    header.kid = Some("rsa-1".into());
+    let token = jsonwebtoken::encode(
+        &header,
+        &json!({ "sub": Uuid::new_v4().to_string(), "aud": "authenticated", "ref": "alpha", "exp": crate::support::fixture::epoch() + 600 }),
+        &rsa,
+    )
+    .expect("token");
+    let call = || {
+        let object = Call::get(gw.data_url("/v1/storage/object/x")).key(&fx.anon_key);
+        object.bearer(&token).status()
+    };
+    assert_eq!(call().await, StatusCode::OK);
+    // The set is now stale: the next fetch starts and hangs; requests keep the last good keys.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = Instant::now();
+        assert_eq!(call().await, StatusCode::OK);
+        slowest = slowest.max(started.elapsed());
+    }
+    println!("slowest request while the JWKS fetch hangs: {slowest:?}");
+    assert!(fetches.load(Ordering::SeqCst) >= 2, "a refresh was started");
+    let waited = slowest >= Duration::from_secs(1);
+    assert!(!waited, "a request waited for the fetch: {slowest:?}");
 }

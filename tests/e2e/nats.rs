@@ -1,4 +1,5 @@
-//! The NATS envelope and delivery rules, end to end over real sockets and a real nats-server.
+//! The NATS envelope and delivery rules, end to end over real sockets and a real nats-server; a
+//! hostile backend's reply is read exactly or refused.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,9 @@ use reqwest::StatusCode;
 
 use crate::support::builder::Gateway;
 use crate::support::call::{Answer, IntoCall, client, console_client};
+use crate::support::edge::Edge;
 use crate::support::nats_server::NatsServer;
+use crate::support::raw::{get, status_of};
 use crate::support::records::{TEST_CONSOLE_USER, TEST_KEY, TEST_PROJECT};
 use crate::support::responder::{header_names, reply};
 
@@ -238,4 +241,70 @@ async fn while_nats_is_unreachable_requests_fail_fast() {
     assert!(took < Duration::from_secs(2), "{took:?}");
     let health = client().get(gw.data_url("/health")).call();
     health.expect(StatusCode::OK).await;
+}
+
+/// A hostile NATS backend's replies, through the binary: each reply is parsed with its strings
+/// borrowed where the JSON did not escape them, so escapes must still be read exactly, values
+/// that are not visible ASCII (a header injection among them) refused, and framing headers
+/// dropped, and a reply listing more headers than an answer may carry refused rather than
+/// overflowing the header map; the gateway keeps serving after each refusal.
+#[tokio::test]
+async fn a_hostile_nats_reply_is_read_exactly_or_refused_and_its_framing_headers_dropped() {
+    let edge = Edge::start("").await;
+    let _hostile = edge
+        .gw
+        .bus
+        .respond("ai", |envelope| {
+            let reply: &'static str = match envelope["path"].as_str() {
+                // Escapes in a name, in a value and in the body (`\/` in the base64 of "hi?"),
+                // and framing headers a backend has no say over.
+                Some("/v1/ai/escaped") => {
+                    r#"{"status":201,"headers":[["x-plain","a b"],["x\u002descaped","say \"hi\"\tnow"],["content-length","999"],["transfer-encoding","chunked"]],"body":"aGk\/"}"#
+                }
+                Some("/v1/ai/escaped-beyond-ascii") => {
+                    r#"{"status":200,"headers":[["x-a","caf\u00e9"]]}"#
+                }
+                Some("/v1/ai/beyond-ascii") => "{\"status\":200,\"headers\":[[\"x-a\",\"caf\u{e9}\"]]}",
+                Some("/v1/ai/nul") => r#"{"status":200,"headers":[["x-a","a\u0000b"]]}"#,
+                Some("/v1/ai/injection") => {
+                    r#"{"status":200,"headers":[["x-a","a\r\nx-injected: 1"]]}"#
+                }
+                // More headers than a header map can hold.
+                Some("/v1/ai/flood") => {
+                    let pairs = vec![r#"["x-a","1"]"#; 40_000].join(",");
+                    return bytes::Bytes::from(format!(r#"{{"status":200,"headers":[{pairs}]}}"#));
+                }
+                _ => r#"{"status":200,"body":"b2s="}"#,
+            };
+            bytes::Bytes::from_static(reply.as_bytes())
+        })
+        .await;
+    let call = |path: &str| edge.data(get(path, &[("apikey", &edge.fx.anon_key)]));
+
+    let answer = call("/v1/ai/escaped").await;
+    assert_eq!(status_of(&answer), 201, "{answer}");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
+    let lines: Vec<&str> = head.lines().collect();
+    assert!(lines.contains(&"x-plain: a b"), "{head}");
+    assert!(lines.contains(&"x-escaped: say \"hi\"\tnow"), "{head}");
+    assert_eq!(body, "hi?");
+    let framing = |l: &&&str| l.starts_with("content-length") || l.starts_with("transfer-encoding");
+    let framing: Vec<&&str> = lines.iter().filter(framing).collect();
+    assert_eq!(framing, [&"content-length: 3"], "{head}");
+
+    for path in [
+        "/v1/ai/escaped-beyond-ascii",
+        "/v1/ai/beyond-ascii",
+        "/v1/ai/nul",
+        "/v1/ai/injection",
+        "/v1/ai/flood",
+    ] {
+        let answer = call(path).await;
+        assert_eq!(status_of(&answer), 502, "{path}: {answer}");
+        assert!(answer.contains("\"bad_backend_reply\""), "{path}: {answer}");
+        assert!(!answer.contains("x-injected"), "{path}: {answer}");
+        let answer = call("/v1/ai/ok").await;
+        assert_eq!(status_of(&answer), 200, "after {path}: {answer}");
+        assert!(answer.ends_with("\r\n\r\nok"), "after {path}: {answer}");
+    }
 }

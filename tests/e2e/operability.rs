@@ -1,6 +1,6 @@
 //! Metrics and readiness.
 
-use aura_gateway::policy::builtin::TESTING_PLUGIN_PATH;
+use aura_gateway::policy::stages::builtin::TESTING_PLUGIN_PATH;
 use reqwest::StatusCode;
 
 use crate::support::builder::Gateway;

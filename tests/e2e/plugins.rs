@@ -1,19 +1,31 @@
 //! Conformance of the default plugins and the sandbox, on the built components through the
-//! real runtime.
+//! real runtime; and through the real binary: a stage pointed at another module by path, plugins
+//! that trap, loop, log or reach for what they are not granted, the compile cache, the header
+//! names an `api-key` module may ask for, and stage inputs larger than a plugin's arena.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aura_gateway::actor::{Actor, Role};
 use aura_gateway::config::{Config, InstanceReuse};
 use aura_gateway::plane::Plane;
-use aura_gateway::policy::builtin::TESTING_PLUGIN_PATH;
+use aura_gateway::policy::stages::builtin::TESTING_PLUGIN_PATH;
 use aura_gateway::policy::stages::quota::BucketScope;
 use aura_gateway::policy::stages::{
     ApiKey, Cors, CorsDecision, CorsInput, DbEngine, DbInput, DbRoute, DbRouting, KeyDecision,
     KeyRequest, KeyRole, KeySource, ProjectDb, Quota, QuotaDecision, QuotaInput, Topology,
 };
 use aura_gateway::policy::{FailureKind, PluginError, Policies, PolicyEngine};
+use reqwest::StatusCode;
+
+use crate::support::call::{Answer, Call, IntoCall};
+use crate::support::cli::{check_config, stderr, succeeded};
+use crate::support::config::{METRICS_TOKEN, write_config};
+use crate::support::edge::Edge;
+use crate::support::gateway::Process;
+use crate::support::metrics::metric;
+use crate::support::poll::poll_tries;
 
 fn load(config: &Config) -> Result<Policies, PluginError> {
     let runtime = PolicyEngine::new(&config.plugins).expect("engine");
@@ -469,7 +481,7 @@ fn a_call_made_while_the_epoch_ticker_sleeps_is_still_stopped_at_its_deadline() 
 fn a_module_with_the_wrong_exports_is_refused_at_load() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("quota-as-cors.wasm");
-    std::fs::write(&path, aura_gateway::policy::builtin::QUOTA).expect("write");
+    std::fs::write(&path, aura_gateway::policy::stages::builtin::QUOTA).expect("write");
     let mut config = config();
     config.data_plane.plugins.cors.module = path.display().to_string();
     let err = load(&config).expect_err("refused");
@@ -530,10 +542,10 @@ fn calls_from_many_threads_share_one_module_safely() {
 #[test]
 fn plugins_of_every_wit_version_load_and_answer() {
     use aura_gateway::policy::Stage;
-    use aura_gateway::policy::builtin::{
+    use aura_gateway::policy::stages::AnyModule;
+    use aura_gateway::policy::stages::builtin::{
         TESTING_API_KEY_PLUGIN_PATH, TESTING_LEGACY_PLUGIN_PATH, TESTING_QUOTA_PLUGIN_PATH,
     };
-    use aura_gateway::policy::stages::AnyModule;
     let mut config = config();
     config.data_plane.plugins.quota.module = TESTING_QUOTA_PLUGIN_PATH.into();
     config.data_plane.plugins.cors.module = TESTING_LEGACY_PLUGIN_PATH.into();
@@ -577,4 +589,298 @@ fn plugins_of_every_wit_version_load_and_answer() {
         CorsDecision::Allow(a) => assert_eq!(a.expose_headers, ["x-testing-legacy"]),
         other => panic!("unexpected {other:?}"),
     }
+}
+
+/// A CORS preflight from `https://app.example` to `url`.
+async fn app_preflight(url: String) -> Answer {
+    Call::preflight(url, "https://app.example").read().await
+}
+
+#[tokio::test]
+async fn pointing_the_cors_stage_at_another_module_changes_the_answer_without_rebuilding() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let builtin = write_config(dir.path(), "");
+    let gw = Process::serve(&builtin, dir.path());
+    let r = app_preflight(gw.data_url("/v1/db/x")).await;
+    assert_eq!(r.headers["access-control-allow-origin"], "*");
+    drop(gw);
+
+    let module = format!("[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n");
+    let swapped = write_config(dir.path(), &module);
+    let gw = Process::serve(&swapped, dir.path());
+    let r = app_preflight(gw.data_url("/v1/db/x")).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        r.headers["access-control-allow-origin"],
+        "https://app.example"
+    );
+    assert_eq!(r.headers["access-control-allow-headers"], "x-testing");
+}
+
+/// A gateway binary with the testing CORS module on the data plane and `plugins` settings.
+fn with_testing_cors(dir: &Path, head: &str, plugins: &str) -> Process {
+    let cors = format!("[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n");
+    let path = write_config(dir, &format!("{head}[plugins]\n{plugins}\n{cors}"));
+    Process::serve(&path, dir)
+}
+
+/// `GET /health` from `origin`: a request fails closed, the next one from `ok.test` is served.
+async fn fails_closed_then_serves(gw: &Process, client: &reqwest::Client, origin: &str) -> Answer {
+    let health = |origin: &str| client.get(gw.data_url("/health")).call().origin(origin);
+    let r = health(origin).read().await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{origin}");
+    let next = health("https://ok.test").status().await;
+    assert_eq!(next, StatusCode::OK, "served after {origin}");
+    r
+}
+
+#[tokio::test]
+async fn a_trapping_or_looping_plugin_fails_its_request_closed_and_the_next_is_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = with_testing_cors(dir.path(), "", "call_deadline_ms = 50");
+    let client = reqwest::Client::new();
+    for origin in [
+        "https://trap.test",
+        "https://loop.test",
+        "https://grow.test",
+    ] {
+        let r = fails_closed_then_serves(&gw, &client, origin).await;
+        assert!(r.headers.contains_key("x-request-id"));
+        assert_eq!(r.code(), "policy_failed", "{origin}");
+    }
+    // Idle, the epoch ticker sleeps: its thread is not switched in at all for a while.
+    let ticker = || {
+        gw.thread_switches("aura-epoch")
+            .expect("an aura-epoch thread")
+    };
+    let waited = std::time::Instant::now();
+    loop {
+        let before = ticker();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = ticker();
+        if after == before {
+            break;
+        }
+        let waking = format!("{} wake-ups in 500 ms", after - before);
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "idle ticker: {waking}"
+        );
+    }
+    // A loop started now wakes it, and is stopped at its deadline.
+    let looping = fails_closed_then_serves(&gw, &client, "https://loop.test");
+    let r = tokio::time::timeout(Duration::from_secs(10), looping)
+        .await
+        .expect("a loop started while the ticker slept is stopped");
+    assert_eq!(r.code(), "policy_failed");
+    let log = gw.log_text();
+    assert!(log.contains("policy plugin failed"), "{log}");
+    let stage = log.contains("stage=cors") || log.contains("stage\":\"cors");
+    assert!(stage, "{log}");
+    let named = log.contains(TESTING_PLUGIN_PATH);
+    assert!(named, "the log names the plugin: {log}");
+}
+
+/// What a plugin writes is bounded and attributed; the WASI it gets reaches nothing outside;
+/// a plugin that tries to wait, to take a socket or to make the host allocate for it fails
+/// its own request and nothing else.
+#[tokio::test]
+async fn a_plugin_logs_within_bounds_and_nothing_in_its_wasi_reaches_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let metrics = format!("[metrics]\ntoken = {METRICS_TOKEN:?}\n");
+    let gw = with_testing_cors(dir.path(), &metrics, "call_deadline_ms = 1000");
+    let client = reqwest::Client::new();
+    let get = |origin: &'static str| client.get(gw.data_url("/health")).call().origin(origin);
+
+    // `log`, stdout and stderr, each with the request id; a newline cannot forge a line.
+    let logged = get("https://log.test")
+        .expect(StatusCode::OK)
+        .await
+        .request_id();
+    // 1,000 lines of 1 MiB and 1 MiB of stdout: the call keeps 16 lines of at most 1 KiB.
+    let flooded = get("https://flood.test")
+        .expect(StatusCode::OK)
+        .await
+        .request_id();
+    fn plugin_lines<'a>(log: &'a str, id: &str) -> Vec<&'a str> {
+        log.lines()
+            .filter(|l| l.contains("aura::plugin") && l.contains(id))
+            .collect()
+    }
+    // The log is written by a thread of its own: on a loaded machine it may lag.
+    let mut log = String::new();
+    let _ = poll_tries(300, Duration::from_millis(100), async || {
+        log = gw.log_text();
+        let of = |id: &str| plugin_lines(&log, id).len();
+        (of(&logged) >= 3 && of(&flooded) >= 16).then_some(())
+    })
+    .await;
+    let lines = |id: &str| plugin_lines(&log, id);
+    let of_logged = lines(&logged);
+    let warned =
+        |l: &&str| l.contains("WARN") && l.contains("testing plugin saw log.test forged line");
+    assert!(of_logged.iter().any(warned), "{log}");
+    assert!(of_logged.iter().any(|l| l.contains("to stdout")), "{log}");
+    assert!(of_logged.iter().any(|l| l.contains("to stderr")), "{log}");
+    let forged = log.lines().any(|l| l.starts_with("forged line"));
+    assert!(!forged, "a plugin's newline started a line of its own");
+    let of_flood = lines(&flooded);
+    assert_eq!(of_flood.len(), 16, "lines kept for one call");
+    assert!(of_flood.iter().all(|l| l.len() < 1_500), "lines are cut");
+    let metrics = gw.metrics().await;
+    for reason in ["per_call", "bytes"] {
+        let label = format!("reason=\"{reason}\"");
+        let dropped = metric(&metrics, "aura_plugin_log_dropped_total", &[&label]);
+        assert!(dropped >= 1.0, "{reason}: {metrics}");
+    }
+
+    // No file, no environment: the plugin could do neither, so it denies the preflight.
+    let preflight = client
+        .request(reqwest::Method::OPTIONS, gw.data_url("/v1/db/x"))
+        .call();
+    let preflight = preflight.origin("https://file.test");
+    let preflight = preflight.header("access-control-request-method", "GET");
+    assert_eq!(preflight.status().await, StatusCode::FORBIDDEN);
+
+    // A sleep, a socket, 1 MiB of host randomness: that request fails closed at once, the
+    // next one is served.
+    for origin in [
+        "https://sleep.test",
+        "https://socket.test",
+        "https://random.test",
+    ] {
+        let started = std::time::Instant::now();
+        let r = get(origin).read().await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{origin}");
+        let waited = started.elapsed() >= Duration::from_secs(5);
+        assert!(!waited, "{origin} waited");
+        assert_eq!(r.code(), "policy_failed", "{origin}");
+        let next = get("https://ok.test").status().await;
+        assert_eq!(next, StatusCode::OK, "served after {origin}");
+    }
+    let log = gw.log_text();
+    assert!(log.contains("a plugin may not wait"), "{log}");
+    assert!(log.contains("is not granted to plugins"), "{log}");
+}
+
+/// The compile cache holds native code: a folder others may write to is refused with its key,
+/// and a file that is not a compiled module is compiled again, neither trusted nor fatal.
+#[tokio::test]
+async fn the_compile_cache_refuses_an_open_folder_and_recompiles_a_bad_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).expect("mkdir");
+    let chmod = |mode| std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(mode));
+    chmod(0o777).expect("chmod");
+    let toml = format!(
+        "[plugins]\ncompile_cache_dir = \"cache\"\n[data_plane.plugins.cors]\nmodule = {TESTING_PLUGIN_PATH:?}\n"
+    );
+    let config = || write_config(dir.path(), &toml);
+    let out = check_config(&config());
+    assert!(!out.status.success());
+    let stderr = stderr(&out);
+    let named =
+        stderr.contains("plugins.compile_cache_dir") && stderr.contains("writable by no one else");
+    assert!(named, "{stderr}");
+
+    chmod(0o700).expect("chmod");
+    succeeded(&check_config(&config()));
+    let files = std::fs::read_dir(&cache).expect("cache");
+    let mut files: Vec<_> = files.map(|e| e.expect("entry").path()).collect();
+    files.sort();
+    assert_eq!(
+        files.len(),
+        5,
+        "the testing plugin and the 4 defaults: {files:?}"
+    );
+    // Every file replaced by garbage: the gateway compiles again, serves, and rewrites them.
+    for file in &files {
+        std::fs::write(file, b"not a compiled module").expect("overwrite");
+    }
+    let gw = Process::serve(&config(), dir.path());
+    let health = Call::get(gw.data_url("/health")).origin("https://ok.test");
+    let r = health.expect(StatusCode::OK).await;
+    let origin = &r.headers["access-control-allow-origin"];
+    assert_eq!(origin, "https://ok.test", "the testing plugin is in force");
+    let log = gw.log_text();
+    assert!(log.contains("does not load; compiling again"), "{log}");
+    for file in &files {
+        assert_ne!(std::fs::read(file).expect("file"), b"not a compiled module");
+    }
+}
+
+#[test]
+fn an_api_key_module_asking_for_too_many_or_too_long_header_names_is_refused() {
+    // Every request is searched for each name the `api-key` stage asks to read: the host bounds
+    // the module's answer (here the default module, configured by the operator).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names = |n: usize, len: usize| {
+        let name = |i| format!("\"x-{}{i:02}\"", "k".repeat(len.saturating_sub(4)));
+        (0..n).map(name).collect::<Vec<_>>().join(", ")
+    };
+    let config = |list: String| {
+        let toml = format!("[data_plane.plugins.api_key.config]\nheaders = [{list}]\n");
+        write_config(dir.path(), &toml)
+    };
+    succeeded(&check_config(&config(names(16, 64))));
+    for (what, list, expected) in [
+        (
+            "17 names",
+            names(17, 8),
+            "17 header names to read, more than 16",
+        ),
+        (
+            "a 65-byte name",
+            names(1, 65),
+            "not a lower-case header name of 1 to 64 bytes",
+        ),
+    ] {
+        let out = check_config(&config(list));
+        assert!(!out.status.success(), "{what}");
+        let stderr = stderr(&out);
+        let named = stderr.contains("data_plane.plugins.api_key");
+        assert!(named, "{what}: {stderr}");
+        assert!(stderr.contains(expected), "{what}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn stage_inputs_larger_than_the_plugins_arena_are_served_and_leave_it_usable() {
+    // The default plugins serve a call's blocks from a 16 KiB region and anything larger from
+    // their system allocator: a client decides how large the `apikey` and `Origin` values the
+    // stages receive are (up to `server.max_header_bytes`).
+    let edge = Edge::start("").await;
+    let client = reqwest::Client::new();
+    let url = edge.gw.data_url("/v1/storage/object/x");
+    let object = |key: &str| client.get(&url).call().key(key);
+    let huge_key = format!("aura_pk_{}", "k".repeat(40 * 1024));
+    let huge_origin = format!("https://{}.example", "o".repeat(20 * 1024));
+    for round in 0..20 {
+        // A key bigger than the region: extracted from the system allocator, then unknown.
+        let r = object(&huge_key).read().await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "round {round}");
+        let body = r.text();
+        assert!(
+            body.contains("\"invalid_api_key\""),
+            "round {round}: {body}"
+        );
+        // An origin bigger than the region, with a valid key: the CORS stage answers for it.
+        let r = object(&edge.fx.anon_key).origin(&huge_origin).read().await;
+        assert_eq!(r.status, StatusCode::OK, "round {round}");
+        let allowed = &r.headers["access-control-allow-origin"];
+        assert_eq!(
+            allowed, "*",
+            "round {round}: the data plane allows any origin"
+        );
+        // And the same instances keep answering ordinary requests from their region.
+        let r = object(&edge.fx.anon_key)
+            .origin("https://app.example.com")
+            .read()
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "round {round}");
+        assert_eq!(r.headers["access-control-allow-origin"], "*");
+    }
+    let forwarded = edge.storage.seen().len();
+    assert_eq!(forwarded, 40, "every keyed request forwarded");
 }

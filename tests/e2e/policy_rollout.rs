@@ -71,7 +71,7 @@ fn every_other_disagrees(shadow: &Value) -> u64 {
 
 /// A shadow CORS module that denies an origin the enforced one allows.
 async fn shadow(gw: &Process, fx: &Fixture, console: &Policies) {
-    let cors = aura_gateway::policy::builtin::CORS;
+    let cors = aura_gateway::policy::stages::builtin::CORS;
     let (status, body) = console
         .put(
             "cors",
@@ -202,7 +202,7 @@ async fn canary_share(gw: &Process, fx: &Fixture, users: &[Uuid], burst: &str) -
 
 /// A quota canary at 10 %, a failing canary dropped by itself, promote.
 async fn canary(gw: &Process, fx: &Fixture, console: &Policies) {
-    let quota = std::fs::read(aura_gateway::policy::builtin::TESTING_QUOTA_PLUGIN_PATH)
+    let quota = std::fs::read(aura_gateway::policy::stages::builtin::TESTING_QUOTA_PLUGIN_PATH)
         .expect("testing quota plugin");
     let users: Vec<Uuid> = (0..200).map(|_| Uuid::new_v4()).collect();
     let ten_percent = json!({
@@ -308,7 +308,7 @@ async fn canary(gw: &Process, fx: &Fixture, console: &Policies) {
     let (status, body) = console
         .put(
             "quota",
-            json!({ "module": b64(aura_gateway::policy::builtin::QUOTA), "config": {} }),
+            json!({ "module": b64(aura_gateway::policy::stages::builtin::QUOTA), "config": {} }),
         )
         .await
         .parts();
@@ -448,7 +448,7 @@ mode = "shadow"
 module = {path:?}
 {quota_candidate}
 "#,
-        path = aura_gateway::policy::builtin::TESTING_QUOTA_PLUGIN_PATH,
+        path = aura_gateway::policy::stages::builtin::TESTING_QUOTA_PLUGIN_PATH,
     )
 }
 

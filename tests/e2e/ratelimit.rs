@@ -1,7 +1,6 @@
 //! Rate limits: per IP before auth, per actor after auth, shared through Redis with a local
 //! fallback.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,8 +8,6 @@ use aura_gateway::planes::build_data_plane_router;
 use aura_gateway::ratelimit::Rule;
 use aura_gateway::ratelimit::local::LocalBuckets;
 use aura_gateway::state::AppState;
-use axum::body::Body;
-use axum::extract::ConnectInfo;
 use governor::clock::FakeRelativeClock;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
@@ -22,13 +19,7 @@ use crate::support::fixture::{CountingStore, Fixture};
 use crate::support::gateway::InProcess;
 use crate::support::poll::poll_every;
 use crate::support::redis_server::RedisServer;
-
-fn from(peer: &str, request: http::request::Builder) -> Request<Body> {
-    let peer: SocketAddr = peer.parse().expect("addr");
-    let mut request = request.body(Body::empty()).expect("request");
-    request.extensions_mut().insert(ConnectInfo(peer));
-    request
-}
+use crate::support::router::from;
 
 #[tokio::test]
 async fn a_flood_from_one_ip_gets_the_burst_then_429_and_no_auth_work() {

@@ -1,4 +1,5 @@
-//! `/ready` and the drain: through the real binary.
+//! `/ready` and the drain: through the real binary. A flood of `/ready` reaches the store at most
+//! once a second.
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
@@ -6,12 +7,14 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 
 use crate::support::builder::{Gateway, Started};
-use crate::support::call::Call;
+use crate::support::call::{Call, IntoCall};
 use crate::support::config::binary;
 use crate::support::fixture::Fixture;
 use crate::support::gateway::Process;
+use crate::support::pg_counter::PgCounter;
 use crate::support::policy::{cors_probe, testing_cors};
 use crate::support::poll::poll_every;
+use crate::support::postgres::{TestDatabase, control_table};
 use crate::support::records::stored_cors_module;
 
 async fn ready(gw: &Process) -> (StatusCode, serde_json::Value) {
@@ -118,4 +121,34 @@ async fn ready_waits_for_the_projects_modules_and_answers_503_while_draining() {
         "the listeners closed before the drain delay ({stopped_after:?})"
     );
     assert!(stopped_after < Duration::from_secs(10), "{stopped_after:?}");
+}
+
+/// Every unauthenticated `/ready` used to ping the store (and Redis): a flood of it was a flood
+/// of store round trips. The checks are answered from the last one for a second.
+#[tokio::test]
+async fn ready_checks_reach_the_store_at_most_once_a_second() {
+    let fx = Fixture::new();
+    let (db, _store) = TestDatabase::seeded(&fx).await;
+    let counter = PgCounter::start(&db.url).await;
+    let store = control_table(&counter.url) + "notifications = false\n\n";
+    let plugins = "[plugins]\ntenant_refresh_secs = 3600\nmodule_gc_interval_secs = 3600\n";
+    let Started { gw, .. } = Gateway::builder()
+        .fixture(&fx)
+        .toml(store + plugins)
+        .binary();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = counter.statements();
+    let started = std::time::Instant::now();
+    let c = reqwest::Client::new();
+    let mut answered = 0;
+    while started.elapsed() < Duration::from_millis(1500) {
+        let status = c.get(gw.mgmt_url("/ready")).call().status().await;
+        assert!(matches!(status.as_u16(), 200 | 503));
+        answered += 1;
+    }
+    let pings = counter.statements() - before;
+    eprintln!("{answered} /ready answers in 1.5 s cost {pings} store statements");
+    assert!(answered > 20, "{answered}");
+    // Two checks at most in 1.5 s (each at most two statements: the pool's ping, the query).
+    assert!(pings <= 6, "{pings} statements");
 }

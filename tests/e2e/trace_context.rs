@@ -1,7 +1,8 @@
 //! W3C trace context through the real binary: a trusted caller's trace continues into the
 //! gateway's span (exported over OTLP/HTTPS to a receiver decoding the protobuf), and on to an
 //! HTTP backend and a NATS backend with the gateway's span as their parent; an untrusted
-//! caller's `traceparent` starts nothing.
+//! caller's `traceparent` starts nothing. A request's span, exported over OTLP, carries its
+//! request id.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use reqwest::StatusCode;
 
 use crate::support::builder::{Gateway, Started};
 use crate::support::call::Call;
+use crate::support::config::write_config;
 use crate::support::fixture::Fixture;
 use crate::support::gateway::Process;
 use crate::support::otlp::Receiver;
@@ -166,4 +168,31 @@ async fn an_untrusted_callers_traceparent_starts_a_new_trace() {
     assert_ne!(nats_trace, CLIENT_TRACE);
     // Each request is its own trace.
     assert_ne!(nats_trace, storage_trace);
+}
+
+#[tokio::test]
+async fn spans_are_exported_over_otlp_with_the_request_id() {
+    let bodies: std::sync::Arc<std::sync::Mutex<Vec<u8>>> = Default::default();
+    let sink = bodies.clone();
+    let traces = axum::routing::post(move |body: axum::body::Bytes| {
+        sink.lock().expect("lock").extend_from_slice(&body);
+        async { "" }
+    });
+    let app = axum::Router::new().route("/v1/traces", traces);
+    let collector = crate::support::upstream::serve_http(app).await;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = \"http://{collector}\"\nservice_name = \"aura-gateway-e2e\"\n"
+    );
+    let path = write_config(dir.path(), &tracing);
+    let gw = Process::serve(&path, dir.path());
+    let id = Call::get(gw.data_url("/health")).read().await.request_id();
+    let status = gw.terminate().await;
+    assert!(status.success());
+    let exported = String::from_utf8_lossy(&bodies.lock().expect("lock")).to_string();
+    let carried = exported.contains(&id);
+    assert!(carried, "the request span carries the request id");
+    assert!(exported.contains("aura-gateway-e2e"), "service.name");
+    assert!(exported.contains("request"), "the request span");
 }

@@ -13,7 +13,8 @@ use crate::control::{ApiKeyRecord, KeyRole};
 use crate::error::GatewayError;
 use crate::plane::Plane;
 use crate::policy::Policies;
-use crate::policy::registry::{PolicyRegistry, StageCall};
+use crate::policy::registry::PolicyRegistry;
+use crate::policy::slot::StageCall;
 use crate::policy::stages::{
     ApiKey, KeyDecision, KeyHeaders, KeyInput, KeyRole as StageKeyRole, KeySource,
 };

@@ -30,8 +30,8 @@ use ipnet::IpNet;
 use sha2::Digest as _;
 
 use super::keyset::{
-    FetchFailure, FetchLimits, FetchObserver, Fetching, Freshness, KeySet, KeySource, Origin,
-    UrlGuard, parse_set,
+    AddressRefused, FetchFailure, FetchLimits, FetchObserver, Fetching, Freshness, KeySet,
+    KeySource, Origin, UrlGuard, parse_set,
 };
 use crate::config::IssuersConfig;
 use crate::control::records::check_https_url;
@@ -39,11 +39,6 @@ use crate::control::{IssuerRecord, ProjectRecord};
 use crate::dns::{FetchResolver, LookupError, Purpose};
 use crate::metrics::Metrics;
 use crate::proxy::targets::TargetAllowList;
-
-/// Every address of a host is in a denied network.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("every address of {0} is in a denied network (auth.issuers.denied_networks)")]
-pub struct AddressRefused(pub String);
 
 /// Where issuers may be: any address outside `denied_networks`, and inside them only what
 /// `allowed_targets` lists.

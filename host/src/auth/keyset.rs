@@ -13,32 +13,14 @@
 //! refused whole (never cut to its first keys); no redirects, no proxy. A source may also learn
 //! its JWKS URL by OIDC discovery, whose document must name the issuer exactly.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
-use jsonwebtoken::{Algorithm, DecodingKey};
+use jsonwebtoken::Algorithm;
+use jsonwebtoken::DecodingKey;
 use tokio::time::Instant;
 
-/// Why a fetch failed: its `outcome` label, and a message that names no secret.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{outcome}: {message}")]
-pub struct FetchFailure {
-    /// `status`, `timeout`, `connect`, `too_large`, `too_many_keys`, `invalid`, `not_allowed`,
-    /// `discovery_mismatch` or `busy`.
-    pub outcome: &'static str,
-    pub message: String,
-}
-
-impl FetchFailure {
-    pub fn new(outcome: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            outcome,
-            message: message.into(),
-        }
-    }
-}
+pub use crate::jwks::{FetchFailure, KeySet, parse_set};
 
 /// The bounds of one fetch.
 #[derive(Debug, Clone, Copy)]
@@ -59,149 +41,6 @@ pub struct Freshness {
     pub unknown_kid_wait: Duration,
     /// How long a JWKS URL learned by discovery is used.
     pub discovery_max_age: Duration,
-}
-
-/// One verification key and the algorithm it is for.
-#[derive(Clone)]
-struct Key {
-    alg: Algorithm,
-    key: DecodingKey,
-}
-
-/// Keys of a JWKS by `kid`.
-#[derive(Default)]
-pub struct KeySet {
-    keys: HashMap<String, Vec<Key>>,
-    unnamed: Vec<Key>,
-    fetched_at: Option<Instant>,
-}
-
-impl std::fmt::Debug for KeySet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeySet")
-            .field("kids", &self.kids())
-            .field("unnamed", &self.unnamed.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl KeySet {
-    /// How many keys the set holds.
-    pub fn len(&self) -> usize {
-        self.unnamed.len() + self.keys.values().map(Vec::len).sum::<usize>()
-    }
-
-    /// Whether the set holds no key.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The key ids, sorted.
-    pub fn kids(&self) -> Vec<String> {
-        let mut kids: Vec<String> = self.keys.keys().cloned().collect();
-        kids.sort();
-        kids
-    }
-
-    fn find(&self, kid: Option<&str>, alg: Algorithm) -> Option<DecodingKey> {
-        let candidates = match kid {
-            Some(kid) => self.keys.get(kid)?,
-            None => &self.unnamed,
-        };
-        candidates
-            .iter()
-            .find(|k| k.alg == alg)
-            .map(|k| k.key.clone())
-    }
-}
-
-/// Least RSA modulus accepted, in bytes (2048 bits).
-const MIN_RSA_MODULUS_BYTES: usize = 256;
-
-/// Parses a JWKS document into its usable public signing keys. More than `max_keys` keys is
-/// `too_many_keys` (the whole set refused); symmetric keys, private keys, keys for encryption,
-/// RSA keys under 2048 bits and EC keys on another curve than P-256 are skipped; a key whose
-/// `alg` names another algorithm than its type allows is skipped; a set with no usable key is
-/// `invalid`.
-pub fn parse_set(bytes: &[u8], max_keys: usize) -> Result<KeySet, FetchFailure> {
-    let document: serde_json::Value = serde_json::from_slice(bytes)
-        .map_err(|_| FetchFailure::new("invalid", "the JWKS is not JSON"))?;
-    let list = document
-        .get("keys")
-        .and_then(|k| k.as_array())
-        .ok_or_else(|| FetchFailure::new("invalid", "the JWKS has no keys array"))?;
-    if list.len() > max_keys {
-        return Err(FetchFailure::new(
-            "too_many_keys",
-            format!("the JWKS has {} keys, over {max_keys}", list.len()),
-        ));
-    }
-    let mut set = KeySet::default();
-    for value in list {
-        let Some(object) = value.as_object() else {
-            continue;
-        };
-        // Private parameters: a set that publishes them is broken; such a key is never used.
-        if ["d", "p", "q", "dp", "dq", "qi", "k"]
-            .iter()
-            .any(|field| object.contains_key(*field))
-        {
-            continue;
-        }
-        let Ok(jwk) = serde_json::from_value::<Jwk>(value.clone()) else {
-            continue;
-        };
-        if matches!(
-            jwk.common.public_key_use,
-            Some(PublicKeyUse::Encryption | PublicKeyUse::Other(_))
-        ) {
-            continue;
-        }
-        let alg = match &jwk.algorithm {
-            AlgorithmParameters::RSA(rsa) => {
-                let modulus = base64_len(&rsa.n);
-                if modulus < MIN_RSA_MODULUS_BYTES {
-                    continue;
-                }
-                Algorithm::RS256
-            }
-            AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
-                Algorithm::ES256
-            }
-            // Symmetric keys never come from a JWKS; other curves and types are not accepted.
-            _ => continue,
-        };
-        if let Some(declared) = &jwk.common.key_algorithm {
-            let declared = format!("{declared:?}");
-            if declared != format!("{alg:?}") {
-                continue;
-            }
-        }
-        let Ok(key) = DecodingKey::from_jwk(&jwk) else {
-            continue;
-        };
-        let key = Key { alg, key };
-        match &jwk.common.key_id {
-            Some(kid) => set.keys.entry(kid.clone()).or_default().push(key),
-            None => set.unnamed.push(key),
-        }
-    }
-    if set.is_empty() {
-        return Err(FetchFailure::new(
-            "invalid",
-            "the JWKS has no usable public RS256 or ES256 signing key",
-        ));
-    }
-    Ok(set)
-}
-
-/// Decoded length of a base64url value without padding, leading zero bytes not counted.
-fn base64_len(value: &str) -> usize {
-    use base64::Engine as _;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(value.trim_end_matches('='))
-        .map(|bytes| bytes.iter().skip_while(|b| **b == 0).count())
-        .unwrap_or(0)
 }
 
 /// Checks a URL before anything connects to it (an issuer's SSRF rule).
@@ -270,11 +109,17 @@ fn send_outcome(e: &reqwest::Error) -> &'static str {
     }
 }
 
+/// Every address of a host is in a denied network: what a resolver that guards a fetch's
+/// addresses ([`super::issuers`]) answers, told apart from a failed lookup.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("every address of {0} is in a denied network (auth.issuers.denied_networks)")]
+pub struct AddressRefused(pub String);
+
 /// Whether the error comes from the resolver refusing every address of the host.
 fn is_refused_address(e: &reqwest::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
-        if err.is::<super::issuers::AddressRefused>() {
+        if err.is::<AddressRefused>() {
             return true;
         }
         source = err.source();
@@ -443,10 +288,8 @@ impl KeySource {
 
     /// A source over keys given inline (already parsed); never fetched.
     pub fn inline(set: KeySet) -> Self {
-        let set = KeySet {
-            fetched_at: Some(Instant::now()),
-            ..set
-        };
+        let mut set = set;
+        set.fetched_at = Some(Instant::now());
         let none = FetchLimits {
             timeout: Duration::ZERO,
             max_bytes: 0,

@@ -13,34 +13,10 @@
 
 use std::sync::Arc;
 
-use uuid::Uuid;
-
 use super::Authenticator;
 use super::jwt::{JwtError, Peeked, peek, project_ref_claim, refuse, validate};
-use crate::actor::Role;
+use crate::actor::{IssuerLabel, Role};
 use crate::control::{IssuerRecord, ProjectRecord};
-
-/// Who issued a user token, for quotas, logs and metrics.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IssuerLabel {
-    /// The platform's own tokens (`[auth.user_jwt]`).
-    Platform,
-    /// One of the project's trusted issuers.
-    Project { id: Uuid, iss: Arc<str> },
-    /// No issuer the project trusts (the token was refused).
-    Untrusted,
-}
-
-impl IssuerLabel {
-    /// `platform`, `untrusted`, or the trusted issuer's `iss`.
-    pub fn as_str(&self) -> &str {
-        match self {
-            IssuerLabel::Platform => "platform",
-            IssuerLabel::Project { iss, .. } => iss.as_ref(),
-            IssuerLabel::Untrusted => "untrusted",
-        }
-    }
-}
 
 /// A verified user.
 #[derive(Debug, Clone)]
@@ -269,7 +245,7 @@ mod tests {
         allowed: &[&str],
     ) -> IssuerRecord {
         IssuerRecord {
-            id: Uuid::new_v4(),
+            id: uuid::Uuid::new_v4(),
             project_ref: "alpha".into(),
             issuer: "https://id.example".into(),
             jwks_url: None,

@@ -252,7 +252,7 @@ impl IssuerRecord {
                 if keys.len() > MAX_INLINE_KEYS_BYTES {
                     return Err(format!("keys: at most {MAX_INLINE_KEYS_BYTES} bytes"));
                 }
-                crate::auth::keyset::parse_set(keys.as_bytes(), max_keys)
+                crate::jwks::parse_set(keys.as_bytes(), max_keys)
                     .map_err(|e| format!("keys: {}", e.message))?;
             }
             (None, None) => check_https_url(&self.issuer).map_err(|e| {

@@ -16,7 +16,7 @@ use super::request_id::RequestId;
 use super::{per_ip, request_id, security_headers};
 use crate::error::GatewayError;
 use crate::plane::Plane;
-use crate::policy::registry::StageCall;
+use crate::policy::slot::StageCall;
 use crate::policy::stages::{self, CorsAllow, CorsDecision, CorsInput};
 use crate::state::AppState;
 

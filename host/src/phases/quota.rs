@@ -9,7 +9,8 @@ use super::context::RequestContext;
 use super::per_ip::{Limiter, count, too_many};
 use crate::actor::Actor;
 use crate::error::GatewayError;
-use crate::policy::registry::{Source, StageCall};
+use crate::policy::registry::Source;
+use crate::policy::slot::StageCall;
 use crate::policy::stages::quota::{BucketScope, QuotaDenial, deny_code, deny_status};
 use crate::policy::stages::{Quota, QuotaDecision, QuotaInput};
 use crate::ratelimit::Decision;
@@ -102,10 +103,7 @@ pub async fn check(
     let rule = match rules::bound(&state.config.rate_limit, source, actor, answered) {
         Ok(bounded) => {
             for field in bounded.clamped.iter() {
-                state
-                    .metrics
-                    .quota_rule_clamped(cx.plane, source, field)
-                    .inc();
+                rules::clamped_counter(&state.metrics, cx.plane, source, field).inc();
             }
             bounded.rule
         }

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 use crate::breaker::{BreakerSnapshot, BreakerState};
 use crate::error::GatewayError;
-use crate::policy::stats::ModuleReport;
+use crate::policy::runtime::stats::ModuleReport;
 use crate::policy::{PlanePolicies, Policies};
 use crate::state::AppState;
 
@@ -101,7 +101,7 @@ fn module_json(m: &ModuleReport) -> Value {
 /// The operator's candidates of both planes: module, mode, percent, whether still tried, and a
 /// shadow's comparison.
 fn candidates_json(policies: &Policies) -> Value {
-    use crate::policy::stages::AnyCandidate;
+    use crate::policy::slot::AnyCandidate;
     fn one(c: &dyn AnyCandidate) -> Value {
         let mut v = module_json(&c.module().report());
         if let Value::Object(m) = &mut v {

@@ -11,9 +11,9 @@ use axum::routing::{MethodFilter, MethodRouter, any, on};
 use crate::error::GatewayError;
 use crate::headers::query_without_apikey;
 use crate::phases::context::RouteContext;
-use crate::policy::registry::StageCall;
-use crate::policy::stages::db_routing::Replica;
-use crate::policy::stages::{DbEngine, DbInput, DbRoute, DbRouting, ProjectDb, Topology};
+use crate::policy::slot::StageCall;
+use crate::policy::stages::db_routing;
+use crate::policy::stages::{DbInput, DbRoute, DbRouting};
 use crate::proxy::envelope::EnvelopeRequest;
 use crate::proxy::{headers, read_body};
 use crate::routes::Service;
@@ -92,25 +92,7 @@ pub async fn route_db(
         Some(project_ref) => state.auth.cached_project(project_ref).await?,
         None => None,
     };
-    let project = project.map(|p| ProjectDb {
-        engine: match p.db_engine {
-            crate::control::DbEngine::Postgres => DbEngine::Postgres,
-            crate::control::DbEngine::Mongodb => DbEngine::Mongodb,
-        },
-        topology: match p.topology {
-            crate::control::Topology::Shared => Topology::Shared,
-            crate::control::Topology::Dedicated => Topology::Dedicated,
-        },
-        postgrest_url: p.postgrest_url.clone(),
-        replicas: p
-            .replicas
-            .iter()
-            .map(|r| Replica {
-                url: r.url.clone(),
-                region: r.region.clone(),
-            })
-            .collect(),
-    });
+    let project = project.map(|p| db_routing::project_db(&p));
     let client_region = state.config.upstreams.client_region(request.headers());
     let call = StageCall {
         pinned: &cx.policies,
@@ -139,19 +121,9 @@ pub async fn route_db(
         )),
         DbRoute::Postgrest(base) => forward_postgrest(state, cx, base, request).await,
         DbRoute::Replica(url) => {
-            let read = matches!(
-                *request.method(),
-                ::http::Method::GET | ::http::Method::HEAD
-            );
-            let known = project
-                .as_ref()
-                .is_some_and(|p| p.replicas.iter().any(|r| r.url == *url));
-            if !read || !known {
-                let reason = if read {
-                    "unknown_replica"
-                } else {
-                    "write_to_replica"
-                };
+            if let Some((reason, message)) =
+                db_routing::refused_replica(url, request.method(), project.as_ref())
+            {
                 tracing::error!(
                     project = actor.project.as_deref().unwrap_or_default(),
                     method = %request.method(),
@@ -163,14 +135,7 @@ pub async fn route_db(
                     .db_routes_refused
                     .with_label_values(&[actor.plane.as_str(), reason])
                     .inc();
-                return Err(GatewayError::unavailable(
-                    "db_route_refused",
-                    if read {
-                        "the route's replica is not one of the project's"
-                    } else {
-                        "only GET and HEAD may be sent to a read replica"
-                    },
-                ));
+                return Err(GatewayError::unavailable("db_route_refused", message));
             }
             forward_postgrest(state, cx, url, request).await
         }

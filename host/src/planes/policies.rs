@@ -25,7 +25,7 @@ use crate::error::GatewayError;
 use crate::policy::history::Action;
 use crate::policy::installs::{Install, Installed, ModuleRef};
 use crate::policy::rollout::ShadowReport;
-use crate::policy::stats::ModuleReport;
+use crate::policy::runtime::stats::ModuleReport;
 use crate::stage::{Mode, Stage, Trial};
 use crate::state::AppState;
 

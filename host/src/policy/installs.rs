@@ -5,16 +5,16 @@
 //! instance happen together and in the order of the requests (a refresh running meanwhile never
 //! reverts them): it reads what is in force, writes the store, puts the change in force here,
 //! records it in the history with the console user who made it, and announces it to the other
-//! instances ([`Announce`]), which bring their modules in line with the store at once. A module
+//! instances ([`super::registry::Announce`]), which bring their modules in line with the store at once. A module
 //! is checked before any of that ([`super::tenants::TenantPolicies::prepare`]).
 //!
 //! The management plane's handlers ([`crate::planes::policies`]) parse a request, call one of
 //! these, and answer.
 
-use super::compile::CompileReport;
-use super::conformance::StageReport;
 use super::history::{self, Action};
 use super::registry::PolicyRegistry;
+use super::runtime::compile::CompileReport;
+use super::stages::conformance::StageReport;
 use super::tenants::{PrepareError, Slot, on_trial};
 use crate::control::{
     HISTORY_KEPT, PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, store_failed,
@@ -22,13 +22,6 @@ use crate::control::{
 use crate::error::GatewayError;
 use crate::plane::Plane;
 use crate::stage::{Mode, Stage, Trial};
-
-/// Tells the other instances that a project's modules changed (the fleet's change events).
-#[async_trait::async_trait]
-pub trait Announce: Send + Sync + std::fmt::Debug {
-    /// `project`'s modules changed in the store.
-    async fn tenant_modules_changed(&self, project: &str);
-}
 
 /// Where an installed module comes from.
 #[derive(Debug)]

@@ -1,35 +1,24 @@
-//! WebAssembly policy stages: the runtime ([`engine`]), the typed stages with their generated
-//! bindings ([`stages`]) and the per-plane set of loaded modules ([`PlanePolicies`]).
+//! WebAssembly policy stages, in three parts:
+//! - [`runtime`]: the mechanism every module runs under, whoever owns it (engine, sandbox,
+//!   limits, compilation, decision caches, the tenant pool);
+//! - [`stages`]: each stage as a type, with its conformance vectors, authoring tests, default
+//!   plugins and native adapters;
+//! - the owners' files: the per-plane set of loaded modules ([`PlanePolicies`]), a plane's slot
+//!   ([`slot`]), the registry that decides ([`registry`]), projects' modules ([`tenants`],
+//!   [`installs`]), trials ([`rollout`]), the history ([`history`]) and reloads ([`reload`]).
 //!
 //! The host owns every mechanism; a stage plugin only returns a typed decision. Modules are
 //! compiled and configured when loaded, never on the request path.
 
-pub mod authoring;
-pub mod builtin;
-pub mod cache_budget;
-pub mod compile;
-pub mod compile_cache;
-pub mod config_schema;
-pub mod confine;
-pub mod conformance;
-pub mod decision_cache;
-pub mod engine;
-pub mod epoch;
 pub mod history;
 pub mod installs;
-pub mod isolation;
-mod limits;
-#[cfg(feature = "native-policies")]
-pub mod native;
-pub mod plugin_log;
 pub mod registry;
 pub mod reload;
 pub mod rollout;
-pub mod sandbox;
+pub mod runtime;
+pub mod slot;
 pub mod stages;
-pub mod stats;
 pub mod tenants;
-pub mod vectors;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -39,8 +28,9 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
 pub use crate::stage::Stage;
-pub use engine::{Owner, PolicyEngine};
-pub use stages::{AnyModule, AnySlot, Module, PolicyStage, StageSlot};
+pub use runtime::engine::{Owner, PolicyEngine};
+pub use slot::{AnySlot, StageSlot};
+pub use stages::{AnyModule, Module, PolicyStage};
 
 /// The loaded `api-key` module of the data plane.
 pub type ApiKeyStage = Module<stages::ApiKey>;
@@ -55,6 +45,11 @@ use crate::config::{self, Config, StageConfig};
 use crate::plane::Plane;
 use crate::stage::STAGES;
 use stages::{ModuleSource, StageFn, for_stage};
+
+/// SHA-256 of a module, hex.
+pub fn digest_of(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
 
 /// How a plugin failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +226,7 @@ impl Sources<'_> {
                     )
                 }
             };
-        let digest = hex::encode(Sha256::digest(&bytes));
+        let digest = digest_of(&bytes);
         let component = match self.cache.compiled.get(&digest) {
             Some(c) => c.clone(),
             None => {
@@ -292,7 +287,7 @@ impl PlanePolicies {
     }
 
     /// Each stage's module and what it did: (stage, report).
-    pub fn reports(&self) -> Vec<(Stage, stats::ModuleReport)> {
+    pub fn reports(&self) -> Vec<(Stage, runtime::stats::ModuleReport)> {
         self.slots()
             .map(|s| (s.stage(), s.module().report()))
             .collect()
@@ -374,7 +369,7 @@ impl Policies {
         impl StageFn for LoadSlot<'_> {
             type Out = Result<Arc<dyn AnySlot>, PluginError>;
             fn call<S: PolicyStage>(self) -> Self::Out {
-                stages::load_slot::<S>(self.runtime, self.plane, self.module, self.candidate)
+                slot::load_slot::<S>(self.runtime, self.plane, self.module, self.candidate)
             }
         }
         let mut sources = Sources {

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::history::{Action, Queued};
-use super::installs::Announce;
 use super::rollout::{Compared, OPERATOR_SCOPE, Trial, failure_kind, on_canary};
-use super::stages::{AnyCandidate, AnyModule, Decided, PolicyStage};
+use super::slot::{AnyCandidate, StageCall};
+use super::stages::{AnyModule, Decided, PolicyStage};
 use super::tenants::{AnyInstalled, TenantCallError, TenantPolicies};
 use super::{PluginError, Policies, PolicyEngine, Stage};
 use crate::control::{ControlStore, PolicyEventRecord};
@@ -533,6 +533,13 @@ impl PolicyRegistry {
     }
 }
 
+/// Tells the other instances that a project's modules changed (the fleet's change events).
+#[async_trait::async_trait]
+pub trait Announce: Send + Sync + std::fmt::Debug {
+    /// `project`'s modules changed in the store.
+    async fn tenant_modules_changed(&self, project: &str);
+}
+
 /// Whose module gave a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -540,35 +547,6 @@ pub enum Source {
     Operator,
     /// The project's own module, or its candidate.
     Tenant,
-}
-
-/// Who asks [`PolicyRegistry::decide`] for a decision.
-#[derive(Debug, Clone, Copy)]
-pub struct StageCall<'a> {
-    /// The modules the request pinned.
-    pub pinned: &'a Policies,
-    /// The request's id (for the plugin's log lines).
-    pub request_id: Option<&'a str>,
-    /// The plane of the request.
-    pub plane: Plane,
-    /// The request's project, when known.
-    pub project: Option<&'a str>,
-    /// When the request's plane received it
-    /// ([`crate::phases::context::RequestContext::started`]): the decisions kept for it are
-    /// judged young or old at this time, read once for all its stages.
-    pub at: tokio::time::Instant,
-}
-
-impl StageCall<'_> {
-    /// The project whose own modules of stage `S` may decide: a data-plane request of a known
-    /// project, for a stage projects may install.
-    fn tenant_project<S: PolicyStage>(&self) -> Option<&str> {
-        if S::STAGE.info().tenant && self.plane == Plane::Data {
-            self.project
-        } else {
-            None
-        }
-    }
 }
 
 #[cfg(test)]
@@ -625,7 +603,7 @@ mod tests {
             &registry.runtime,
             project,
             Stage::Cors,
-            super::super::tenants::digest_of(bytes),
+            crate::policy::digest_of(bytes),
             component,
             &allowing(origin).to_string(),
         )
@@ -681,9 +659,9 @@ mod tests {
     /// Waits (on the wall clock: shadows run on the tenant threads) until `report` shows `n`
     /// comparisons, and gives the last one.
     fn compared(
-        report: impl Fn() -> super::super::rollout::ShadowReport,
+        report: impl Fn() -> crate::policy::rollout::ShadowReport,
         n: u64,
-    ) -> super::super::rollout::ShadowReport {
+    ) -> crate::policy::rollout::ShadowReport {
         for _ in 0..2_000 {
             let r = report();
             if r.compared >= n {

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::conformance::{self, ConformanceError, StageReport};
 use super::registry::PolicyRegistry;
+use super::stages::conformance::{self, ConformanceError, StageReport};
 use super::{PluginError, Policies, StoredModuleError, fetch_stored_modules};
 use crate::config::{self, Config, ConfigError};
 use crate::error::GatewayError;

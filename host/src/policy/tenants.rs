@@ -3,10 +3,10 @@
 //!
 //! A tenant module is untrusted code and every step around it is bounded by the host:
 //! - **upload**: at most `plugins.tenant_max_concurrent_uploads` at once per instance; size
-//!   checked; compiled in a separate, resource-limited process ([`super::compile`]); then
+//!   checked; compiled in a separate, resource-limited process ([`super::runtime::compile`]); then
 //!   exports, `configure` and the conformance vectors; stored content-addressed;
 //! - **calls**: on the tenant thread pool under the project's concurrency cap
-//!   ([`super::isolation`]), never on the request workers; same memory and time limits as every
+//!   ([`super::runtime::isolation`]), never on the request workers; same memory and time limits as every
 //!   module;
 //! - **refresh**: every `plugins.tenant_refresh_secs` each instance brings its modules in line
 //!   with the control store, off the request path; a module refused there is remembered (by
@@ -21,15 +21,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use sha2::{Digest, Sha256};
+
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::component::Component;
 
-use super::compile::{CompileError, CompileReport, Compiler};
-use super::conformance::StageReport;
-use super::isolation::{Busy, TenantPool};
-use super::registry::StageCall;
 use super::rollout::{Compared, Comparison, ShadowMetrics, ShadowSeries, Trial, failure_kind};
+use super::runtime::compile::{CompileError, CompileReport, Compiler};
+use super::runtime::isolation::{Busy, TenantPool};
+use super::slot::StageCall;
+use super::stages::conformance::StageReport;
 use super::stages::{Decided, Module, ModuleSource, PolicyStage, StageFn, for_stage};
 use super::{Owner, PluginError, PolicyEngine, Stage};
 use crate::config::PluginRuntimeConfig;
@@ -67,7 +67,7 @@ pub trait AnyInstalled: Send + Sync + std::fmt::Debug {
     /// Tries this module as a candidate (`trial`), its disagreements counted in `series`.
     fn put_on_trial(&mut self, trial: Trial, series: Option<ShadowSeries>);
     /// Calls, failures and call times since the module was loaded.
-    fn report(&self) -> super::stats::ModuleReport;
+    fn report(&self) -> super::runtime::stats::ModuleReport;
     /// Whether the module fails too often in the current window.
     fn failing_too_often(&self) -> bool;
     /// The JSON Schema of the module's configuration, when it exports one.
@@ -97,7 +97,7 @@ impl<S: PolicyStage> AnyInstalled for Installed<S> {
         self.comparison = (trial == Trial::Shadow).then(|| Comparison::new(series));
         self.trial = Some(trial);
     }
-    fn report(&self) -> super::stats::ModuleReport {
+    fn report(&self) -> super::runtime::stats::ModuleReport {
         super::AnyModule::report(&self.module)
     }
     fn failing_too_often(&self) -> bool {
@@ -122,11 +122,6 @@ pub fn on_trial(mut checked: Checked, trial: Trial, series: Option<ShadowSeries>
 pub enum Slot {
     Enforced,
     Candidate,
-}
-
-/// SHA-256 of a module, hex.
-pub fn digest_of(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
 }
 
 /// The name of a project's module in logs and reports: this prefix and the project ref (the
@@ -353,7 +348,7 @@ pub struct TenantPolicies {
 }
 
 fn refusal_key(digest: &str, stage: Stage, config: &str) -> String {
-    format!("{digest}/{stage}/{}", digest_of(config.as_bytes()))
+    format!("{digest}/{stage}/{}", super::digest_of(config.as_bytes()))
 }
 
 impl TenantPolicies {
@@ -581,7 +576,7 @@ impl TenantPolicies {
                 max: self.max_config_bytes,
             });
         }
-        let digest = digest_of(bytes);
+        let digest = super::digest_of(bytes);
         let (component, compile) = self.compiler.compile(&digest, bytes).await?;
         let runtime = self.runtime.clone();
         let (project, config) = (project.to_owned(), config.to_owned());
@@ -607,11 +602,15 @@ impl TenantPolicies {
     /// Puts a module in force for a project (`None` removes it), as a change of this instance.
     /// Every project's modules in force: (project, stage, report), sorted.
     /// What `project`'s module for `stage` did on this instance, if one is loaded.
-    pub fn report(&self, project: &str, stage: Stage) -> Option<super::stats::ModuleReport> {
+    pub fn report(
+        &self,
+        project: &str,
+        stage: Stage,
+    ) -> Option<super::runtime::stats::ModuleReport> {
         Some(self.installed(project, stage)?.report())
     }
 
-    pub fn reports(&self) -> Vec<(String, Stage, super::stats::ModuleReport)> {
+    pub fn reports(&self) -> Vec<(String, Stage, super::runtime::stats::ModuleReport)> {
         let mut out = Vec::new();
         for (project, modules) in self.map.load().iter() {
             for (stage, slot, installed) in modules.all() {

@@ -18,6 +18,8 @@
 
 use crate::actor::Actor;
 use crate::config::{RateLimitConfig, RuleCeilings};
+use crate::metrics::Metrics;
+use crate::plane::Plane;
 
 use super::Rule;
 
@@ -160,7 +162,7 @@ pub fn bound(
     // A user of a project's own issuer: the issuer is part of the name, so two identity
     // providers handing out the same `sub` never share a bucket.
     let issuer = match (&answered.scope, &actor.issuer) {
-        (Scope::User, Some(crate::auth::user_token::IssuerLabel::Project { id, .. })) => Some(*id),
+        (Scope::User, Some(crate::actor::IssuerLabel::Project { id, .. })) => Some(*id),
         _ => None,
     };
     let (tag, first, second): (&str, &str, Option<&str>) = match answered.scope {
@@ -244,10 +246,29 @@ pub fn bound(
     })
 }
 
+/// The counter of a rule's field lowered to its ceiling (`aura_quota_rules_clamped_total` by
+/// plane, source and field; a series appears when it is first counted).
+pub fn clamped_counter(
+    metrics: &Metrics,
+    plane: Plane,
+    source: RuleSource,
+    field: Field,
+) -> &prometheus::IntCounter {
+    let at = usize::from(plane == Plane::Management) * 6
+        + usize::from(source == RuleSource::Tenant) * 3
+        + field as usize;
+    metrics.clamped[at].get_or_init(|| {
+        metrics.quota_rules_clamped.with_label_values(&[
+            plane.as_str(),
+            source.as_str(),
+            field.as_str(),
+        ])
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plane::Plane;
 
     fn of(project: Option<&str>) -> Actor {
         let mut actor = Actor::unauthenticated(Plane::Data);
@@ -412,7 +433,7 @@ mod tests {
         // The same sub from a project's own issuer: another bucket.
         let mut issued = actor.clone();
         let id = uuid::Uuid::from_u128(0xabc);
-        issued.issuer = Some(crate::auth::user_token::IssuerLabel::Project {
+        issued.issuer = Some(crate::actor::IssuerLabel::Project {
             id,
             iss: "https://id.example".into(),
         });
@@ -420,7 +441,7 @@ mod tests {
             name(o, &issued, Scope::User),
             Ok(format!("o:v:5:alpha:{}:user:1", id.simple()))
         );
-        issued.issuer = Some(crate::auth::user_token::IssuerLabel::Platform);
+        issued.issuer = Some(crate::actor::IssuerLabel::Platform);
         assert_eq!(
             name(o, &issued, Scope::User),
             Ok("o:u:5:alpha:user:1".into())
@@ -454,6 +475,40 @@ mod tests {
                 Err(RuleRefused::ScopeUnknown(label)),
                 "{label} without a value fails closed"
             );
+        }
+    }
+
+    #[test]
+    fn a_clamped_field_is_counted_under_its_own_labels() {
+        let metrics = crate::metrics::Metrics::new();
+        let mut expected = Vec::new();
+        let mut times = 0;
+        for plane in [Plane::Data, Plane::Management] {
+            for source in [RuleSource::Operator, RuleSource::Tenant] {
+                for field in [Field::Rate, Field::Burst, Field::Cost] {
+                    times += 1;
+                    for _ in 0..times {
+                        clamped_counter(&metrics, plane, source, field).inc();
+                    }
+                    expected.push((plane.as_str(), source.as_str(), field.as_str(), times));
+                }
+            }
+        }
+        let text = metrics.render();
+        for (plane, source, field, times) in expected {
+            let labels = [
+                format!("plane=\"{plane}\""),
+                format!("source=\"{source}\""),
+                format!("field=\"{field}\""),
+            ];
+            let line = text
+                .lines()
+                .find(|l| {
+                    l.starts_with("aura_quota_rules_clamped_total{")
+                        && labels.iter().all(|label| l.contains(label.as_str()))
+                })
+                .unwrap_or_else(|| panic!("no series for {labels:?}"));
+            assert!(line.ends_with(&format!(" {times}")), "{line}: {times}");
         }
     }
 }

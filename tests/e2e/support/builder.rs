@@ -211,3 +211,9 @@ impl Dir {
         &self.path
     }
 }
+
+/// A gateway binary off NATS (subject prefix `prefix`) with `toml`.
+pub(crate) fn offline(prefix: &str, toml: &str) -> Started {
+    let gw = Gateway::builder().nats("nats://127.0.0.1:1").prefix(prefix);
+    gw.toml(toml).binary()
+}

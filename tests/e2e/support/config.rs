@@ -49,7 +49,7 @@ fn fill_compile_cache(dir: &Path) {
         &config,
         format!(
             "[plugins]\ncompile_cache_dir = {dir:?}\n\n[data_plane.plugins.cors]\nmodule = {:?}\n",
-            aura_gateway::policy::builtin::TESTING_PLUGIN_PATH,
+            aura_gateway::policy::stages::builtin::TESTING_PLUGIN_PATH,
         ),
     )
     .expect("config");
@@ -155,4 +155,11 @@ pub fn write_config(dir: &Path, toml: &str) -> PathBuf {
     let path = dir.join("gateway.toml");
     std::fs::write(&path, toml).expect("write config");
     path
+}
+
+/// `path` in the repository's `examples` folder.
+pub(crate) fn example(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(path)
 }

@@ -8,6 +8,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::call::{Answer, Call};
+use super::fixture::{Fixture, console_token};
 
 /// `bytes` in base64, as an upload carries a module.
 pub fn b64(bytes: &[u8]) -> String {
@@ -16,18 +17,19 @@ pub fn b64(bytes: &[u8]) -> String {
 
 /// The testing CORS module (it traps, spins, sleeps… on the origins that ask it to).
 pub fn testing_cors() -> Vec<u8> {
-    std::fs::read(aura_gateway::policy::builtin::TESTING_PLUGIN_PATH).expect("testing plugin")
+    std::fs::read(aura_gateway::policy::stages::builtin::TESTING_PLUGIN_PATH)
+        .expect("testing plugin")
 }
 
 /// The testing quota module.
 pub fn testing_quota() -> Vec<u8> {
-    std::fs::read(aura_gateway::policy::builtin::TESTING_QUOTA_PLUGIN_PATH)
+    std::fs::read(aura_gateway::policy::stages::builtin::TESTING_QUOTA_PLUGIN_PATH)
         .expect("testing quota plugin")
 }
 
 /// A module's digest.
 pub fn digest(bytes: &[u8]) -> String {
-    aura_gateway::policy::tenants::digest_of(bytes)
+    aura_gateway::policy::digest_of(bytes)
 }
 
 /// `GET /health` (`health`: its URL on a data plane) with `key` and a CORS `Origin`: what a
@@ -147,4 +149,9 @@ impl Policies {
     pub async fn history(&self, stage: &str) -> Vec<Value> {
         self.history_of(stage, "").await
     }
+}
+
+/// The fixture's admin on `gw`'s alpha, uploads given up after a minute.
+pub(crate) fn admin(gw_mgmt: String, fx: &Fixture) -> Policies {
+    Policies::new(gw_mgmt, console_token(fx.admin)).timeout(Duration::from_secs(60))
 }

@@ -50,7 +50,7 @@ pub fn e2e_store() -> aura_gateway::control::file::FileStore {
 /// Puts `module` in the file store's module directory under `dir` and returns the control-file
 /// record installing it as `project`'s `cors` module, as another instance would have written it.
 pub fn stored_cors_module(dir: &Path, project: &str, module: &[u8]) -> String {
-    let digest = aura_gateway::policy::tenants::digest_of(module);
+    let digest = aura_gateway::policy::digest_of(module);
     std::fs::create_dir_all(dir.join("modules")).expect("dir");
     std::fs::write(dir.join(format!("modules/{digest}.wasm")), module).expect("module");
     format!(

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use serde::Deserialize;
 use wasmtime::component::{ComponentType, Lower};
 
+use super::conformance::{ConformanceError, Run, StageReport};
+use super::vectors::{decision_is, field, get, parse, sample_path};
 use super::{Declaration, Inputs, Module, NamedRef, PolicyStage, stage_world, wit_method};
 use crate::policy::PluginError;
-use crate::policy::conformance::{ConformanceError, Run, StageReport};
-use crate::policy::decision_cache::KeyWriter;
-use crate::policy::engine::StageModule;
-use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
+use crate::policy::runtime::decision_cache::KeyWriter;
+use crate::policy::runtime::engine::StageModule;
 use crate::stage::Stage;
 
 /// The generated types of the `api-key` world (`api-key-stage` in `wit/gateway.wit`).
@@ -756,7 +756,7 @@ pub mod native {
     use aura_plugin_api_key::policy as api_key;
 
     use super::{Credential, KeyDecision, KeyRole, KeySource};
-    use crate::policy::native::native_policy;
+    use crate::policy::stages::native::native_policy;
 
     native_policy!(ApiKey(api_key::Policy), |_, config| {
         api_key::Policy::configure(config)

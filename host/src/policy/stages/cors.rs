@@ -6,13 +6,13 @@ use std::net::IpAddr;
 use serde::Deserialize;
 use wasmtime::component::{ComponentType, Lower};
 
+use super::conformance::{ConformanceError, Run, StageReport};
+use super::vectors::{decision_is, field, get, parse, sample_path};
 use super::{Declaration, Inputs, Module, PolicyStage, stage_world, wit_method};
 use crate::plane::Plane;
 use crate::policy::PluginError;
-use crate::policy::conformance::{ConformanceError, Run, StageReport};
-use crate::policy::decision_cache::KeyWriter;
-use crate::policy::engine::StageModule;
-use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
+use crate::policy::runtime::decision_cache::KeyWriter;
+use crate::policy::runtime::engine::StageModule;
 use crate::stage::Stage;
 
 /// The generated types of the `cors` world (`cors-stage` in `wit/gateway.wit`).
@@ -277,7 +277,9 @@ impl PolicyStage for Cors {
     ) -> Result<CorsDecision, PluginError> {
         use legacy::exports::aura::gateway::cors::CorsDecision as Legacy;
         let request = LegacyRequestRef {
-            plane: <CorsLegacy as crate::policy::engine::StageWorld>::plane(module.plane()),
+            plane: <CorsLegacy as crate::policy::runtime::engine::StageWorld>::plane(
+                module.plane(),
+            ),
             method: input.method,
             path: input.path,
             origin: input.origin,
@@ -414,7 +416,7 @@ pub mod native {
 
     use super::{CorsAllow, CorsDecision};
     use crate::plane::Plane;
-    use crate::policy::native::native_policy;
+    use crate::policy::stages::native::native_policy;
 
     native_policy!(Cors(cors::Policy), |plane, config| {
         let plane = match plane {

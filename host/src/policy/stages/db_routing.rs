@@ -4,13 +4,13 @@
 use serde::Deserialize;
 use wasmtime::component::{ComponentType, Lower};
 
+use super::conformance::{ConformanceError, Run, StageReport};
+use super::vectors::{decision_is, field, get, parse, sample_path};
 use super::{Declaration, Inputs, Module, PolicyStage, stage_world, wit_method};
 use crate::actor::Actor;
 use crate::policy::PluginError;
-use crate::policy::conformance::{ConformanceError, Run, StageReport};
-use crate::policy::decision_cache::KeyWriter;
-use crate::policy::engine::{StageModule, StageWorld};
-use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
+use crate::policy::runtime::decision_cache::KeyWriter;
+use crate::policy::runtime::engine::{StageModule, StageWorld};
 use crate::stage::Stage;
 
 /// The generated types of the `db-routing` world (`db-routing-stage` in `wit/gateway.wit`).
@@ -122,6 +122,50 @@ stage_world!(
     LegacyRequestRef<'a>,
     legacy::exports::aura::gateway::db_routing::DbRoute
 );
+
+/// The project's database as the stage reads it (`project-db`), from its control record.
+pub fn project_db(record: &crate::control::ProjectRecord) -> ProjectDb {
+    ProjectDb {
+        engine: match record.db_engine {
+            crate::control::DbEngine::Postgres => DbEngine::Postgres,
+            crate::control::DbEngine::Mongodb => DbEngine::Mongodb,
+        },
+        topology: match record.topology {
+            crate::control::Topology::Shared => Topology::Shared,
+            crate::control::Topology::Dedicated => Topology::Dedicated,
+        },
+        postgrest_url: record.postgrest_url.clone(),
+        replicas: record
+            .replicas
+            .iter()
+            .map(|r| Replica {
+                url: r.url.clone(),
+                region: r.region.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// Why the host refuses a `replica` answer for a request of `method` (the request then fails
+/// closed), or `None`: only `GET` and `HEAD` go to a replica, and only to one of the project's.
+/// The reason is the label of `aura_db_routes_refused_total`, with the client's message.
+pub fn refused_replica(
+    url: &str,
+    method: &http::Method,
+    project: Option<&ProjectDb>,
+) -> Option<(&'static str, &'static str)> {
+    if !matches!(*method, http::Method::GET | http::Method::HEAD) {
+        return Some((
+            "write_to_replica",
+            "only GET and HEAD may be sent to a read replica",
+        ));
+    }
+    let known = project.is_some_and(|p| p.replicas.iter().any(|r| r.url == url));
+    (!known).then_some((
+        "unknown_replica",
+        "the route's replica is not one of the project's",
+    ))
+}
 
 /// What the host knows of a `/v1/db/*` request for the db-routing stage.
 #[derive(Debug, Clone, Copy)]
@@ -539,7 +583,7 @@ pub mod native {
     use aura_plugin_db_routing::policy as db;
 
     use super::{DbEngine, DbRoute, ProjectDb, Topology};
-    use crate::policy::native::native_policy;
+    use crate::policy::stages::native::native_policy;
 
     native_policy!(DbRouting(db::Policy), |_, config| db::Policy::configure(
         config
@@ -582,6 +626,40 @@ pub mod native {
                 db::Route::Replica(url) => DbRoute::Replica(url),
                 db::Route::Unresolved => DbRoute::Unresolved,
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_serves_reads_of_its_own_project_only() {
+        let project = ProjectDb {
+            engine: DbEngine::Postgres,
+            topology: Topology::Dedicated,
+            postgrest_url: Some("https://db.example".into()),
+            replicas: vec![Replica {
+                url: "https://replica.example".into(),
+                region: Some("eu".into()),
+            }],
+        };
+        let own = "https://replica.example";
+        for method in [http::Method::GET, http::Method::HEAD] {
+            assert_eq!(refused_replica(own, &method, Some(&project)), None);
+            let other = refused_replica("https://elsewhere.example", &method, Some(&project));
+            assert_eq!(other.map(|r| r.0), Some("unknown_replica"));
+            let none = refused_replica(own, &method, None);
+            assert_eq!(none.map(|r| r.0), Some("unknown_replica"));
+        }
+        for method in [
+            http::Method::POST,
+            http::Method::PATCH,
+            http::Method::DELETE,
+        ] {
+            let write = refused_replica(own, &method, Some(&project));
+            assert_eq!(write.map(|r| r.0), Some("write_to_replica"), "{method}");
         }
     }
 }

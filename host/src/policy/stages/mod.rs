@@ -5,8 +5,8 @@
 //! canary picks its subject, how a decision is described for shadow comparisons, its conformance
 //! vectors, how an author's test case reads, its default plugin's configuration schema and the
 //! native adapter of the benchmarks. The rest of the host is written once over [`PolicyStage`]:
-//! a loaded module ([`Module`]), a plane's slot for a stage ([`StageSlot`]: the module in force
-//! and an operator's candidate), a project's module ([`super::tenants::Installed`]) and the one
+//! a loaded module ([`Module`]), a plane's slot for a stage ([`super::slot::StageSlot`]: the module in
+//! force and an operator's candidate), a project's module ([`super::tenants::Installed`]) and the one
 //! decision algorithm ([`super::registry::PolicyRegistry::decide`]).
 //!
 //! The table of stages is [`crate::stage::STAGES`]; [`for_stage`] is the one place that maps a
@@ -18,24 +18,27 @@
 //! guest can see are WIT results; traps stay on the host's side.
 
 pub mod api_key;
+pub mod authoring;
+pub mod builtin;
+pub mod conformance;
 pub mod cors;
 pub mod db_routing;
+#[cfg(feature = "native-policies")]
+pub mod native;
 pub mod quota;
+pub mod vectors;
 
-use std::any::Any;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 use wasmtime::component::Component;
 
-use super::conformance::{ConformanceError, StageReport};
-use super::decision_cache::{CacheReport, DecisionCache, KeyWriter};
-use super::engine::{CURRENT_VERSIONS, Owner, PolicyEngine, StageModule, StageWorld};
-use super::rollout::{Candidate, Comparison};
-use super::stats::ModuleReport;
+use self::conformance::{ConformanceError, StageReport};
+use super::runtime::decision_cache::{CacheReport, DecisionCache, KeyWriter};
+use super::runtime::engine::{CURRENT_VERSIONS, Owner, PolicyEngine, StageModule, StageWorld};
+use super::runtime::stats::ModuleReport;
 use super::{PluginError, Stage};
 use crate::plane::Plane;
-use crate::stage::Trial;
 
 pub use api_key::{
     ApiKey, Credential, KeyDecision, KeyHeaders, KeyInput, KeyRequest, KeyRole, KeySource,
@@ -120,7 +123,7 @@ pub trait PolicyStage: StageWorld<Decision: Clone + PartialEq> + Sized + std::fm
     type DefaultConfig: schemars::JsonSchema;
     /// The default policy compiled into the host (benchmark builds only).
     #[cfg(feature = "native-policies")]
-    type Native: super::native::NativePolicy;
+    type Native: self::native::NativePolicy;
     /// The names of the stage's inputs, in the order of its WIT `flags`.
     const INPUTS: &'static [&'static str];
 
@@ -174,7 +177,7 @@ pub trait PolicyStage: StageWorld<Decision: Clone + PartialEq> + Sized + std::fm
     /// The stage's conformance vectors, run on one module before it is trusted.
     fn conformance(module: &Module<Self>) -> Result<StageReport, ConformanceError>;
     /// Runs an author's test case (`plugin check --vectors`): the case's `input` and `expect`
-    /// tables, as documented in [`super::vectors`].
+    /// tables, as documented in [`self::vectors`].
     fn run_case(
         module: &Module<Self>,
         input: &toml::Table,
@@ -370,8 +373,8 @@ impl<S: PolicyStage> Module<S> {
     ) -> Result<Self, PluginError> {
         #[cfg(feature = "native-policies")]
         let native =
-            <S::Native as super::native::NativePolicy>::load(&source.name, plane, &source.config);
-        let current = super::engine::exported_version::<S>(&source.component)
+            <S::Native as self::native::NativePolicy>::load(&source.name, plane, &source.config);
+        let current = super::runtime::engine::exported_version::<S>(&source.component)
             .is_some_and(|v| CURRENT_VERSIONS.contains(&v));
         let (calls, configured, declaration) = if current {
             let module = StageModule::<S>::load(
@@ -663,137 +666,13 @@ impl<S: PolicyStage> AnyModule for Module<S> {
     }
 }
 
-/// A plane's modules for stage `S`: the one in force and the operator's candidate, if one is
-/// tried.
-#[derive(Debug)]
-pub struct StageSlot<S: PolicyStage> {
-    /// The module in force.
-    pub module: Arc<Module<S>>,
-    /// The operator's candidate (`<stage>.candidate` in the configuration).
-    pub candidate: Option<Arc<Candidate<S>>>,
-}
-
-impl<S: PolicyStage> Clone for StageSlot<S> {
-    fn clone(&self) -> Self {
-        Self {
-            module: self.module.clone(),
-            candidate: self.candidate.clone(),
-        }
-    }
-}
-
-impl<S: PolicyStage> StageSlot<S> {
-    /// The candidate while it is tried (not aborted or dropped).
-    pub fn tried(&self) -> Option<&Arc<Candidate<S>>> {
-        self.candidate.as_ref().filter(|c| !c.is_dropped())
-    }
-}
-
-/// What the host reads of an operator's candidate, whatever its stage.
-pub trait AnyCandidate: Send + Sync + std::fmt::Debug {
-    /// The candidate's module.
-    fn module(&self) -> &dyn AnyModule;
-    /// How it is tried.
-    fn trial(&self) -> Trial;
-    /// A shadow's comparison with the enforced decisions.
-    fn comparison(&self) -> &Comparison;
-    /// Whether it was aborted or dropped.
-    fn is_dropped(&self) -> bool;
-    /// Stops trying it; false when it already was.
-    fn drop_now(&self) -> bool;
-}
-
-impl<S: PolicyStage> AnyCandidate for Candidate<S> {
-    fn module(&self) -> &dyn AnyModule {
-        &*self.module
-    }
-    fn trial(&self) -> Trial {
-        self.trial
-    }
-    fn comparison(&self) -> &Comparison {
-        &self.comparison
-    }
-    fn is_dropped(&self) -> bool {
-        Candidate::is_dropped(self)
-    }
-    fn drop_now(&self) -> bool {
-        Candidate::drop_now(self)
-    }
-}
-
-/// A plane's slot for one stage, whatever the stage: what the host iterates over (reports,
-/// history, conformance, promotion). [`super::PlanePolicies::slot`] gives the typed slot back.
-pub trait AnySlot: Send + Sync + std::fmt::Debug {
-    /// The typed [`StageSlot`].
-    fn as_any(&self) -> &dyn Any;
-    /// The stage.
-    fn stage(&self) -> Stage;
-    /// The module in force.
-    fn module(&self) -> &dyn AnyModule;
-    /// The operator's candidate, tried or not.
-    fn candidate(&self) -> Option<&dyn AnyCandidate>;
-    /// The conformance vectors on the module in force, then on the candidate.
-    fn conformance(&self) -> Result<Vec<StageReport>, ConformanceError>;
-    /// This slot with its candidate (still tried) as the module in force, the candidate slot
-    /// emptied; `None` without one.
-    fn promoted(&self) -> Option<Arc<dyn AnySlot>>;
-}
-
-impl<S: PolicyStage> AnySlot for StageSlot<S> {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn stage(&self) -> Stage {
-        S::STAGE
-    }
-    fn module(&self) -> &dyn AnyModule {
-        &*self.module
-    }
-    fn candidate(&self) -> Option<&dyn AnyCandidate> {
-        self.candidate.as_deref().map(|c| c as &dyn AnyCandidate)
-    }
-    fn conformance(&self) -> Result<Vec<StageReport>, ConformanceError> {
-        let mut reports = vec![S::conformance(&self.module)?];
-        if let Some(c) = &self.candidate {
-            reports.push(S::conformance(&c.module)?);
-        }
-        Ok(reports)
-    }
-    fn promoted(&self) -> Option<Arc<dyn AnySlot>> {
-        let candidate = self.tried()?;
-        Some(Arc::new(StageSlot::<S> {
-            module: candidate.module.clone(),
-            candidate: None,
-        }))
-    }
-}
-
-/// Loads `S`'s slot of `plane` from its module (in force) and its candidate's, if any.
-pub(crate) fn load_slot<S: PolicyStage>(
-    runtime: &Arc<PolicyEngine>,
-    plane: Plane,
-    module: ModuleSource,
-    candidate: Option<(ModuleSource, Trial)>,
-) -> Result<Arc<dyn AnySlot>, PluginError> {
-    let module = Arc::new(Module::<S>::load(runtime, plane, module, Owner::Operator)?);
-    let candidate = match candidate {
-        None => None,
-        Some((source, trial)) => {
-            // Marked a candidate: its failures drop it alone.
-            let loaded = Module::<S>::load(runtime, plane, source, Owner::Candidate)?;
-            Some(Arc::new(Candidate::new(loaded, trial)))
-        }
-    };
-    Ok(Arc::new(StageSlot { module, candidate }))
-}
-
 /// Declares a stage's type as its [`StageWorld`]: the generated types of its bindings module
 /// (`world` for the current version, `legacy` for the ones before), the request borrowed where
 /// it can be. `check = f` bounds `configure`'s answer; `earlier = "0.3.0" => T, lift` names an
 /// earlier version the world accepts whose `configure` answered `T`, lifted by `lift`.
 macro_rules! stage_world {
     (@impl $world:ident, $module:ident, $bindings:ident, $versions:expr, $schema:expr, $stage:expr, $decide:literal, $setup:ty, $lt:lifetime, $request:ty, $decision:ty $(, check = $check:path)? $(, earlier = $earlier:literal => $old:ty, $lift:path)?) => {
-        impl $crate::policy::engine::StageWorld for $world {
+        impl $crate::policy::runtime::engine::StageWorld for $world {
             const STAGE: $crate::stage::Stage = $stage;
             const INTERFACE: &'static str = $stage.info().interface;
             const VERSIONS: &'static [&'static str] = $versions;
@@ -812,8 +691,8 @@ macro_rules! stage_world {
             }
 
             fn call<'a>(
-                decide: &$crate::policy::engine::Decide<Self>,
-                store: &mut wasmtime::Store<$crate::policy::engine::PluginState>,
+                decide: &$crate::policy::runtime::engine::Decide<Self>,
+                store: &mut wasmtime::Store<$crate::policy::runtime::engine::PluginState>,
                 request: Self::Request<'a>,
             ) -> wasmtime::Result<(Self::Decision,)> {
                 // Covariance: the function checked for `'static` inputs takes `'a` ones.
@@ -833,24 +712,24 @@ macro_rules! stage_world {
             $(
                 fn configure(
                     instance: &wasmtime::component::Instance,
-                    store: &mut wasmtime::Store<$crate::policy::engine::PluginState>,
+                    store: &mut wasmtime::Store<$crate::policy::runtime::engine::PluginState>,
                     index: wasmtime::component::ComponentExportIndex,
                     version: &'static str,
-                ) -> wasmtime::Result<$crate::policy::engine::Configure<Self>> {
+                ) -> wasmtime::Result<$crate::policy::runtime::engine::Configure<Self>> {
                     if version == $earlier {
-                        $crate::policy::engine::typed_configure::<Self, $old>(instance, store, index, $lift)
+                        $crate::policy::runtime::engine::typed_configure::<Self, $old>(instance, store, index, $lift)
                     } else {
-                        $crate::policy::engine::typed_configure::<Self, Self::Setup>(instance, store, index, |setup| setup)
+                        $crate::policy::runtime::engine::typed_configure::<Self, Self::Setup>(instance, store, index, |setup| setup)
                     }
                 }
             )?
         }
     };
     ($world:ident, $module:ident :: world, $($rest:tt)*) => {
-        $crate::policy::stages::stage_world!(@impl $world, $module, world, $crate::policy::engine::CURRENT_VERSIONS, true, $($rest)*);
+        $crate::policy::stages::stage_world!(@impl $world, $module, world, $crate::policy::runtime::engine::CURRENT_VERSIONS, true, $($rest)*);
     };
     ($world:ident, $module:ident :: legacy, $($rest:tt)*) => {
-        $crate::policy::stages::stage_world!(@impl $world, $module, legacy, $crate::policy::engine::LEGACY_VERSIONS, false, $($rest)*);
+        $crate::policy::stages::stage_world!(@impl $world, $module, legacy, $crate::policy::runtime::engine::LEGACY_VERSIONS, false, $($rest)*);
     };
 }
 pub(crate) use stage_world;

@@ -7,15 +7,15 @@ use std::net::IpAddr;
 use serde::Deserialize;
 use wasmtime::component::{ComponentType, Lower};
 
+use super::conformance::{ConformanceError, Run, StageReport};
+use super::vectors::{decision_is, field, get, parse, sample_path};
 use super::{
     Declaration, Inputs, Module, NamedRef, PolicyStage, method_index, stage_world, wit_method,
 };
 use crate::actor::{Actor, Role};
 use crate::policy::PluginError;
-use crate::policy::conformance::{ConformanceError, Run, StageReport};
-use crate::policy::decision_cache::KeyWriter;
-use crate::policy::engine::{StageModule, StageWorld};
-use crate::policy::vectors::{decision_is, field, get, parse, sample_path};
+use crate::policy::runtime::decision_cache::KeyWriter;
+use crate::policy::runtime::engine::{StageModule, StageWorld};
 use crate::routes::RouteGroup;
 use crate::stage::Stage;
 
@@ -861,7 +861,7 @@ pub mod native {
 
     use super::{BucketScope, DenyReason, DenyStatus, QuotaDecision, QuotaDenial, QuotaRule};
     use crate::actor::{Actor, Role};
-    use crate::policy::native::native_policy;
+    use crate::policy::stages::native::native_policy;
 
     native_policy!(Quota(quota::Policy), |_, config| quota::Policy::configure(
         config

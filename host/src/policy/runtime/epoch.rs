@@ -39,7 +39,8 @@ struct Shared {
     /// Whether the ticker is asleep (or about to be) until a guard wakes it.
     asleep: AtomicBool,
     stop: AtomicBool,
-    /// Times the ticker went to sleep (for tests and the runtime's report).
+    /// Times the ticker announced a sleep (a guard taken at that instant cancels it); for tests
+    /// and the runtime's report.
     sleeps: AtomicUsize,
 }
 
@@ -88,11 +89,13 @@ impl EpochTicker {
                         // Announce the sleep, then look again: a guard taken in between either
                         // is seen here or sees `asleep` and wakes the thread (both orders are
                         // sequentially consistent). A wake-up before `park` is not lost.
+                        // The sleep is counted before it is announced, so whoever sees
+                        // `asleep` also sees it counted.
+                        shared.sleeps.fetch_add(1, Ordering::SeqCst);
                         shared.asleep.store(true, Ordering::SeqCst);
                         if shared.running.load(Ordering::SeqCst) == 0
                             && !shared.stop.load(Ordering::SeqCst)
                         {
-                            shared.sleeps.fetch_add(1, Ordering::Relaxed);
                             std::thread::park();
                         }
                         shared.asleep.store(false, Ordering::SeqCst);
@@ -122,7 +125,7 @@ impl EpochTicker {
 
     /// How many times the ticker has gone to sleep.
     pub fn sleeps(&self) -> usize {
-        self.shared.sleeps.load(Ordering::Relaxed)
+        self.shared.sleeps.load(Ordering::SeqCst)
     }
 
     fn wake(&self) {

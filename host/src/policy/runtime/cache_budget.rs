@@ -282,7 +282,7 @@ impl crate::metrics::Publish for CacheBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::decision_cache::{DecisionCache, KeyWriter};
+    use crate::policy::runtime::decision_cache::{DecisionCache, KeyWriter};
 
     /// A budget of `ceiling` bytes, caches of up to 1 MiB with partitions of 256 KiB.
     fn setup(ceiling: usize) -> (DecisionCacheConfig, Arc<CacheBudget>) {

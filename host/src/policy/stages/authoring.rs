@@ -5,15 +5,15 @@
 
 use std::path::{Path, PathBuf};
 
-use super::Stage;
+use crate::policy::Stage;
 
 /// The WIT package `aura:gateway` of an accepted version.
 pub fn wit(version: &str) -> Option<&'static str> {
     match version {
-        "0.4.0" => Some(include_str!("../../../wit/gateway.wit")),
-        "0.3.0" => Some(include_str!("../../../wit/0.3.0/gateway.wit")),
-        "0.2.0" => Some(include_str!("../../../wit/0.2.0/gateway.wit")),
-        "0.1.0" => Some(include_str!("../../../wit/0.1.0/gateway.wit")),
+        "0.4.0" => Some(include_str!("../../../../wit/gateway.wit")),
+        "0.3.0" => Some(include_str!("../../../../wit/0.3.0/gateway.wit")),
+        "0.2.0" => Some(include_str!("../../../../wit/0.2.0/gateway.wit")),
+        "0.1.0" => Some(include_str!("../../../../wit/0.1.0/gateway.wit")),
         _ => None,
     }
 }
@@ -59,9 +59,9 @@ fn example(stage: Stage, lang: Lang) -> (&'static str, &'static str) {
         ($($stage:ident => $dir:literal),*) => {
             match (stage, lang) {
                 $(
-                    (Stage::$stage, Lang::Rust) => ("src/lib.rs", include_str!(concat!("../../../examples/plugins/rust/", $dir, "/src/lib.rs"))),
-                    (Stage::$stage, Lang::Python) => ("app.py", include_str!(concat!("../../../examples/plugins/python/", $dir, "/app.py"))),
-                    (Stage::$stage, Lang::Js) => ("plugin.js", include_str!(concat!("../../../examples/plugins/js/", $dir, "/plugin.js"))),
+                    (Stage::$stage, Lang::Rust) => ("src/lib.rs", include_str!(concat!("../../../../examples/plugins/rust/", $dir, "/src/lib.rs"))),
+                    (Stage::$stage, Lang::Python) => ("app.py", include_str!(concat!("../../../../examples/plugins/python/", $dir, "/app.py"))),
+                    (Stage::$stage, Lang::Js) => ("plugin.js", include_str!(concat!("../../../../examples/plugins/js/", $dir, "/plugin.js"))),
                 )*
             }
         };
@@ -75,12 +75,12 @@ fn example_cases(stage: Stage) -> (&'static str, &'static str) {
         ($dir:literal) => {
             (
                 include_str!(concat!(
-                    "../../../examples/plugins/vectors/",
+                    "../../../../examples/plugins/vectors/",
                     $dir,
                     "/config.toml"
                 )),
                 include_str!(concat!(
-                    "../../../examples/plugins/vectors/",
+                    "../../../../examples/plugins/vectors/",
                     $dir,
                     "/vectors.toml"
                 )),

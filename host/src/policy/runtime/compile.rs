@@ -319,8 +319,8 @@ impl Compiler {
             return Err(died(status, self.max_memory, self.max_time));
         }
         // Bound to this module: the worker compiled what it was given and sent what it wrote.
-        if header.input_sha256 != super::tenants::digest_of(bytes)
-            || header.artefact_sha256 != super::tenants::digest_of(artefact)
+        if header.input_sha256 != crate::policy::digest_of(bytes)
+            || header.artefact_sha256 != crate::policy::digest_of(artefact)
         {
             return Err(CompileError::Worker(
                 "the compiled module is not the one sent to the worker; not loaded".into(),
@@ -566,8 +566,8 @@ pub fn worker_main(args: WorkerArgs) -> ExitCode {
                 compile_ms: started.elapsed().as_millis() as u64,
                 peak_rss_bytes: peak_rss_bytes(status.as_mut()),
                 artefact_bytes: artefact.len() as u64,
-                input_sha256: super::tenants::digest_of(&bytes),
-                artefact_sha256: super::tenants::digest_of(&artefact),
+                input_sha256: crate::policy::digest_of(&bytes),
+                artefact_sha256: crate::policy::digest_of(&artefact),
                 ..WorkerHeader::default()
             },
             &artefact,

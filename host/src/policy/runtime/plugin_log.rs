@@ -11,8 +11,8 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::Stage;
 use crate::plane::Plane;
+use crate::policy::Stage;
 
 /// Bytes of one line kept (on a character boundary).
 pub const MAX_LINE_BYTES: usize = 1024;

@@ -6,7 +6,8 @@
 //! schema's own `$defs`), and its patterns run on a regular-expression engine without
 //! backtracking, so no pattern can make the check run away.
 
-use super::engine::MAX_SCHEMA_BYTES;
+/// The largest configuration schema a module may answer, in bytes.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
 /// How many violations a refusal names.
 const NAMED_VIOLATIONS: usize = 3;

@@ -33,9 +33,9 @@
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::stages::{PolicyStage, StageFn, for_stage};
-use super::{Policies, Stage};
+use super::{PolicyStage, StageFn, for_stage};
 use crate::plane::Plane;
+use crate::policy::{Policies, Stage};
 
 /// A vectors file.
 #[derive(Debug, Deserialize)]
@@ -211,7 +211,7 @@ mod tests {
         )
         .expect("parses");
         let err =
-            parse::<super::super::stages::cors::CorsExpect>(&vectors.cases[0].expect, "expect")
+            parse::<crate::policy::stages::cors::CorsExpect>(&vectors.cases[0].expect, "expect")
                 .err()
                 .expect("refused");
         assert!(err.contains("allow_orign"), "{err}");

@@ -35,7 +35,18 @@ use wasmtime_wasi::p2::{DynPollable, OutputStream, Pollable, StreamError, Stream
 use wasmtime_wasi::random::WasiRandom;
 use wasmtime_wasi::{WasiCtx, WasiCtxView};
 
-use super::engine::PluginState;
+use super::limits::PluginLimiter;
+use super::plugin_log::CallLog;
+
+/// Per-store data of a plugin instance.
+#[derive(Debug)]
+pub struct PluginState {
+    pub(crate) limiter: PluginLimiter,
+    /// Lines written during the call in progress.
+    pub(crate) log: CallLog,
+    /// The WASI state, made on the instance's first WASI call.
+    pub(crate) sandbox: Option<Box<Sandbox>>,
+}
 
 /// Bytes of stdout (and of stderr) kept per call; the rest is dropped and counted.
 pub const CAPTURE_BYTES: usize = 16 * 1024;

@@ -1,7 +1,7 @@
 //! The default plugins, built from `plugins/` by `host/build.rs` and embedded in the binary:
 //! each stage's is its [`PolicyStage::BUILTIN`]; two are named here for tools and tests.
 
-use super::stages::{Cors, PolicyStage, Quota};
+use super::{Cors, PolicyStage, Quota};
 
 /// The default `cors` stage component.
 pub const CORS: &[u8] = Cors::BUILTIN;

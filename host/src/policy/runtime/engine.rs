@@ -26,12 +26,10 @@ use wasmtime::{
 use super::epoch::{EpochTicker, IDLE_BEFORE_SLEEP, epoch_tick};
 use super::limits::PluginLimiter;
 use super::plugin_log::{self, CallLog, Level, LogRate, Source};
-use super::sandbox::Sandbox;
-/// The level of a `log` line (the `log` interface every stage world imports).
-use super::stages::cors::world::aura::gateway::log::Level as LogLevel;
-use super::{FailureKind, PluginError, Stage};
+pub use super::sandbox::PluginState;
 use crate::config::{InstanceReuse, PluginRuntimeConfig};
 use crate::plane::Plane;
+use crate::policy::{FailureKind, PluginError, Stage};
 
 /// The deadline of setting up an instance of an operator's module, when longer than the call
 /// deadline: a language runtime (Python, JavaScript) initialises megabytes of memory when
@@ -77,16 +75,6 @@ fn deadline_ticks(call_deadline_ms: u64) -> u64 {
     call_deadline_ms.div_ceil(tick) + 1
 }
 
-/// Per-store data of a plugin instance.
-#[derive(Debug)]
-pub struct PluginState {
-    pub(crate) limiter: PluginLimiter,
-    /// Lines written during the call in progress.
-    pub(crate) log: CallLog,
-    /// The WASI state, made on the instance's first WASI call.
-    pub(crate) sandbox: Option<Box<Sandbox>>,
-}
-
 /// The versions of `aura:gateway` the host accepts, newest first.
 pub const WIT_VERSIONS: [&str; 4] = ["0.4.0", "0.3.0", "0.2.0", "0.1.0"];
 
@@ -96,9 +84,6 @@ pub const CURRENT_VERSIONS: &[&str] = &["0.4.0", "0.3.0"];
 
 /// The versions called through a stage's legacy types (string methods, no declaration).
 pub const LEGACY_VERSIONS: &[&str] = &["0.2.0", "0.1.0"];
-
-/// The largest configuration schema a module may answer, in bytes.
-pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
 /// The shared wasmtime engine and the runtime limits of every plugin call.
 #[derive(Debug)]
@@ -523,6 +508,22 @@ fn linker(engine: &Engine, component: &Component) -> wasmtime::Result<Linker<Plu
     Ok(linker)
 }
 
+/// The `level` of `aura:gateway/log` (the same enum in every version that has the interface).
+#[derive(ComponentType, Lift, Clone, Copy, Debug)]
+#[component(enum)]
+#[repr(u8)]
+#[allow(dead_code, reason = "made only by lifting a guest's value")]
+enum LogLevel {
+    #[component(name = "debug")]
+    Debug,
+    #[component(name = "info")]
+    Info,
+    #[component(name = "warn")]
+    Warn,
+    #[component(name = "error")]
+    Error,
+}
+
 /// `aura:gateway/log` of `version` (the same function in every version that has it).
 fn add_log(linker: &mut Linker<PluginState>, version: &str) -> wasmtime::Result<()> {
     linker
@@ -574,7 +575,7 @@ pub struct StageModule<W: StageWorld> {
 
 /// Whose module a loaded module is, told by the one who loads it.
 ///
-/// The registry acts on a failing module by its owner ([`super::registry`]): the operator's
+/// The registry acts on a failing module by its owner ([`crate::policy::registry`]): the operator's
 /// module in force is rolled back to the previous set, a candidate is dropped alone, a project's
 /// module fails that project's requests only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,8 +1,9 @@
-//! The listeners under attack, through the real binary: connections that never speak (in clear
-//! text, after a TLS handshake, or with a part of the HTTP/2 preface), HTTP/2 connections that
-//! hold a slot without a stream or stop answering PINGs, and HTTP/2 connections multiplexing
-//! more long-lived streams than the listener's budget; a part of the HTTP/2 preface held by a
-//! thousand connections at no CPU, and a preface cut in two writes.
+//! The listeners, through the real binary: connections that never speak (in clear text, after a
+//! TLS handshake, or with a part of the HTTP/2 preface), HTTP/2 connections that hold a slot
+//! without a stream or stop answering PINGs, HTTP/2 connections multiplexing more long-lived
+//! streams than the listener's budget, and an HTTP/2 stream whose client makes no room for its
+//! answer; a part of the HTTP/2 preface held by a thousand connections at no CPU, and a preface
+//! cut in two writes.
 
 use std::time::{Duration, Instant};
 

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::stages::AnyModule;
-use super::{FailureKind, PluginError, Policies, Stage};
+use super::AnyModule;
 use crate::plane::Plane;
+use crate::policy::{FailureKind, PluginError, Policies, Stage};
 
 /// What the vectors measured for one stage module.
 #[derive(Debug, Clone)]

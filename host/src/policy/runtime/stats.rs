@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use super::FailureKind;
+use crate::policy::FailureKind;
 
 const BUCKETS: usize = 256;
 

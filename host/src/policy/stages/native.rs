@@ -3,7 +3,7 @@
 //! Built with the feature and started with `BENCH_AURA_NATIVE_POLICIES=1`, the gateway answers
 //! every stage that runs a built-in module with the same policy code called natively instead of
 //! through the sandbox, so that `bench/run` can measure the price of the sandbox on one binary.
-//! Each stage's adapter (`Native`) is in its file under [`super::stages`].
+//! Each stage's adapter (`Native`) is in its file under [`crate::policy::stages`].
 //! The wasm modules are still compiled, checked and configured as usual (a configuration the
 //! module refuses is refused the same way); only the per-request call changes. Never for
 //! production: a native policy has no deadline, memory cap or fault isolation.
@@ -55,7 +55,7 @@ macro_rules! native_policy {
         #[derive(Debug)]
         pub struct $name($policy);
 
-        impl $crate::policy::native::NativePolicy for $name {
+        impl $crate::policy::stages::native::NativePolicy for $name {
             fn configure($plane: $crate::plane::Plane, $config: &str) -> Option<Self> {
                 $configure.ok().map(Self)
             }
