@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use crate::actor::Actor;
 use crate::auth::jwt::{JwtVerifier, MAX_TOKEN_LEN};
 use crate::config::JwtConfig;
-use crate::framing::Framing;
+use crate::http1::body::Framing;
 use crate::plane::Plane;
 use crate::proxy::envelope::{self, EnvelopeRequest};
 use crate::proxy::headers;
@@ -672,7 +672,7 @@ pub fn request_head(data: &[u8]) {
     request_head_verdict(data);
 }
 
-/// The client-side request head parser (`server::head::parse`, under a head limit of 8 KiB)
+/// The client-side request head parser (`http1::server::parse`, under a head limit of 8 KiB)
 /// on arbitrary bytes: it accepts a head exactly when `httparse` parses it complete and RFC
 /// 9112 and the gateway's stated rules accept its framing (one `Host`; never `Content-Length`
 /// beside `Transfer-Encoding`, nor lengths that differ or are not 1–19 digits; `chunked` the
@@ -681,7 +681,7 @@ pub fn request_head(data: &[u8]) {
 /// after the head left in the buffer. A head it writes from an accepted one for a backend
 /// parses back to the same method, target, headers and framing. Whether it accepted.
 pub fn request_head_verdict(data: &[u8]) -> bool {
-    use crate::server::head;
+    use crate::http1::server as head;
     let within = &data[..data.len().min(HEAD_LIMIT)];
     let mut fields = [httparse::EMPTY_HEADER; head::MAX_HEADERS];
     let mut theirs = httparse::Request::new(&mut fields);
@@ -758,7 +758,7 @@ pub fn request_head_verdict(data: &[u8]) -> bool {
         ),
     };
     // Written for a backend (its own host, its own framing header) and read back.
-    use crate::proxy::h1;
+    use crate::http1::client as h1;
     let sending = match head.body {
         Framing::Length(n) => h1::Sending::Length(n),
         Framing::Done => h1::Sending::Nothing,
@@ -813,7 +813,7 @@ pub fn answer_head(data: &[u8]) {
     answer_head_verdict(data);
 }
 
-/// The backend-side answer head parser (`proxy::h1::parse_head`) on arbitrary bytes: it accepts
+/// The backend-side answer head parser (`http1::client::parse_head`) on arbitrary bytes: it accepts
 /// a head exactly when `httparse` parses it complete with a valid status and RFC 9112 §6.3
 /// accepts its framing (never `Content-Length` beside `Transfer-Encoding`, nor lengths that
 /// differ or are not 1–19 digits), and then reads it as `httparse` does: the same status,
@@ -822,9 +822,9 @@ pub fn answer_head(data: &[u8]) {
 /// never kept alive (§6.1). The head the gateway writes to its client from it parses back to
 /// the same status and headers, framed as the gateway says. Whether it accepted.
 pub fn answer_head_verdict(data: &[u8]) -> bool {
+    use crate::http1::client as h1;
+    use crate::http1::server::{self as head, Framed, Sending};
     use crate::phases::stamps::Stamps;
-    use crate::proxy::h1;
-    use crate::server::head::{self, Framed, Sending};
     let within = &data[..data.len().min(h1::MAX_HEAD_BYTES)];
     let mut fields = [httparse::EMPTY_HEADER; h1::MAX_HEADERS];
     let mut theirs = httparse::Response::new(&mut fields);
@@ -1004,7 +1004,7 @@ enum Outcome {
 /// asks for room within its read sizes, and holds no more bytes undecided than its bounds
 /// allow.
 fn decode_in_reads(framing: Framing, wire: &[u8], read: impl Fn(usize) -> usize) -> Outcome {
-    use crate::framing::{
+    use crate::http1::body::{
         BODY_READ_CHUNK, Chunk, Decoded, Decoder, MAX_CHUNK_EXTRAS, MAX_CHUNK_LINE, READ_CHUNK,
     };
     let mut decoder = Decoder::new(framing);
@@ -1067,7 +1067,7 @@ fn decode_in_reads(framing: Framing, wire: &[u8], read: impl Fn(usize) -> usize)
 /// then an empty line; extensions and trailer lines at most `MAX_CHUNK_EXTRAS` bytes in all.
 /// Every size line it takes, `httparse` reads as the same size.
 fn chunked_reference(wire: &[u8]) -> Outcome {
-    use crate::framing::{MAX_CHUNK_EXTRAS, MAX_CHUNK_LINE};
+    use crate::http1::body::{MAX_CHUNK_EXTRAS, MAX_CHUNK_LINE};
     /// The line at `at`, ended by CRLF within `within` bytes; `Err(true)` when the bytes run
     /// past that bound without one, `Err(false)` when they end first.
     fn line(wire: &[u8], at: usize, within: usize) -> Result<&[u8], bool> {
@@ -1163,7 +1163,7 @@ pub fn chunked(data: &[u8]) {
     chunked_verdict(data);
 }
 
-/// The body decoder (`framing::Decoder`) on arbitrary bytes (the first byte picks how they
+/// The body decoder (`http1::body::Decoder`) on arbitrary bytes (the first byte picks how they
 /// are split into reads and into chunks): as a chunked body it ends, is refused or is cut
 /// exactly where a whole-body reading of RFC 9112 §7.1 with the decoder's bounds says, with
 /// the same body and the same bytes after it, whatever the reads — one at a time, all at
@@ -1173,7 +1173,7 @@ pub fn chunked(data: &[u8]) {
 /// to them with what followed left over; a length-framed body is the bytes it says. Whether
 /// the arbitrary bytes were accepted as a chunked body.
 pub fn chunked_verdict(data: &[u8]) -> bool {
-    use crate::framing::put_chunk_size;
+    use crate::http1::body::put_chunk_size;
     let Some((&seed, wire)) = data.split_first() else {
         return false;
     };

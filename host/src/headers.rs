@@ -181,8 +181,8 @@ pub fn name(bytes: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
 }
 
 /// A header value sliced from a head `httparse` accepted. `httparse` admits in a value the
-/// bytes `HeaderValue` admits (HTAB, `0x20..=0x7E` and `0x80..=0xFF`; a test in `server::head`
-/// for requests and one in `proxy::h1` for answers hold the two rules to each other), so an ASCII value is taken without the byte-by-byte check `HeaderValue` would
+/// bytes `HeaderValue` admits (HTAB, `0x20..=0x7E` and `0x80..=0xFF`; a test in `http1::server`
+/// for requests and one in `http1::client` for answers hold the two rules to each other), so an ASCII value is taken without the byte-by-byte check `HeaderValue` would
 /// repeat (about 1,400 instructions a request); any other goes through it. Only for bytes
 /// `httparse` parsed as a header value.
 #[expect(

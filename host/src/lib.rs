@@ -17,11 +17,11 @@ pub mod dns;
 pub mod error;
 pub mod files;
 pub mod fleet;
-pub mod framing;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod headers;
 pub mod hot;
+pub mod http1;
 pub mod jwks;
 #[cfg(test)]
 mod layering;

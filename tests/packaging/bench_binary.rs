@@ -53,8 +53,8 @@ fn callgrind_file(dir: &Path, events: &[&str]) -> std::path::PathBuf {
          ob=(1) /usr/lib/x86_64-linux-gnu/libc.so.6\n\
          fl=(1) ./string/../sysdeps/x86_64/multiarch/memmove-vec-unaligned-erms.S\n\
          fn=(1) __memcpy_avx_unaligned_erms\n1 3000{}\n\
-         ob=(2) /usr/local/bin/aura-gateway\nfl=(2) host/src/server/head.rs\n\
-         fn=(2) aura_gateway::server::head::parse\n1 7000{}\n",
+         ob=(2) /usr/local/bin/aura-gateway\nfl=(2) host/src/http1/server.rs\n\
+         fn=(2) aura_gateway::http1::server::parse\n1 7000{}\n",
         events.join(" "),
         others(20),
         others(10),

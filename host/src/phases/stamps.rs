@@ -193,10 +193,14 @@ impl Stamps {
             security_headers::stamp(headers);
         }
     }
+}
 
+/// The answer's HTTP/1 head is written through them: an answer's own copies of their names left
+/// out, their lines written after the rest.
+impl crate::http1::head::HeadEdits for Stamps {
     /// Whether an answer's header named `name` (lower case, as `HeaderName::as_str` gives it)
     /// is replaced by one of these: the writer leaves it out.
-    pub fn covers(&self, name: &str) -> bool {
+    fn skips(&self, name: &str) -> bool {
         let security = self.security;
         let limits = self.rate_limit.is_some();
         match name.len() {
@@ -214,7 +218,7 @@ impl Stamps {
     }
 
     /// Writes the headers as lines of an HTTP/1 head (`name: value\r\n`) into `out`.
-    pub fn write(&self, out: &mut Vec<u8>) {
+    fn write_lines(&self, out: &mut Vec<u8>) {
         if self.security {
             out.extend_from_slice(security_headers::lines());
         }
@@ -241,6 +245,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::http1::head::HeadEdits as _;
 
     /// Every combination of stamps.
     fn every_stamps() -> Vec<Stamps> {
@@ -267,7 +272,7 @@ mod tests {
 
     fn written(stamps: &Stamps) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        stamps.write(&mut out);
+        stamps.write_lines(&mut out);
         let text = String::from_utf8(out).unwrap_or_default();
         let mut lines: Vec<(String, String)> = text
             .split_terminator("\r\n")
@@ -317,7 +322,7 @@ mod tests {
             stamps.apply(&mut map);
             for name in names {
                 assert_eq!(
-                    stamps.covers(name),
+                    stamps.skips(name),
                     map.contains_key(name),
                     "{name} with {stamps:?}"
                 );

@@ -181,7 +181,7 @@ fn each_added(actor: &Actor, mut each: impl FnMut(&'static HeaderName, &[u8])) {
 }
 
 /// A request's headers as an HTTP backend receives them, applied while its head is written
-/// (`proxy::h1`) instead of by rewriting the request's map: the client's headers that are kept,
+/// (`http1::client`) instead of by rewriting the request's map: the client's headers that are kept,
 /// in their order in the map, then the gateway's ([`each_added`]). The same headers as
 /// [`for_http_backend`] leaves in a map, without a removal or an insertion in it (each a hash
 /// and a probe, about 250 instructions).
@@ -209,6 +209,19 @@ impl<'a> HttpBackendHeaders<'a> {
     /// Calls `each` with every header the gateway adds, in order.
     pub fn each_added(&self, each: impl FnMut(&'static HeaderName, &[u8])) {
         each_added(self.actor, each);
+    }
+}
+
+/// The codec writes a forwarded request's head through it: the client's headers it does not
+/// keep left out, the gateway's written after the rest.
+impl crate::http1::head::HeadEdits for HttpBackendHeaders<'_> {
+    fn skips(&self, name: &str) -> bool {
+        !self.keeps(name)
+    }
+    fn write_lines(&self, out: &mut Vec<u8>) {
+        self.each_added(|name, value| {
+            crate::http1::head::line(out, name.as_str().as_bytes(), value);
+        });
     }
 }
 

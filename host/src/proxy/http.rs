@@ -471,8 +471,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_client_body_is_answered_by_what_failed_and_always_as_the_clients() {
-        use super::super::h1::WireError;
         use super::super::pool::UpstreamError;
+        use crate::http1::client::WireError;
         use http_body_util::BodyExt as _;
         let body = |e: Box<dyn std::error::Error + Send + Sync>| {
             client_body_error(&UpstreamError::Client(WireError::Body(e)))

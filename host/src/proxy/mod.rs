@@ -3,7 +3,6 @@
 //! written once for both planes, are [`crate::planes::handlers`].
 
 pub mod envelope;
-pub mod h1;
 pub mod headers;
 pub mod http;
 pub mod idle;

@@ -3,7 +3,7 @@
 //!
 //! A connection is not a task of its own. The request that checked it out writes the request
 //! and reads the answer's head itself, and the answer's body reads from it while the body
-//! streams to the client, through the gateway's own HTTP/1.1 codec ([`super::h1`]). So an
+//! streams to the client, through the gateway's own HTTP/1.1 codec ([`crate::http1::client`]). So an
 //! exchange costs no hand-over to a connection task and back (two task wake-ups and a channel
 //! each way), no HTTP library's state machine, and no pool lookup by a hashed authority: each
 //! backend resolves its origin's pool once ([`Backend`]).
@@ -40,9 +40,9 @@ use prometheus::{IntCounter, IntCounterVec};
 use tokio::net::TcpStream;
 use tower::ServiceExt;
 
-use super::h1::{Connection, SendError, WireError};
 use super::headers::HttpBackendHeaders;
 use crate::error::GatewayError;
+use crate::http1::client::{Connection, SendError, WireError};
 
 /// What dials a backend: TCP (with the connect timeout), then TLS for `https://`.
 pub type Connector = HttpsConnector<HttpConnector<crate::dns::ConnectResolver>>;
@@ -132,9 +132,9 @@ impl OriginPool {
         mut request: Request<Body>,
         backend: Option<&HttpBackendHeaders<'_>>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
-        let added = super::h1::Added {
+        let added = crate::http1::client::Added {
             host: Some(&self.host),
-            backend,
+            backend: backend.map(|b| b as &dyn crate::http1::head::HeadEdits),
         };
         let mut pooled = poll_fn(|cx| Poll::Ready(self.checkout(cx, Instant::now()))).await;
         loop {

@@ -1,5 +1,5 @@
 //! HTTP/1.1 connections on the gateway's own codec: the request heads parsed by `httparse`
-//! (`head.rs`), the bodies framed by [`crate::framing`], and the connection driven in the
+//! (`crate::http1::server`), the bodies framed by [`crate::http1::body`], and the connection driven in the
 //! connection's task — no hyper dispatcher, no channel for a request without a body, one
 //! write for an answer's head and its first bytes when they are at hand.
 //!
@@ -45,10 +45,10 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
 use super::body::{BodyError, Pipe, RequestBody};
-use super::head::{self, Framed, Refusal, RequestHead, Sending};
 use super::stop::{Stop, Stopped};
 use super::{Closed, Listener, Prefixed, Requests};
-use crate::framing::{Decoded, Decoder, Framing, READ_CHUNK, has_token, put_chunk_size};
+use crate::http1::body::{Decoded, Decoder, Framing, READ_CHUNK, has_token, put_chunk_size};
+use crate::http1::server::{self as head, Framed, Refusal, RequestHead, Sending};
 use crate::phases::stamps::{Stamped, Stamps};
 use crate::proxy::tunnels::{ClientIo, ClientUpgrade};
 
@@ -688,7 +688,7 @@ async fn answer<S: Socket>(
     conn.out.clear();
     head::encode(&mut conn.out, status, &headers, stamps, framed);
     // Not kept while the body streams: a backend's header values are slices of the read
-    // buffer of its connection (`proxy::h1`), which can then be reused for the next answer.
+    // buffer of its connection (`http1::client`), which can then be reused for the next answer.
     drop(headers);
     if sending == Sending::Bodiless {
         drop(body);

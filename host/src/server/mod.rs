@@ -7,7 +7,6 @@
 
 mod body;
 mod h2_send;
-pub(crate) mod head;
 mod http1;
 mod stop;
 

@@ -20,11 +20,11 @@ use std::task::{Context, Poll, ready};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version, header};
 
-use super::headers::HttpBackendHeaders;
-use crate::framing::{
+use super::head::{HeadEdits, line};
+use crate::http1::body::{
     Decoded, Decoder, Framing, READ_CHUNK, content_length, has_token, put_chunk_size,
 };
-pub use crate::framing::{MAX_CHUNK_EXTRAS, MAX_CHUNK_LINE};
+pub use crate::http1::body::{MAX_CHUNK_EXTRAS, MAX_CHUNK_LINE};
 use http_body::Body;
 use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
@@ -627,7 +627,7 @@ pub struct Added<'a> {
     pub host: Option<&'a HeaderValue>,
     /// A client's request forwarded to an HTTP backend: which of its headers are written, and
     /// the gateway's headers after them.
-    pub backend: Option<&'a HttpBackendHeaders<'a>>,
+    pub backend: Option<&'a dyn HeadEdits>,
 }
 
 /// Writes the request head into `out`: `added`'s `host` first, the request's headers (those
@@ -638,12 +638,6 @@ pub(crate) fn encode_head<B>(
     sending: Sending,
     added: Added<'_>,
 ) {
-    fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-        out.extend_from_slice(name);
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    }
     out.extend_from_slice(request.method().as_str().as_bytes());
     out.push(b' ');
     let target = request.uri().path_and_query().map_or("", |p| p.as_str());
@@ -663,14 +657,14 @@ pub(crate) fn encode_head<B>(
         }
         let name = name.as_str();
         match added.backend {
-            Some(backend) if !backend.keeps(name) => continue,
+            Some(backend) if backend.skips(name) => continue,
             None if added.host.is_some() && name == "host" => continue,
             _ => {}
         }
         line(out, name.as_bytes(), value.as_bytes());
     }
     if let Some(backend) = added.backend {
-        backend.each_added(|name, value| line(out, name.as_str().as_bytes(), value));
+        backend.write_lines(out);
     }
     match sending {
         Sending::Nothing => {}
@@ -1265,7 +1259,8 @@ mod tests {
                 let request = request.expect("request");
                 let sending = Sending::Length(0);
 
-                let backend = HttpBackendHeaders::new(request.headers(), &actor);
+                let backend =
+                    crate::proxy::headers::HttpBackendHeaders::new(request.headers(), &actor);
                 let mut written = Vec::new();
                 let added = Added {
                     host: Some(&host),
@@ -1274,7 +1269,7 @@ mod tests {
                 encode_head(&mut written, &request, sending, added);
 
                 let mut rewritten = request.map(|()| ());
-                super::super::headers::for_http_backend(rewritten.headers_mut(), &actor);
+                crate::proxy::headers::for_http_backend(rewritten.headers_mut(), &actor);
                 rewritten.headers_mut().insert(header::HOST, host.clone());
                 let mut expected = Vec::new();
                 encode_head(&mut expected, &rewritten, sending, Added::default());

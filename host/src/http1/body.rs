@@ -1,5 +1,5 @@
 //! HTTP/1.1 message framing (RFC 9112 §6, §7), shared by both sides of the gateway's own codec:
-//! a client's request bodies (`server/http1.rs`) and a backend's answers (`proxy/h1.rs`).
+//! a client's request bodies (`server/http1.rs`) and a backend's answers ([`super::client`]).
 //!
 //! A [`Decoder`] takes a body out of a read buffer as it fills, with no I/O of its own: the
 //! side that owns the connection reads, the decoder says what the bytes are. Everything a peer

@@ -15,9 +15,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version, header};
 
+use super::head::HeadEdits;
 use crate::error::{GatewayError, Side};
-use crate::framing::{Framing, content_length, tokens};
-use crate::phases::stamps::Stamps;
+use crate::http1::body::{Framing, content_length, tokens};
 
 /// The most headers a request head may carry (hyper's server default).
 pub(crate) const MAX_HEADERS: usize = 100;
@@ -250,13 +250,14 @@ pub(crate) struct Framed {
 
 /// Writes the answer head into `out`: the status line, the answer's headers but those the
 /// connection decides (`Connection`, `Keep-Alive`, `Content-Length`, `Transfer-Encoding`) and
-/// those `stamps` replace, the stamps, the connection's own headers, and `Date` when the answer
+/// those `stamps` replace (an answer's stamps: request id, security and rate-limit headers), the
+/// stamps, the connection's own headers, and `Date` when the answer
 /// has none. A `101` keeps its `Connection`.
 pub(crate) fn encode(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &HeaderMap,
-    stamps: &Stamps,
+    stamps: &impl HeadEdits,
     framed: Framed,
 ) {
     out.extend_from_slice(match framed.version {
@@ -283,7 +284,7 @@ pub(crate) fn encode(
             10 if text == "connection" || text == "keep-alive" => !switching,
             14 if text == "content-length" => !keeps_length,
             17 if text == "transfer-encoding" => true,
-            _ => stamps.covers(text),
+            _ => stamps.skips(text),
         };
         if skip {
             continue;
@@ -293,7 +294,7 @@ pub(crate) fn encode(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    stamps.write(out);
+    stamps.write_lines(out);
     match framed.sending {
         Sending::Length(n) => {
             out.extend_from_slice(b"content-length: ");
@@ -350,6 +351,8 @@ mod tests {
     use http::HeaderName;
 
     use super::*;
+    use crate::http1::head::NoEdits;
+    use crate::phases::stamps::Stamps;
 
     fn parse_all(raw: &[u8]) -> Result<Option<RequestHead>, Refusal> {
         let mut buf = BytesMut::from(raw);
@@ -532,7 +535,7 @@ mod tests {
 
     fn encoded(status: StatusCode, headers: &[(&str, &str)], framed: Framed) -> String {
         let mut out = Vec::new();
-        encode(&mut out, status, &map_of(headers), &Stamps::none(), framed);
+        encode(&mut out, status, &map_of(headers), &NoEdits, framed);
         String::from_utf8(out).expect("ascii")
     }
 
