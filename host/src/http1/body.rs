@@ -9,8 +9,13 @@
 //! extension or a trailer is refused, since a peer that ends lines there would see the body
 //! end elsewhere.
 
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::{HeaderMap, header};
+use tokio::io::AsyncRead;
 
 /// The longest chunk-size line (the size and its extensions).
 pub const MAX_CHUNK_LINE: usize = 4 * 1024;
@@ -20,6 +25,25 @@ pub const MAX_CHUNK_EXTRAS: usize = 16 * 1024;
 pub const READ_CHUNK: usize = 8 * 1024;
 /// A body read asks for this much room when the body is larger.
 pub const BODY_READ_CHUNK: usize = 64 * 1024;
+
+/// Body data up to this size is copied into the write buffer with what comes before it (a head,
+/// a chunk-size line) and goes out in one write; larger data is written on its own, not copied.
+/// Both sides' writers use it.
+pub const COALESCE: usize = 16 * 1024;
+
+/// Reads from `io` into `buf`, with room for at least `room` bytes (reserved when less than half
+/// of it is free). Both sides read heads and bodies through it.
+pub fn poll_fill<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+    room: usize,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < room / 2 {
+        buf.reserve(room);
+    }
+    tokio_util::io::poll_read_buf(Pin::new(io), cx, buf)
+}
 
 /// How a message's body ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version, header
 
 use super::head::{HeadEdits, line};
 use crate::http1::body::{
-    Decoded, Decoder, Framing, READ_CHUNK, content_length, has_token, put_chunk_size,
+    COALESCE, Decoded, Decoder, Framing, READ_CHUNK, content_length, has_token, put_chunk_size,
 };
 pub use crate::http1::body::{MAX_CHUNK_EXTRAS, MAX_CHUNK_LINE};
 use http_body::Body;
@@ -37,8 +37,6 @@ pub const MAX_HEADERS: usize = 100;
 pub const MAX_INFORMATIONAL: usize = 16;
 /// A buffer larger than this is not kept while the connection is idle.
 const KEEP_IDLE_BUFFER: usize = 16 * 1024;
-/// Request body data up to this size is copied into one write with its chunk framing.
-const COALESCE: usize = 16 * 1024;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -346,10 +344,7 @@ where
 
     /// Reads into the buffer, with room for at least `room` bytes.
     fn poll_fill(&mut self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<usize>> {
-        if self.buf.capacity() - self.buf.len() < room / 2 {
-            self.buf.reserve(room);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+        super::body::poll_fill(&mut self.io, &mut self.buf, cx, room)
     }
 
     /// Whether the answer's body has ended.

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version, header};
 
-use super::head::HeadEdits;
+use super::head::{HeadEdits, line};
 use crate::error::{GatewayError, Side};
 use crate::http1::body::{Framing, content_length, tokens};
 
@@ -289,10 +289,7 @@ pub(crate) fn encode(
         if skip {
             continue;
         }
-        out.extend_from_slice(text.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        line(out, text.as_bytes(), value.as_bytes());
     }
     stamps.write_lines(out);
     match framed.sending {

@@ -47,13 +47,13 @@ use tokio::time::{Instant, Sleep};
 use super::body::{BodyError, Pipe, RequestBody};
 use super::stop::{Stop, Stopped};
 use super::{Closed, Listener, Prefixed, Requests};
-use crate::http1::body::{Decoded, Decoder, Framing, READ_CHUNK, has_token, put_chunk_size};
+use crate::http1::body::{
+    COALESCE, Decoded, Decoder, Framing, READ_CHUNK, has_token, poll_fill, put_chunk_size,
+};
 use crate::http1::server::{self as head, Framed, Refusal, RequestHead, Sending};
 use crate::phases::stamps::{Stamped, Stamps};
 use crate::proxy::tunnels::{ClientIo, ClientUpgrade};
 
-/// Answer body data up to this size is copied into the write buffer with what comes before it.
-const COALESCE: usize = 16 * 1024;
 /// A write buffer larger than this is not kept between requests.
 const KEEP_WRITE_BUFFER: usize = 16 * 1024;
 /// How long, at most, a connection closed with bytes still coming is read and dropped.
@@ -123,10 +123,7 @@ async fn within<T>(
 impl<S: Socket> Conn<S> {
     /// Reads into the buffer, with room for at least `room` bytes.
     fn poll_fill(&mut self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<usize>> {
-        if self.buf.capacity() - self.buf.len() < room / 2 {
-            self.buf.reserve(room);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+        poll_fill(&mut self.io, &mut self.buf, cx, room)
     }
 
     /// Writes what the write buffer holds.
@@ -780,10 +777,7 @@ async fn write_body<S: Socket>(
     if chunked {
         conn.out.extend_from_slice(b"0\r\n");
         for (name, value) in trailers.iter().flatten() {
-            conn.out.extend_from_slice(name.as_str().as_bytes());
-            conn.out.extend_from_slice(b": ");
-            conn.out.extend_from_slice(value.as_bytes());
-            conn.out.extend_from_slice(b"\r\n");
+            crate::http1::head::line(&mut conn.out, name.as_str().as_bytes(), value.as_bytes());
         }
         conn.out.extend_from_slice(b"\r\n");
     }
