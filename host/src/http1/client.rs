@@ -20,7 +20,7 @@ use std::task::{Context, Poll, ready};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version, header};
 
-use super::head::{HeadEdits, line};
+use super::head::{FramingFields, HeadEdits, Rules, line};
 use crate::http1::body::{
     COALESCE, Decoded, Decoder, Framing, READ_CHUNK, content_length, has_token, put_chunk_size,
 };
@@ -496,58 +496,26 @@ fn head_of(head: &Bytes, located: &Located, fields: &[Field]) -> Result<Head, Wi
     // Room for the phases' headers too (`crate::headers::ANSWER_HEADERS`): the map is
     // allocated once.
     let mut map = HeaderMap::with_capacity(fields.len() + crate::headers::ANSWER_HEADERS);
-    let mut length: Option<u64> = None;
-    let mut chunked_last = None;
-    let mut close = false;
-    let mut keep_alive_token = false;
-    // Whether the length came as anything but one plain number (a list, or several fields).
-    let mut restate_length = false;
+    let mut framing = FramingFields::default();
     for field in fields {
         let (at, n) = field.name;
         let name = crate::headers::name(&head[at as usize..(at + n) as usize])
             .map_err(|_| WireError::Invalid("an invalid header name"))?;
         let value = crate::headers::parsed_value(slice(field.value))
             .map_err(|_| WireError::Invalid("an invalid header value"))?;
-        let raw = value.as_bytes();
-        if name == header::CONTENT_LENGTH {
-            restate_length |= length.is_some() || raw.contains(&b',');
-            for part in raw.split(|b| *b == b',') {
-                let n =
-                    content_length(part).ok_or(WireError::Invalid("an invalid Content-Length"))?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(WireError::Invalid("Content-Lengths that differ"));
-                }
-                length = Some(n);
-            }
-        } else if name == header::TRANSFER_ENCODING {
-            // A coding the gateway would have to undo (`gzip, chunked`): its framing is
-            // removed on the way to the client, and the client would be handed coded bytes
-            // that nothing marks as coded. Refused, as nginx refuses it.
-            let other = raw
-                .split(|b| *b == b',')
-                .map(<[u8]>::trim_ascii)
-                .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"));
-            if other {
-                return Err(WireError::Invalid("a transfer coding other than chunked"));
-            }
-            // The last coding decides: the fields' values are one list (RFC 9110 §5.3), so a
-            // field that names none changes nothing.
-            let last = raw
-                .rsplit(|b| *b == b',')
-                .map(<[u8]>::trim_ascii)
-                .find(|c| !c.is_empty());
-            chunked_last = match last {
-                Some(coding) => Some(coding.eq_ignore_ascii_case(b"chunked")),
-                None => Some(chunked_last.unwrap_or(false)),
-            };
-        } else if name == header::CONNECTION {
-            for token in raw.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
-                close |= token.eq_ignore_ascii_case(b"close");
-                keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
-            }
-        }
+        framing
+            .read(&name, value.as_bytes(), Rules::Answer)
+            .map_err(WireError::Invalid)?;
         map.append(name, value);
     }
+    let FramingFields {
+        length,
+        restate_length,
+        chunked: chunked_last,
+        close,
+        keep_alive: keep_alive_token,
+        ..
+    } = framing;
     if restate_length && let Some(n) = length {
         // Passed on as the one number it means.
         map.insert(header::CONTENT_LENGTH, HeaderValue::from(n));

@@ -1,8 +1,9 @@
 //! The gateway's own HTTP/1.1 codec, both sides, over `httparse`: what a head and a body are on
 //! the wire, and nothing of what the gateway does with them.
 //!
-//! - [`head`]: what both sides write beside a message's own headers ([`head::HeadEdits`]), and
-//!   how a header line is written;
+//! - [`head`]: the rules both sides share: the framing headers folded once, a request's or an
+//!   answer's rules as a parameter ([`head::FramingFields`]), what a side writes beside a
+//!   message's own headers ([`head::HeadEdits`]), and how a header line is written;
 //! - [`body`]: message framing (RFC 9112 §6, §7): the body decoder both sides drive, chunk
 //!   sizes, the framing headers read;
 //! - [`server`]: a client's request head parsed, an answer head encoded (the listener and the

@@ -15,9 +15,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version, header};
 
-use super::head::{HeadEdits, line};
+use super::head::{FramingFields, HeadEdits, Rules, line};
 use crate::error::{GatewayError, Side};
-use crate::http1::body::{Framing, content_length, tokens};
+use crate::http1::body::{Framing, content_length};
 
 /// The most headers a request head may carry (hyper's server default).
 pub(crate) const MAX_HEADERS: usize = 100;
@@ -123,12 +123,7 @@ pub(crate) fn parse(buf: &mut BytesMut, limit: usize) -> Result<Option<RequestHe
         .map_err(|_| Refusal::bad("an invalid request target"))?;
 
     let mut map = HeaderMap::with_capacity(count + crate::headers::REQUEST_HEADERS);
-    let mut length: Option<u64> = None;
-    let mut restate_length = false;
-    let mut chunked = false;
-    let mut coded = false;
-    let mut close = false;
-    let mut keep_alive_token = false;
+    let mut framing = FramingFields::default();
     let mut expect_continue = false;
     let mut hosts = 0;
     for field in &fields[..count] {
@@ -138,30 +133,10 @@ pub(crate) fn parse(buf: &mut BytesMut, limit: usize) -> Result<Option<RequestHe
         let value = crate::headers::parsed_value(slice(field.value))
             .map_err(|_| Refusal::bad("an invalid header value"))?;
         let raw = value.as_bytes();
-        if name == header::CONTENT_LENGTH {
-            restate_length |= length.is_some() || raw.contains(&b',');
-            for part in raw.split(|b| *b == b',') {
-                let n = content_length(part).ok_or(Refusal::bad("an invalid Content-Length"))?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(Refusal::bad("Content-Lengths that differ"));
-                }
-                length = Some(n);
-            }
-        } else if name == header::TRANSFER_ENCODING {
-            for coding in tokens(raw) {
-                // `chunked` must be the one coding, once: anything else is refused.
-                if chunked || !coding.eq_ignore_ascii_case(b"chunked") {
-                    coded = true;
-                }
-                chunked = true;
-            }
-            coded |= tokens(raw).next().is_none();
-        } else if name == header::CONNECTION {
-            for token in tokens(raw) {
-                close |= token.eq_ignore_ascii_case(b"close");
-                keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
-            }
-        } else if name == header::EXPECT {
+        framing
+            .read(&name, raw, Rules::Request)
+            .map_err(Refusal::bad)?;
+        if name == header::EXPECT {
             expect_continue |= raw.eq_ignore_ascii_case(b"100-continue");
         } else if name == header::HOST {
             hosts += 1;
@@ -173,6 +148,15 @@ pub(crate) fn parse(buf: &mut BytesMut, limit: usize) -> Result<Option<RequestHe
             "an HTTP/1.1 request needs exactly one Host header",
         ));
     }
+    let FramingFields {
+        length,
+        restate_length,
+        chunked,
+        coded,
+        close,
+        keep_alive: keep_alive_token,
+    } = framing;
+    let chunked = chunked.is_some();
     let transfer_encoding = chunked || coded;
     if transfer_encoding && version == Version::HTTP_10 {
         return Err(Refusal::bad("a Transfer-Encoding in an HTTP/1.0 request"));
