@@ -573,48 +573,6 @@ pub async fn discover(
 mod tests {
     use super::*;
 
-    fn fixture(name: &str) -> String {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/fixtures")
-            .join(name);
-        std::fs::read_to_string(path).expect("fixture")
-    }
-
-    #[test]
-    fn a_set_is_bounded_and_only_public_signing_keys_are_kept() {
-        let good = fixture("jwks.json");
-        let set = parse_set(good.as_bytes(), 32).expect("the fixture parses");
-        assert_eq!(set.kids(), vec!["ec-1".to_owned(), "rsa-1".to_owned()]);
-        // Too many keys: the whole set is refused, not cut.
-        let document: serde_json::Value = serde_json::from_str(&good).expect("json");
-        let one = document["keys"][0].clone();
-        let many = serde_json::json!({ "keys": vec![one.clone(); 33] });
-        let e = parse_set(many.to_string().as_bytes(), 32).expect_err("refused");
-        assert_eq!(e.outcome, "too_many_keys");
-        // A private key, a symmetric key, an encryption key, a weak RSA key, a key whose alg
-        // contradicts its type: none is usable.
-        let mut private = one.clone();
-        private["d"] = serde_json::json!("AAAA");
-        let symmetric = serde_json::json!({ "kty": "oct", "k": "c2VjcmV0", "kid": "s" });
-        let mut encryption = one.clone();
-        encryption["use"] = serde_json::json!("enc");
-        let weak =
-            serde_json::json!({ "kty": "RSA", "kid": "w", "n": "AQAB".repeat(40), "e": "AQAB" });
-        let mut lying = one.clone();
-        lying["alg"] = serde_json::json!("HS256");
-        for bad in [private, symmetric, encryption, weak, lying] {
-            let doc = serde_json::json!({ "keys": [bad] });
-            let e = parse_set(doc.to_string().as_bytes(), 32).expect_err("refused");
-            assert_eq!(e.outcome, "invalid", "{doc}");
-        }
-        for junk in ["", "[]", "{\"keys\": 3}", "not json"] {
-            assert_eq!(
-                parse_set(junk.as_bytes(), 32).err().map(|e| e.outcome),
-                Some("invalid")
-            );
-        }
-    }
-
     #[test]
     fn discovery_urls_drop_one_trailing_slash() {
         assert_eq!(
