@@ -143,16 +143,7 @@ impl Default for IssuersConfig {
 impl IssuersConfig {
     /// Checks the section, `key` naming it.
     fn validate(&self, key: &str) -> Result<(), ConfigError> {
-        let within = |field: &str, value: u64, low: u64, high: u64| {
-            if (low..=high).contains(&value) {
-                Ok(())
-            } else {
-                Err(problem(
-                    &format!("{key}.{field}"),
-                    format!("must be between {low} and {high}"),
-                ))
-            }
-        };
+        let within = |field, value, low, high| super::within(key, field, value, low, high);
         within("fetch_timeout_ms", self.fetch_timeout_ms, 100, 10_000)?;
         within(
             "max_document_bytes",

@@ -67,16 +67,7 @@ impl DnsConfig {
                 "at most 16 name servers",
             ));
         }
-        let within = |field: &str, value: u64, low: u64, high: u64| {
-            if (low..=high).contains(&value) {
-                Ok(())
-            } else {
-                Err(problem(
-                    &format!("{key}.{field}"),
-                    format!("must be between {low} and {high}"),
-                ))
-            }
-        };
+        let within = |field, value, low, high| super::within(key, field, value, low, high);
         within("timeout_ms", self.timeout_ms, 100, 30_000)?;
         within("attempts", self.attempts as u64, 1, 5)?;
         within("max_in_flight", self.max_in_flight as u64, 1, 65_536)?;

@@ -141,6 +141,18 @@ fn problem(key: &str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
+/// `section.field`'s value within `low..=high`, or the error naming it and the range.
+fn within(section: &str, field: &str, value: u64, low: u64, high: u64) -> Result<(), ConfigError> {
+    if (low..=high).contains(&value) {
+        Ok(())
+    } else {
+        Err(problem(
+            &format!("{section}.{field}"),
+            format!("must be between {low} and {high}"),
+        ))
+    }
+}
+
 impl Config {
     /// Loads defaults, then `file` (when given), then `AURA_*` environment variables, and
     /// validates the result.
