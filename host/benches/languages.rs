@@ -181,7 +181,8 @@ fn call(stage: Stage, p: &Policies) {
 fn peak_memory(stage: Stage, p: &Policies) -> usize {
     p.plane(Plane::Data)
         .any_slot(stage)
-        .map_or(0, |slot| slot.module().peak_memory())
+        .and_then(|slot| slot.module())
+        .map_or(0, |module| module.peak_memory())
 }
 
 /// (median, p99) of `calls` timed calls after `warm` untimed ones.

@@ -500,7 +500,7 @@ fn plugin_check(
     );
     let module = aura_gateway::plane::Plane::parse(plane)
         .and_then(|p| policies.plane(p).any_slot(stage))
-        .map(|slot| slot.module());
+        .and_then(|slot| slot.module());
     if let Some(module) = module {
         match (module.declared_inputs(), module.report().cache) {
             (Some(inputs), cache) => println!(

@@ -157,6 +157,26 @@ impl std::fmt::Display for Mode {
     }
 }
 
+/// Whose module: the operator's (a plane's, in force or tried) or a project's. The host acts on
+/// a module by its owner: where its calls run, what a failure does, which rules bound its answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// The operator's, from the configuration.
+    Operator,
+    /// A project's own.
+    Tenant,
+}
+
+impl Owner {
+    /// Label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Owner::Operator => "operator",
+            Owner::Tenant => "tenant",
+        }
+    }
+}
+
 /// How a candidate module is tried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trial {

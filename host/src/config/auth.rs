@@ -179,9 +179,7 @@ impl IssuersConfig {
             1,
             10_000,
         )?;
-        if self.max_cached == 0 {
-            return Err(problem(&format!("{key}.max_cached"), "must be at least 1"));
-        }
+        super::at_least(key, "max_cached", self.max_cached, 1)?;
         for (field, value) in [
             ("discovery_max_age_secs", self.discovery_max_age_secs),
             ("idle_secs", self.idle_secs),
@@ -284,33 +282,16 @@ impl Default for AuthConfig {
 impl AuthConfig {
     /// Checks the section, `key` naming it.
     pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
-        if !(1..=30).contains(&self.key_cache_ttl_secs) {
-            return Err(problem(
-                &format!("{key}.key_cache_ttl_secs"),
-                "must be between 1 and 30 (a revoked key must stop working within 30 s)",
-            ));
-        }
-        if self.key_cache_capacity == 0 {
-            return Err(problem(
-                &format!("{key}.key_cache_capacity"),
-                "must be at least 1",
-            ));
-        }
-        if self.project_cache_ttl_secs == 0 {
-            return Err(problem(
-                &format!("{key}.project_cache_ttl_secs"),
-                "must be at least 1",
-            ));
-        }
-        if self.stale_if_error_secs > 30 {
-            return Err(problem(
-                &format!("{key}.stale_if_error_secs"),
-                "must be at most 30 (a revoked key must stop working within 30 s, outages included)",
-            ));
-        }
-        if self.leeway_secs > 60 {
-            return Err(problem(&format!("{key}.leeway_secs"), "must be at most 60"));
-        }
+        let at_least = |field, value, min| super::at_least(key, field, value, min);
+        let at_most = |field, value, max| super::at_most(key, field, value, max);
+        super::within(key, "key_cache_ttl_secs", self.key_cache_ttl_secs, 1, 30)
+            .map_err(super::noted("a revoked key must stop working within 30 s"))?;
+        at_least("key_cache_capacity", self.key_cache_capacity, 1)?;
+        at_least("project_cache_ttl_secs", self.project_cache_ttl_secs, 1)?;
+        at_most("stale_if_error_secs", self.stale_if_error_secs, 30).map_err(super::noted(
+            "a revoked key must stop working within 30 s, outages included",
+        ))?;
+        at_most("leeway_secs", self.leeway_secs, 60)?;
         if self.browser_signals.is_empty() {
             return Err(problem(
                 &format!("{key}.browser_signals"),

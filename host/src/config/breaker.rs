@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, problem};
+use super::ConfigError;
 
 /// Circuit breakers: one per service, one per dedicated PostgREST target.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
@@ -35,27 +35,12 @@ impl Default for BreakerConfig {
 impl BreakerConfig {
     /// Checks the section, `key` naming it.
     pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
-        if self.failure_threshold == 0 {
-            return Err(problem(
-                &format!("{key}.failure_threshold"),
-                "must be at least 1",
-            ));
-        }
-        if self.open_ms == 0 {
-            return Err(problem(&format!("{key}.open_ms"), "must be at least 1"));
-        }
-        if self.half_open_probes == 0 {
-            return Err(problem(
-                &format!("{key}.half_open_probes"),
-                "must be at least 1",
-            ));
-        }
-        if self.max_targets == 0 {
-            return Err(problem(&format!("{key}.max_targets"), "must be at least 1"));
-        }
-        if self.sweep_secs == 0 {
-            return Err(problem(&format!("{key}.sweep_secs"), "must be at least 1"));
-        }
+        let at_least = |field, value, min| super::at_least(key, field, value, min);
+        at_least("failure_threshold", u64::from(self.failure_threshold), 1)?;
+        at_least("open_ms", self.open_ms, 1)?;
+        at_least("half_open_probes", u64::from(self.half_open_probes), 1)?;
+        at_least("max_targets", self.max_targets as u64, 1)?;
+        at_least("sweep_secs", self.sweep_secs, 1)?;
         Ok(())
     }
 }

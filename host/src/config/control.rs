@@ -97,24 +97,16 @@ impl ControlConfig {
                 }
             }
         }
-        if !(10..=60_000).contains(&self.change_min_interval_ms) {
-            return Err(problem(
-                &format!("{key}.change_min_interval_ms"),
-                "must be between 10 and 60000",
-            ));
-        }
-        if self.reload_interval_ms == 0 {
-            return Err(problem(
-                &format!("{key}.reload_interval_ms"),
-                "must be at least 1",
-            ));
-        }
-        if self.max_connections == 0 {
-            return Err(problem(
-                &format!("{key}.max_connections"),
-                "must be at least 1",
-            ));
-        }
+        let at_least = |field, value, min| super::at_least(key, field, value, min);
+        super::within(
+            key,
+            "change_min_interval_ms",
+            self.change_min_interval_ms,
+            10,
+            60_000,
+        )?;
+        at_least("reload_interval_ms", self.reload_interval_ms, 1)?;
+        at_least("max_connections", u64::from(self.max_connections), 1)?;
         Ok(())
     }
 }

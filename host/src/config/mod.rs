@@ -141,15 +141,49 @@ fn problem(key: &str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
-/// `section.field`'s value within `low..=high`, or the error naming it and the range.
-fn within(section: &str, field: &str, value: u64, low: u64, high: u64) -> Result<(), ConfigError> {
-    if (low..=high).contains(&value) {
+/// `Ok` when `holds`, or the error of `section.field` saying what it must be (`bound`).
+fn bounded(
+    section: &str,
+    field: &str,
+    holds: bool,
+    bound: std::fmt::Arguments<'_>,
+) -> Result<(), ConfigError> {
+    if holds {
         Ok(())
     } else {
         Err(problem(
             &format!("{section}.{field}"),
-            format!("must be between {low} and {high}"),
+            format!("must be {bound}"),
         ))
+    }
+}
+
+/// `section.field`'s value within `low..=high`, or the error naming it and the range.
+fn within(section: &str, field: &str, value: u64, low: u64, high: u64) -> Result<(), ConfigError> {
+    bounded(
+        section,
+        field,
+        (low..=high).contains(&value),
+        format_args!("between {low} and {high}"),
+    )
+}
+
+/// `section.field`'s value at least `min`, or the error naming it and the bound.
+fn at_least(section: &str, field: &str, value: u64, min: u64) -> Result<(), ConfigError> {
+    bounded(section, field, value >= min, format_args!("at least {min}"))
+}
+
+/// `section.field`'s value at most `max`, or the error naming it and the bound.
+fn at_most(section: &str, field: &str, value: u64, max: u64) -> Result<(), ConfigError> {
+    bounded(section, field, value <= max, format_args!("at most {max}"))
+}
+
+/// Adds `note`, in parentheses, to a bound's error: `at_most(…, 3600).map_err(noted("an hour"))`
+/// says `must be at most 3600 (an hour)`.
+fn noted(note: &'static str) -> impl FnOnce(ConfigError) -> ConfigError {
+    move |mut e| {
+        e.problem = format!("{} ({note})", e.problem);
+        e
     }
 }
 

@@ -154,12 +154,7 @@ impl DecisionCacheConfig {
             ("partition_entries", self.partition_entries, 1 << 24),
             ("partition_bytes", self.partition_bytes, 1 << 32),
         ] {
-            if !(1..=max).contains(&value) {
-                return Err(problem(
-                    &format!("{key}.{field}"),
-                    format!("must be between 1 and {max}"),
-                ));
-            }
+            super::within(key, field, value as u64, 1, max)?;
         }
         if self.partition_entries > self.entries || self.partition_bytes > self.bytes {
             return Err(problem(
@@ -167,12 +162,8 @@ impl DecisionCacheConfig {
                 "partition_entries and partition_bytes must not exceed entries and bytes",
             ));
         }
-        if self.max_age_ms > 86_400_000 {
-            return Err(problem(
-                &format!("{key}.max_age_ms"),
-                "must be at most 86400000 (a day)",
-            ));
-        }
+        super::at_most(key, "max_age_ms", self.max_age_ms, 86_400_000)
+            .map_err(super::noted("a day"))?;
         if !(1 << 16..=1 << 40).contains(&self.total_bytes) {
             return Err(problem(
                 &format!("{key}.total_bytes"),
@@ -188,13 +179,7 @@ impl DecisionCacheConfig {
                 ),
             ));
         }
-        if !(1..=86_400).contains(&self.idle_secs) {
-            return Err(problem(
-                &format!("{key}.idle_secs"),
-                "must be between 1 and 86400 (a day)",
-            ));
-        }
-        Ok(())
+        super::within(key, "idle_secs", self.idle_secs, 1, 86_400).map_err(super::noted("a day"))
     }
 }
 
@@ -236,12 +221,9 @@ impl Default for PluginRuntimeConfig {
 impl PluginRuntimeConfig {
     /// Checks the section, `key` naming it.
     pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
-        if !(1..=10_000).contains(&self.call_deadline_ms) {
-            return Err(problem(
-                &format!("{key}.call_deadline_ms"),
-                "must be between 1 and 10000",
-            ));
-        }
+        let within = |field, value, low, high| super::within(key, field, value, low, high);
+        let at_least = |field, value, min| super::at_least(key, field, value, min);
+        within("call_deadline_ms", self.call_deadline_ms, 1, 10_000)?;
         if !(1 << 20..=1 << 30).contains(&self.memory_limit_bytes) {
             return Err(problem(
                 &format!("{key}.memory_limit_bytes"),
@@ -266,12 +248,7 @@ impl PluginRuntimeConfig {
         if let Some(token) = &self.admin_token {
             bearer_token(&format!("{key}.admin_token"), token)?;
         }
-        if self.max_idle_instances == 0 {
-            return Err(problem(
-                &format!("{key}.max_idle_instances"),
-                "must be at least 1",
-            ));
-        }
+        at_least("max_idle_instances", self.max_idle_instances as u64, 1)?;
         if self.tenant_max_compile_memory_bytes < 256 << 20 {
             return Err(problem(
                 &format!("{key}.tenant_max_compile_memory_bytes"),
@@ -293,9 +270,7 @@ impl PluginRuntimeConfig {
                 self.tenant_max_concurrent_calls,
             ),
         ] {
-            if value == 0 {
-                return Err(problem(&format!("{key}.{field}"), "must be at least 1"));
-            }
+            at_least(field, value as u64, 1)?;
         }
         if self.tenant_max_concurrent_uploads_per_org == 0
             || self.tenant_max_concurrent_uploads_per_org > self.tenant_max_concurrent_uploads
@@ -308,12 +283,8 @@ impl PluginRuntimeConfig {
                 ),
             ));
         }
-        if !(2..=1 << 20).contains(&self.max_config_bytes) {
-            return Err(problem(
-                &format!("{key}.max_config_bytes"),
-                "must be between 2 and 1048576 (1 MiB)",
-            ));
-        }
+        within("max_config_bytes", self.max_config_bytes as u64, 2, 1 << 20)
+            .map_err(super::noted("1 MiB"))?;
         if self.tenant_threads > 1 && self.tenant_max_concurrent_calls >= self.tenant_threads {
             return Err(problem(
                 &format!("{key}.tenant_max_concurrent_calls"),

@@ -113,48 +113,29 @@ impl RateLimitConfig {
                 "applies to a rediss:// redis_url only",
             ));
         }
-        if self.redis_timeout_ms == 0 {
-            return Err(problem(
-                &format!("{key}.redis_timeout_ms"),
-                "must be at least 1",
-            ));
-        }
-        if self.redis_failure_threshold == 0 {
-            return Err(problem(
-                &format!("{key}.redis_failure_threshold"),
-                "must be at least 1",
-            ));
-        }
-        if self.redis_retry_ms == 0 {
-            return Err(problem(
-                &format!("{key}.redis_retry_ms"),
-                "must be at least 1",
-            ));
-        }
-        if self.retain_interval_secs == 0 {
-            return Err(problem(
-                &format!("{key}.retain_interval_secs"),
-                "must be at least 1",
-            ));
-        }
-        if !(1..=1024).contains(&self.max_bucket_name_bytes) {
-            return Err(problem(
-                &format!("{key}.max_bucket_name_bytes"),
-                "must be between 1 and 1024",
-            ));
-        }
+        let at_least = |field, value, min| super::at_least(key, field, value, min);
+        at_least("redis_timeout_ms", self.redis_timeout_ms, 1)?;
+        at_least(
+            "redis_failure_threshold",
+            u64::from(self.redis_failure_threshold),
+            1,
+        )?;
+        at_least("redis_retry_ms", self.redis_retry_ms, 1)?;
+        at_least("retain_interval_secs", self.retain_interval_secs, 1)?;
+        super::within(
+            key,
+            "max_bucket_name_bytes",
+            self.max_bucket_name_bytes as u64,
+            1,
+            1024,
+        )?;
         if self.local_buckets_max_bytes < 1 << 20 {
             return Err(problem(
                 &format!("{key}.local_buckets_max_bytes"),
                 "must be at least 1 MiB (1048576)",
             ));
         }
-        if self.max_bucket_ttl_secs == 0 {
-            return Err(problem(
-                &format!("{key}.max_bucket_ttl_secs"),
-                "must be at least 1",
-            ));
-        }
+        at_least("max_bucket_ttl_secs", self.max_bucket_ttl_secs, 1)?;
         self.operator_rules
             .validate(&format!("{key}.operator_rules"))?;
         self.tenant_rules.validate(&format!("{key}.tenant_rules"))
@@ -186,16 +167,8 @@ impl Default for BucketConfig {
 impl BucketConfig {
     /// Checks the bucket, `key` naming it.
     fn validate(&self, key: &str) -> Result<(), ConfigError> {
-        if self.rate_per_second == 0 {
-            return Err(problem(
-                &format!("{key}.rate_per_second"),
-                "must be at least 1",
-            ));
-        }
-        if self.burst == 0 {
-            return Err(problem(&format!("{key}.burst"), "must be at least 1"));
-        }
-        Ok(())
+        super::at_least(key, "rate_per_second", u64::from(self.rate_per_second), 1)?;
+        super::at_least(key, "burst", u64::from(self.burst), 1)
     }
 }
 
@@ -237,9 +210,7 @@ impl RuleCeilings {
             ("max_burst", self.max_burst),
             ("max_cost", self.max_cost),
         ] {
-            if value == 0 {
-                return Err(problem(&format!("{key}.{field}"), "must be at least 1"));
-            }
+            super::at_least(key, field, u64::from(value), 1)?;
         }
         Ok(())
     }

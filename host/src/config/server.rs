@@ -100,81 +100,46 @@ impl ServerConfig {
 
     /// Checks the section, `key` naming it.
     pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
-        if !(100..=3_600_000).contains(&self.tls_watch_interval_ms) {
-            return Err(problem(
-                &format!("{key}.tls_watch_interval_ms"),
-                "must be between 100 and 3600000",
-            ));
-        }
-        if self.max_body_bytes == 0 {
-            return Err(problem(
-                &format!("{key}.max_body_bytes"),
-                "must be at least 1",
-            ));
-        }
-        if self.header_read_timeout_ms == 0 {
-            return Err(problem(
-                &format!("{key}.header_read_timeout_ms"),
-                "must be at least 1",
-            ));
-        }
-        if self.idle_release_ms > 3_600_000 {
-            return Err(problem(
-                &format!("{key}.idle_release_ms"),
-                "must be at most 3600000 (0: never release)",
-            ));
-        }
-        if !(1..=3_600_000).contains(&self.send_timeout_ms) {
-            return Err(problem(
-                &format!("{key}.send_timeout_ms"),
-                "must be between 1 and 3600000",
-            ));
-        }
-        if self.max_connections == 0 {
-            return Err(problem(
-                &format!("{key}.max_connections"),
-                "must be at least 1",
-            ));
-        }
-        if self.max_in_flight == 0 {
-            return Err(problem(
-                &format!("{key}.max_in_flight"),
-                "must be at least 1",
-            ));
-        }
-        if !(1..=10_000).contains(&self.http2_max_concurrent_streams) {
-            return Err(problem(
-                &format!("{key}.http2_max_concurrent_streams"),
-                "must be between 1 and 10000",
-            ));
-        }
-        if !(8192..=1 << 20).contains(&self.max_header_bytes) {
-            return Err(problem(
-                &format!("{key}.max_header_bytes"),
-                "must be between 8192 and 1048576",
-            ));
-        }
-        if self.http2_idle_timeout_ms == 0 {
-            return Err(problem(
-                &format!("{key}.http2_idle_timeout_ms"),
-                "must be at least 1",
-            ));
-        }
+        let within = |field, value, low, high| super::within(key, field, value, low, high);
+        let at_least = |field, value, min| super::at_least(key, field, value, min);
+        let at_most = |field, value, max| super::at_most(key, field, value, max);
+        within(
+            "tls_watch_interval_ms",
+            self.tls_watch_interval_ms,
+            100,
+            3_600_000,
+        )?;
+        at_least("max_body_bytes", self.max_body_bytes as u64, 1)?;
+        at_least("header_read_timeout_ms", self.header_read_timeout_ms, 1)?;
+        at_most("idle_release_ms", self.idle_release_ms, 3_600_000)
+            .map_err(super::noted("0: never release"))?;
+        within("send_timeout_ms", self.send_timeout_ms, 1, 3_600_000)?;
+        at_least("max_connections", self.max_connections as u64, 1)?;
+        at_least("max_in_flight", self.max_in_flight as u64, 1)?;
+        within(
+            "http2_max_concurrent_streams",
+            u64::from(self.http2_max_concurrent_streams),
+            1,
+            10_000,
+        )?;
+        within(
+            "max_header_bytes",
+            u64::from(self.max_header_bytes),
+            8192,
+            1 << 20,
+        )?;
+        at_least("http2_idle_timeout_ms", self.http2_idle_timeout_ms, 1)?;
         if self.http2_keep_alive_interval_ms > 0 && self.http2_keep_alive_timeout_ms == 0 {
             return Err(problem(
                 &format!("{key}.http2_keep_alive_timeout_ms"),
                 "must be at least 1 while http2_keep_alive_interval_ms is on",
             ));
         }
-        if self.max_streams == Some(0) {
-            return Err(problem(&format!("{key}.max_streams"), "must be at least 1"));
+        if let Some(streams) = self.max_streams {
+            at_least("max_streams", streams as u64, 1)?;
         }
-        if self.drain_delay_secs > 3_600 {
-            return Err(problem(
-                &format!("{key}.drain_delay_secs"),
-                "must be at most 3600 (an hour)",
-            ));
-        }
+        at_most("drain_delay_secs", self.drain_delay_secs, 3_600)
+            .map_err(super::noted("an hour"))?;
         Ok(())
     }
 }

@@ -46,13 +46,7 @@ impl LogConfig {
                 format!("not a valid filter: {e}"),
             ));
         }
-        if self.buffer_lines == 0 {
-            return Err(problem(
-                &format!("{key}.buffer_lines"),
-                "must be at least 1",
-            ));
-        }
-        Ok(())
+        super::at_least(key, "buffer_lines", self.buffer_lines as u64, 1)
     }
 }
 

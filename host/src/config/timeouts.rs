@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, problem};
+use super::ConfigError;
 
 /// Timeout budgets, one per route group. There is no global timeout.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
@@ -38,15 +38,7 @@ impl TimeoutConfig {
 
     /// Checks the section, `key` naming it.
     pub(super) fn validate(&self, key: &str) -> Result<(), ConfigError> {
-        if self.default_ms == 0 {
-            return Err(problem(&format!("{key}.default_ms"), "must be at least 1"));
-        }
-        if self.functions_ms == 0 {
-            return Err(problem(
-                &format!("{key}.functions_ms"),
-                "must be at least 1",
-            ));
-        }
-        Ok(())
+        super::at_least(key, "default_ms", self.default_ms, 1)?;
+        super::at_least(key, "functions_ms", self.functions_ms, 1)
     }
 }

@@ -131,25 +131,10 @@ impl UpstreamsConfig {
         if let Err(e) = self.postgrest_targets() {
             return Err(problem(&format!("{key}.postgrest_allowed_targets"), e));
         }
-        if self.storage_max_body_bytes == 0 {
-            return Err(problem(
-                &format!("{key}.storage_max_body_bytes"),
-                "must be at least 1",
-            ));
-        }
-        if self.connect_timeout_ms == 0 {
-            return Err(problem(
-                &format!("{key}.connect_timeout_ms"),
-                "must be at least 1",
-            ));
-        }
-        if self.stream_idle_timeout_secs == 0 {
-            return Err(problem(
-                &format!("{key}.stream_idle_timeout_secs"),
-                "must be at least 1",
-            ));
-        }
-        Ok(())
+        let at_least = |field, value, min| super::at_least(key, field, value, min);
+        at_least("storage_max_body_bytes", self.storage_max_body_bytes, 1)?;
+        at_least("connect_timeout_ms", self.connect_timeout_ms, 1)?;
+        at_least("stream_idle_timeout_secs", self.stream_idle_timeout_secs, 1)
     }
 }
 

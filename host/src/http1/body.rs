@@ -8,6 +8,11 @@
 //! rather than guessed at: lines end at CRLF only, and a bare CR or LF (or a NUL) inside an
 //! extension or a trailer is refused, since a peer that ends lines there would see the body
 //! end elsewhere.
+//!
+//! An [`Encoder`] frames a body for the wire, with no I/O of its own either: both sides' writers
+//! (an answer's body, `server/http1.rs`; a request's, [`super::client`]) hand it each data
+//! frame and a write buffer, and it says which bytes the buffer holds and which the writer
+//! writes on its own.
 
 use std::io;
 use std::pin::Pin;
@@ -28,7 +33,7 @@ pub const BODY_READ_CHUNK: usize = 64 * 1024;
 
 /// Body data up to this size is copied into the write buffer with what comes before it (a head,
 /// a chunk-size line) and goes out in one write; larger data is written on its own, not copied.
-/// Both sides' writers use it.
+/// The [`Encoder`] decides it for both sides' writers.
 pub const COALESCE: usize = 16 * 1024;
 
 /// Reads from `io` into `buf`, with room for at least `room` bytes (reserved when less than half
@@ -357,6 +362,122 @@ pub fn put_chunk_size(out: &mut Vec<u8>, len: usize) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// How an [`Encoder`] frames a body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Frames {
+    /// A `Content-Length` body: this many bytes remain.
+    Length(u64),
+    /// Chunked coding.
+    Chunked,
+    /// The data as it is: the body ends with the connection.
+    UntilClose,
+}
+
+/// A body being framed into a write buffer, frame by frame: both sides' writers drive it. Data
+/// up to [`COALESCE`] bytes is copied into the buffer with its framing; larger data is left to
+/// the writer, which writes the buffer, then the data, then what [`Encoded::apart`] gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encoder {
+    frames: Frames,
+}
+
+/// What [`Encoder::data`] did with a data frame.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encoded {
+    /// `None`: the data and its framing are in the buffer. `Some(after)`: the data is over
+    /// [`COALESCE`] bytes and was not copied; the buffer holds what goes before it (its
+    /// chunk-size line), and the writer writes the buffer, the data, then `after` (the chunk's
+    /// CRLF, or nothing).
+    pub apart: Option<&'static [u8]>,
+    /// The data was more than the body's length left: it was cut to that (what fits is framed
+    /// as above), and the body is over its length.
+    pub over: bool,
+}
+
+/// A `Content-Length` body that ended before its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Short;
+
+impl Encoder {
+    /// A body of `n` bytes, sent after a `Content-Length: n`.
+    pub fn length(n: u64) -> Self {
+        Self {
+            frames: Frames::Length(n),
+        }
+    }
+
+    /// A chunked body, sent after a `Transfer-Encoding: chunked`.
+    pub fn chunked() -> Self {
+        Self {
+            frames: Frames::Chunked,
+        }
+    }
+
+    /// A body sent as it is, ended by closing the connection.
+    pub fn until_close() -> Self {
+        Self {
+            frames: Frames::UntilClose,
+        }
+    }
+
+    /// Frames `data` after what `out` holds: its chunk-size line when chunked, then the data and
+    /// the chunk's CRLF when it is [`COALESCE`] bytes or fewer; else the data is left to the
+    /// writer ([`Encoded::apart`]). Data over the length left is cut to it ([`Encoded::over`]).
+    /// Empty data adds nothing (an empty chunk would end the body).
+    pub fn data(&mut self, out: &mut Vec<u8>, data: &mut Bytes) -> Encoded {
+        let mut over = false;
+        if let Frames::Length(left) = &mut self.frames {
+            if data.len() as u64 > *left {
+                // More than its length says: what fits is framed, the rest is not the body's.
+                data.truncate(*left as usize);
+                over = true;
+            }
+            *left -= data.len() as u64;
+        }
+        if data.is_empty() {
+            return Encoded { apart: None, over };
+        }
+        let after: &'static [u8] = if self.frames == Frames::Chunked {
+            put_chunk_size(out, data.len());
+            &b"\r\n"[..]
+        } else {
+            &b""[..]
+        };
+        if data.len() > COALESCE {
+            return Encoded {
+                apart: Some(after),
+                over,
+            };
+        }
+        out.extend_from_slice(data);
+        out.extend_from_slice(after);
+        Encoded { apart: None, over }
+    }
+
+    /// Ends the body after what `out` holds: a chunked body's last chunk and `trailers` (their
+    /// lines as a head's), nothing otherwise (the trailers of a body not chunked are dropped).
+    /// `Err` when a `Content-Length` body is short of its length; nothing is added then.
+    pub fn end(self, out: &mut Vec<u8>, trailers: Option<&HeaderMap>) -> Result<(), Short> {
+        match self.frames {
+            Frames::Length(0) | Frames::UntilClose => Ok(()),
+            Frames::Length(_) => Err(Short),
+            Frames::Chunked => {
+                out.extend_from_slice(b"0\r\n");
+                // Written as `head::line` writes a line (not called: `head` imports this).
+                for (name, value) in trailers.into_iter().flatten() {
+                    out.extend_from_slice(name.as_str().as_bytes());
+                    out.extend_from_slice(b": ");
+                    out.extend_from_slice(value.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                }
+                out.extend_from_slice(b"\r\n");
+                Ok(())
+            }
+        }
+    }
+}
+
 /// The comma-separated tokens of a header value, trimmed, empty ones left out.
 pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value
@@ -504,6 +625,133 @@ mod tests {
             assert_eq!(out, format!("{len:x}\r\n").into_bytes(), "{len}");
             assert_eq!(chunk_size(&out[..out.len() - 2]), Ok((len as u64, 0)));
         }
+    }
+
+    /// Writes `frames` through `encoder` as both sides' writers do, then its end: the bytes on
+    /// the wire, whether a frame was over the length (writing stops there), and the end.
+    fn encode_all(
+        mut encoder: Encoder,
+        frames: &[&[u8]],
+        trailers: Option<&HeaderMap>,
+    ) -> (Vec<u8>, bool, Result<(), Short>) {
+        let mut out = Vec::new();
+        let mut wire = Vec::new();
+        for frame in frames {
+            let mut data = Bytes::copy_from_slice(frame);
+            let encoded = encoder.data(&mut out, &mut data);
+            if let Some(after) = encoded.apart {
+                assert!(data.len() > COALESCE, "{} bytes left apart", data.len());
+                wire.append(&mut out);
+                wire.extend_from_slice(&data);
+                out.extend_from_slice(after);
+            }
+            if encoded.over {
+                wire.append(&mut out);
+                return (wire, true, Ok(()));
+            }
+        }
+        let end = encoder.end(&mut out, trailers);
+        wire.append(&mut out);
+        (wire, false, end)
+    }
+
+    #[test]
+    fn chunked_bodies_are_framed_small_frames_in_the_buffer_large_ones_apart() {
+        let large = vec![b'L'; COALESCE + 1];
+        let full = vec![b'F'; COALESCE];
+        let frames: [&[u8]; 5] = [b"hello ", b"", &large, &full, b"world"];
+        let (wire, over, end) = encode_all(Encoder::chunked(), &frames, None);
+        assert!(!over);
+        assert_eq!(end, Ok(()));
+        let mut expected = b"6\r\nhello \r\n4001\r\n".to_vec();
+        expected.extend_from_slice(&large);
+        expected.extend_from_slice(b"\r\n4000\r\n");
+        expected.extend_from_slice(&full);
+        expected.extend_from_slice(b"\r\n5\r\nworld\r\n0\r\n\r\n");
+        assert_eq!(wire, expected);
+        let (body, rest) = decode_all(Framing::CHUNKED, &wire, 4096).expect("decodes back");
+        assert_eq!(body, frames.concat());
+        assert_eq!(rest, 0);
+
+        // A large frame: its size line joins what the buffer holds, its CRLF is the caller's.
+        let mut encoder = Encoder::chunked();
+        let mut out = b"HEAD".to_vec();
+        let mut data = Bytes::from(large);
+        let encoded = encoder.data(&mut out, &mut data);
+        assert_eq!(
+            encoded,
+            Encoded {
+                apart: Some(&b"\r\n"[..]),
+                over: false
+            }
+        );
+        assert_eq!(out, b"HEAD4001\r\n");
+        assert_eq!(data.len(), COALESCE + 1, "not cut");
+        // Trailers follow the last chunk as header lines.
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", http::HeaderValue::from_static("abc"));
+        let (wire, _, end) = encode_all(Encoder::chunked(), &[b"x"], Some(&trailers));
+        assert_eq!(end, Ok(()));
+        assert_eq!(wire, b"1\r\nx\r\n0\r\nx-checksum: abc\r\n\r\n");
+    }
+
+    #[test]
+    fn length_bodies_are_sent_as_they_are_and_checked_against_their_length() {
+        let large = vec![b'L'; COALESCE + 1];
+        let exact = encode_all(Encoder::length(5), &[b"he", b"", b"llo"], None);
+        assert_eq!(exact, (b"hello".to_vec(), false, Ok(())));
+        let (wire, over, _) = encode_all(Encoder::length(large.len() as u64), &[&large], None);
+        assert_eq!((wire, over), (large.clone(), false));
+        // Over: what fits is framed, the frame says the body is over.
+        let over = encode_all(Encoder::length(5), &[b"hel", b"lo!!"], None);
+        assert_eq!(over, (b"hello".to_vec(), true, Ok(())));
+        let over = encode_all(Encoder::length(2), &[b"ab", b"c"], None);
+        assert_eq!(over, (b"ab".to_vec(), true, Ok(())));
+        let mut encoder = Encoder::length(COALESCE as u64 + 1);
+        let mut out = Vec::new();
+        let mut data = Bytes::from([large.as_slice(), b"more"].concat());
+        let encoded = encoder.data(&mut out, &mut data);
+        assert_eq!(
+            encoded,
+            Encoded {
+                apart: Some(&b""[..]),
+                over: true
+            }
+        );
+        assert!(out.is_empty());
+        assert_eq!(data, large, "cut to the length");
+        // Short: the end says so and adds nothing; trailers of a body not chunked are dropped.
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-t", http::HeaderValue::from_static("1"));
+        let short = encode_all(Encoder::length(5), &[b"abc"], Some(&trailers));
+        assert_eq!(short, (b"abc".to_vec(), false, Err(Short)));
+        let exact = encode_all(Encoder::length(3), &[b"abc"], Some(&trailers));
+        assert_eq!(exact, (b"abc".to_vec(), false, Ok(())));
+        let until_close = encode_all(Encoder::until_close(), &[b"abc", &large], Some(&trailers));
+        assert_eq!(
+            until_close,
+            ([b"abc".as_slice(), &large].concat(), false, Ok(()))
+        );
+    }
+
+    #[test]
+    fn an_empty_body_is_its_end_alone() {
+        assert_eq!(
+            encode_all(Encoder::chunked(), &[b""], None),
+            (b"0\r\n\r\n".to_vec(), false, Ok(()))
+        );
+        assert_eq!(
+            encode_all(Encoder::length(0), &[b""], None),
+            (Vec::new(), false, Ok(()))
+        );
+        assert_eq!(
+            encode_all(Encoder::length(0), &[b"x"], None),
+            (Vec::new(), true, Ok(()))
+        );
+        assert_eq!(
+            encode_all(Encoder::until_close(), &[], None),
+            (Vec::new(), false, Ok(()))
+        );
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! The HTTP/1.1 client side of a backend connection: the gateway's own codec over `httparse`.
 //!
-//! A request's head is written in one write, its body after it (`Content-Length` when its
-//! length is known, chunked otherwise); the answer's head is parsed by `httparse` into an
-//! `http::Response` and its body read as the caller polls for it, framed by `Content-Length`,
-//! chunked coding or the connection's end (RFC 9112 §6.3). No task, no channel: the request
-//! that holds the connection does the I/O (`proxy/pool.rs`).
+//! A request's head is written in one write, its body after it through the [`Encoder`] both
+//! sides write with (`Content-Length` when its length is known, chunked otherwise); the
+//! answer's head is parsed by `httparse` into an `http::Response` and its body read as the
+//! caller polls for it, framed by `Content-Length`, chunked coding or the connection's end
+//! (RFC 9112 §6.3). No task, no channel: the request that holds the connection does the I/O
+//! (`proxy/pool.rs`).
 //!
 //! A backend is trusted less than the gateway: everything it answers is bounded and refused
 //! rather than guessed at — a head over [`MAX_HEAD_BYTES`] or with more than [`MAX_HEADERS`]
@@ -22,7 +23,7 @@ use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version, header
 
 use super::head::{FramingFields, HeadEdits, Rules, line};
 use crate::http1::body::{
-    COALESCE, Decoded, Decoder, Framing, READ_CHUNK, content_length, has_token, put_chunk_size,
+    Decoded, Decoder, Encoder, Framing, READ_CHUNK, content_length, has_token,
 };
 pub use crate::http1::body::{MAX_CHUNK_EXTRAS, MAX_CHUNK_LINE};
 use http_body::Body;
@@ -223,16 +224,19 @@ where
         Ok(response)
     }
 
+    /// Writes the request's body frame by frame as it comes, nothing kept back: a frame and its
+    /// framing in one write, a frame over [`COALESCE`](crate::http1::body::COALESCE) bytes
+    /// apart from its framing.
     async fn write_body<B>(&mut self, body: B, sending: Sending) -> Result<(), WireError>
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
         let mut body = body;
-        let mut left = match sending {
+        let mut encoder = match sending {
             Sending::Nothing => return Ok(()),
-            Sending::Length(n) => Some(n),
-            Sending::Chunked => None,
+            Sending::Length(n) => Encoder::length(n),
+            Sending::Chunked => Encoder::chunked(),
         };
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| WireError::Body(e.into()))?;
@@ -240,54 +244,31 @@ where
             let Ok(mut data) = frame.into_data() else {
                 continue;
             };
-            if data.is_empty() {
-                continue;
+            self.write.clear();
+            let encoded = encoder.data(&mut self.write, &mut data);
+            if encoded.over {
+                return Err(WireError::BodyLength);
             }
-            match &mut left {
-                Some(left) => {
-                    let n = data.len() as u64;
-                    if n > *left {
-                        return Err(WireError::BodyLength);
-                    }
-                    *left -= n;
-                    self.io
-                        .write_all_buf(&mut data)
-                        .await
-                        .map_err(WireError::Write)?;
-                }
-                None => {
-                    self.write.clear();
-                    put_chunk_size(&mut self.write, data.len());
-                    if data.len() <= COALESCE {
-                        self.write.extend_from_slice(&data);
-                        self.write.extend_from_slice(b"\r\n");
-                        self.io
-                            .write_all(&self.write)
-                            .await
-                            .map_err(WireError::Write)?;
-                    } else {
-                        self.io
-                            .write_all(&self.write)
-                            .await
-                            .map_err(WireError::Write)?;
-                        self.io
-                            .write_all_buf(&mut data)
-                            .await
-                            .map_err(WireError::Write)?;
-                        self.io.write_all(b"\r\n").await.map_err(WireError::Write)?;
-                    }
-                }
-            }
-        }
-        match left {
-            Some(0) => Ok(()),
-            Some(_) => Err(WireError::BodyLength),
-            None => self
-                .io
-                .write_all(b"0\r\n\r\n")
+            self.io
+                .write_all(&self.write)
                 .await
-                .map_err(WireError::Write),
+                .map_err(WireError::Write)?;
+            if let Some(after) = encoded.apart {
+                self.io
+                    .write_all_buf(&mut data)
+                    .await
+                    .map_err(WireError::Write)?;
+                self.io.write_all(after).await.map_err(WireError::Write)?;
+            }
         }
+        self.write.clear();
+        encoder
+            .end(&mut self.write, None)
+            .map_err(|_| WireError::BodyLength)?;
+        self.io
+            .write_all(&self.write)
+            .await
+            .map_err(WireError::Write)
     }
 
     /// Reads the answer's head (informational heads skipped) and sets the body's framing.

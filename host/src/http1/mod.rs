@@ -4,8 +4,8 @@
 //! - [`head`]: the rules both sides share: the framing headers folded once, a request's or an
 //!   answer's rules as a parameter ([`head::FramingFields`]), what a side writes beside a
 //!   message's own headers ([`head::HeadEdits`]), and how a header line is written;
-//! - [`body`]: message framing (RFC 9112 §6, §7): the body decoder both sides drive, chunk
-//!   sizes, the framing headers read;
+//! - [`body`]: message framing (RFC 9112 §6, §7): the body decoder and the body encoder both
+//!   sides drive, chunk sizes, the framing headers read;
 //! - [`server`]: a client's request head parsed, an answer head encoded (the listener and the
 //!   connection driver are `server/`'s);
 //! - [`client`]: one connection to a backend: a request written, its answer read (the pool is

@@ -9,12 +9,11 @@ use super::context::RequestContext;
 use super::per_ip::{Limiter, count, too_many};
 use crate::actor::Actor;
 use crate::error::GatewayError;
-use crate::policy::registry::Source;
 use crate::policy::slot::StageCall;
 use crate::policy::stages::quota::{BucketScope, QuotaDenial, deny_code, deny_status};
 use crate::policy::stages::{Quota, QuotaDecision, QuotaInput};
 use crate::ratelimit::Decision;
-use crate::ratelimit::rules::{self, Answered, RuleSource, Scope};
+use crate::ratelimit::rules::{self, Answered, Scope};
 use crate::state::AppState;
 
 /// The longest `Retry-After` of a module's `429` denial, in seconds.
@@ -70,10 +69,6 @@ pub async fn check(
         .decide::<Quota>(&call, input)
         .await
         .map_err(IntoResponse::into_response)?;
-    let source = match source {
-        Source::Operator => RuleSource::Operator,
-        Source::Tenant => RuleSource::Tenant,
-    };
     let plane = cx.plane.as_str();
     let answered = match &*decision {
         QuotaDecision::Exempt => return Ok(None),

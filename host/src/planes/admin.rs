@@ -101,20 +101,21 @@ fn module_json(m: &ModuleReport) -> Value {
 /// The operator's candidates of both planes: module, mode, percent, whether still tried, and a
 /// shadow's comparison.
 fn candidates_json(policies: &Policies) -> Value {
-    use crate::policy::slot::AnyCandidate;
-    fn one(c: &dyn AnyCandidate) -> Value {
-        let mut v = module_json(&c.module().report());
+    use crate::policy::AnyModule;
+    use crate::policy::slot::Trying;
+    fn one((module, trying): (&dyn AnyModule, &Trying)) -> Value {
+        let mut v = module_json(&module.report());
         if let Value::Object(m) = &mut v {
-            m.insert("mode".into(), json!(c.trial().mode().as_str()));
+            m.insert("mode".into(), json!(trying.trial.mode().as_str()));
             m.insert(
                 "percent".into(),
-                json!(Some(c.trial().percent()).filter(|p| *p > 0)),
+                json!(Some(trying.trial.percent()).filter(|p| *p > 0)),
             );
-            m.insert("tried".into(), json!(!c.is_dropped()));
-            if c.trial() == crate::stage::Trial::Shadow {
+            m.insert("tried".into(), json!(!trying.is_dropped()));
+            if trying.trial == crate::stage::Trial::Shadow {
                 m.insert(
                     "shadow".into(),
-                    super::policies::shadow_json(&c.comparison().report()),
+                    super::policies::shadow_json(&trying.comparison.report()),
                 );
             }
         }

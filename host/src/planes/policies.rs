@@ -271,24 +271,26 @@ pub async fn get(State(state): State<AppState>, path: PolicyPath) -> Answer {
         ));
     }
     let stage = Stage::parse_tenant(&stage_key);
-    let health = stage
-        .and_then(|stage| state.policies.tenants.installed(&project, stage))
-        .filter(|i| enforced.as_ref().is_some_and(|p| p.digest == i.digest()))
-        .map(|i| health_json(&i.report()));
+    let slot = stage.and_then(|stage| state.policies.tenants.slot(&project, stage));
+    let health = slot
+        .as_deref()
+        .and_then(|s| s.module())
+        .filter(|m| enforced.as_ref().is_some_and(|p| p.digest == m.digest()))
+        .map(|m| health_json(&m.report()));
     let candidate = candidate.map(|c| {
-        let loaded = stage
-            .and_then(|stage| state.policies.tenants.candidate(&project, stage))
-            .filter(|i| i.digest() == c.digest);
+        let loaded = slot
+            .as_deref()
+            .and_then(|s| s.candidate())
+            .filter(|(m, _)| m.digest() == c.digest);
         serde_json::json!({
             "digest": c.digest,
             "config": config_json(&c.config),
             "mode": c.mode,
             "percent": Some(c.percent).filter(|p| *p > 0),
-            "health": loaded.as_ref().map(|i| health_json(&i.report())),
+            "health": loaded.map(|(m, _)| health_json(&m.report())),
             "shadow": loaded
-                .as_ref()
-                .and_then(|i| i.comparison())
-                .map(|c| shadow_json(&c.report())),
+                .filter(|(_, trying)| trying.trial == crate::stage::Trial::Shadow)
+                .map(|(_, trying)| shadow_json(&trying.comparison.report())),
         })
     });
     Ok(Json(serde_json::json!({
@@ -310,9 +312,9 @@ pub async fn schema(State(state): State<AppState>, path: PolicyPath) -> Answer {
     state.policies.ensure_project(&project).await?;
     let stage = Stage::parse_tenant(&stage_key)
         .ok_or_else(|| GatewayError::not_found("no such stage for a project"))?;
-    let installed = state.policies.tenants.installed(&project, stage);
+    let slot = state.policies.tenants.slot(&project, stage);
     let snapshot = state.policies.snapshot();
-    let (source, digest, text) = match &installed {
+    let (source, digest, text) = match slot.as_deref().and_then(|s| s.module()) {
         Some(i) => (
             "project",
             i.digest().to_owned(),
@@ -322,7 +324,7 @@ pub async fn schema(State(state): State<AppState>, path: PolicyPath) -> Answer {
             let module = snapshot
                 .plane(crate::plane::Plane::Data)
                 .any_slot(stage)
-                .map(|slot| slot.module())
+                .and_then(|slot| slot.module())
                 .ok_or_else(|| GatewayError::not_found("the data plane has no such stage"))?;
             (
                 "plane",

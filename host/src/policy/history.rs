@@ -126,18 +126,20 @@ fn digests(p: &Policies) -> Vec<(Plane, Stage, &'static str, String)> {
     for plane in [Plane::Data, Plane::Management] {
         let mut candidates = Vec::new();
         for slot in p.plane(plane).slots() {
-            out.push((
-                plane,
-                slot.stage(),
-                Mode::Enforce.as_str(),
-                slot.module().digest().to_owned(),
-            ));
-            if let Some(c) = slot.candidate() {
+            if let Some(module) = slot.module() {
+                out.push((
+                    plane,
+                    slot.stage(),
+                    Mode::Enforce.as_str(),
+                    module.digest().to_owned(),
+                ));
+            }
+            if let Some((module, trying)) = slot.candidate() {
                 candidates.push((
                     plane,
                     slot.stage(),
-                    c.trial().mode().as_str(),
-                    c.module().digest().to_owned(),
+                    trying.trial.mode().as_str(),
+                    module.digest().to_owned(),
                 ));
             }
         }

@@ -15,7 +15,7 @@ use super::history::{self, Action};
 use super::registry::PolicyRegistry;
 use super::runtime::compile::CompileReport;
 use super::stages::conformance::StageReport;
-use super::tenants::{PrepareError, Slot, on_trial};
+use super::tenants::{PrepareError, Role};
 use crate::control::{
     HISTORY_KEPT, PolicyCandidateRecord, PolicyEventRecord, ProjectPolicyRecord, store_failed,
 };
@@ -187,7 +187,7 @@ impl PolicyRegistry {
             .prepare(project, stage, &bytes, &config)
             .await
             .map_err(prepare_failed)?;
-        let digest = prepared.installed.digest().to_owned();
+        let digest = prepared.digest.clone();
         {
             let _write = self.tenants.write_lock().await;
             let before = match trial {
@@ -234,9 +234,9 @@ impl PolicyRegistry {
                         .tenants
                         .shadow_metrics
                         .series(Plane::Data, stage, project);
-                    let candidate = on_trial(prepared.installed, trial, Some(series));
+                    let candidate = prepared.installed.tried_as(trial, Some(series));
                     self.tenants
-                        .apply_slot(project, stage, Slot::Candidate, Some(candidate));
+                        .apply_as(project, stage, Role::Candidate, Some(candidate));
                 }
             }
             let mut event =
@@ -288,8 +288,7 @@ impl PolicyRegistry {
                 return Err(nothing_installed());
             }
             self.tenants.apply(project, stage, None);
-            self.tenants
-                .apply_slot(project, stage, Slot::Candidate, None);
+            self.tenants.apply_as(project, stage, Role::Candidate, None);
             if let Some(c) = candidate.filter(|_| aborted) {
                 let event = abort_event(actor, project, stage, c);
                 history::record(store.as_ref(), &event).await;
@@ -363,8 +362,7 @@ impl PolicyRegistry {
                 .await
                 .map_err(|e| store_failed(&e))?;
             self.tenants.apply(project, stage, Some(prepared.installed));
-            self.tenants
-                .apply_slot(project, stage, Slot::Candidate, None);
+            self.tenants.apply_as(project, stage, Role::Candidate, None);
             let mut event = project_event(
                 actor,
                 project,
@@ -401,8 +399,7 @@ impl PolicyRegistry {
                 .delete_policy_candidate(project, stage_key)
                 .await
                 .map_err(|e| store_failed(&e))?;
-            self.tenants
-                .apply_slot(project, stage, Slot::Candidate, None);
+            self.tenants.apply_as(project, stage, Role::Candidate, None);
             let event = abort_event(actor, project, stage, candidate);
             history::record(store.as_ref(), &event).await;
         }

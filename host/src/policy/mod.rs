@@ -29,7 +29,7 @@ use wasmtime::component::Component;
 
 pub use crate::stage::Stage;
 pub use runtime::engine::{Owner, PolicyEngine};
-pub use slot::{AnySlot, StageSlot};
+pub use slot::{AnySlot, Slot};
 pub use stages::{AnyModule, Module, PolicyStage};
 
 /// The loaded `api-key` module of the data plane.
@@ -264,16 +264,16 @@ pub struct PlanePolicies {
 
 impl PlanePolicies {
     /// The plane's slot for stage `S` (`None`: the stage does not run on this plane).
-    pub fn slot<S: PolicyStage>(&self) -> Option<&StageSlot<S>> {
+    pub fn slot<S: PolicyStage>(&self) -> Option<&Slot<S>> {
         self.slots[S::STAGE.index()]
             .as_deref()?
             .as_any()
-            .downcast_ref::<StageSlot<S>>()
+            .downcast_ref::<Slot<S>>()
     }
 
     /// The plane's module in force for stage `S`.
     pub fn module<S: PolicyStage>(&self) -> Option<&Arc<Module<S>>> {
-        self.slot::<S>().map(|slot| &slot.module)
+        self.slot::<S>()?.module.as_ref()
     }
 
     /// The plane's slot for `stage`, whatever its type.
@@ -289,7 +289,7 @@ impl PlanePolicies {
     /// Each stage's module and what it did: (stage, report).
     pub fn reports(&self) -> Vec<(Stage, runtime::stats::ModuleReport)> {
         self.slots()
-            .map(|s| (s.stage(), s.module().report()))
+            .filter_map(|s| Some((s.stage(), s.module()?.report())))
             .collect()
     }
 }
@@ -417,9 +417,12 @@ impl Policies {
     pub fn reset_health(&self) {
         for p in [&self.data, &self.management] {
             for slot in p.slots() {
-                slot.module().reset_health();
-                if let Some(c) = slot.candidate() {
-                    c.module().reset_health();
+                for module in slot
+                    .module()
+                    .into_iter()
+                    .chain(slot.candidate().map(|c| c.0))
+                {
+                    module.reset_health();
                 }
             }
         }
@@ -457,6 +460,6 @@ impl Policies {
     /// The `aura:gateway` version `stage`'s module on `plane` was written against (`None`: the
     /// plane has no such stage).
     pub fn wit_version(&self, plane: Plane, stage: Stage) -> Option<&'static str> {
-        Some(self.plane(plane).any_slot(stage)?.module().wit_version())
+        Some(self.plane(plane).any_slot(stage)?.module()?.wit_version())
     }
 }

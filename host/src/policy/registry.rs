@@ -11,15 +11,17 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::history::{Action, Queued};
-use super::rollout::{Compared, OPERATOR_SCOPE, Trial, failure_kind, on_canary};
-use super::slot::{AnyCandidate, StageCall};
-use super::stages::{AnyModule, Decided, PolicyStage};
-use super::tenants::{AnyInstalled, TenantCallError, TenantPolicies};
+use super::rollout::{OPERATOR_SCOPE, Trial, on_canary};
+use super::slot::{Candidate, StageCall};
+use super::stages::{AnyModule, Decided, Module, PolicyStage};
+use super::tenants::{CallError, TenantPolicies};
 use super::{PluginError, Policies, PolicyEngine, Stage};
 use crate::control::{ControlStore, PolicyEventRecord};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::plane::Plane;
+use crate::stage::Owner;
+use tokio::sync::Semaphore;
 
 /// The policy modules in force.
 #[derive(Debug)]
@@ -186,26 +188,6 @@ impl PolicyRegistry {
         }
     }
 
-    /// A project's canary failed a call: when it now fails too often on its share, it is taken
-    /// out of force here at once and queued to be removed from the store and recorded.
-    fn canary_failed(
-        &self,
-        project: &str,
-        stage: Stage,
-        canary: &dyn AnyInstalled,
-        error: &PluginError,
-    ) {
-        if !canary.failing_too_often()
-            || !self.tenants.drop_candidate(project, stage, canary.digest())
-        {
-            return;
-        }
-        let event = self.canary_dropped(Some(project), Plane::Data, stage, canary.digest(), error);
-        if let Some(sender) = self.history.get() {
-            let _ = sender.send(Queued::CanaryDropped(event));
-        }
-    }
-
     /// Logs and counts a canary (a project's, or the operator's: `project` none) dropped for
     /// `error`, and gives its history event.
     fn canary_dropped(
@@ -322,168 +304,167 @@ impl PolicyRegistry {
         GatewayError::policy_failed(error.stage().map(|s| s.key()).unwrap_or("unknown"))
     }
 
-    /// The fail-closed answer to a project's module call that gave no decision: the module
-    /// failed (`500 policy_failed`), or the project's modules are saturated (`503 policy_busy`).
-    pub fn tenant_call_failed(&self, error: &TenantCallError) -> GatewayError {
-        match error {
-            TenantCallError::Plugin(e) => {
-                GatewayError::policy_failed(e.stage().map(|s| s.key()).unwrap_or("unknown"))
-            }
-            TenantCallError::Busy(_) => GatewayError::policy_busy(),
-        }
-    }
-
     /// The decision of stage `S` for one request: the one algorithm every stage's decision
-    /// goes through.
+    /// goes through, the same for the project's slot and the plane's.
     ///
-    /// In order: a project's candidate (data plane, a stage projects may install): a canary
-    /// decides instead for the callers on its share ([`PolicyStage::subject`]), a shadow runs
-    /// after the enforced decision, off the request's path, and is compared with it; then the
-    /// module in force ([`Self::enforced`]). A failed call fails the request closed, and the
-    /// failing module is dealt with where it sits: a candidate is dropped when it fails too
-    /// often, a project's module fails that project's requests only, the operator's module in
-    /// force is rolled back.
+    /// The project's slot (data plane, a stage projects may install) is asked first, then the
+    /// plane's. In each: a candidate tried as a canary decides instead for the callers on its
+    /// share ([`PolicyStage::subject`]); a shadow is noted; then the module in force decides.
+    /// A project's slot without a module in force leaves the decision to the plane's. Once
+    /// decided, each noted shadow runs off the request's path and is compared with the
+    /// decision.
+    ///
+    /// The owner tells where a call runs (a project's on the tenant pool under its gate, the
+    /// operator's inline) and what a failure does ([`Self::in_force_failed`],
+    /// [`Self::candidate_failed`]); every failure fails the request closed.
     pub async fn decide<S: PolicyStage>(
         &self,
         call: &StageCall<'_>,
         input: S::Input<'_>,
-    ) -> Result<(Decided<S>, Source), GatewayError> {
-        if let Some(project) = call.tenant_project::<S>()
-            && let Some((candidate, gate)) = self.tenants.candidate_for::<S>(project)
-        {
-            match candidate.trial {
-                Some(Trial::Canary { percent })
-                    if on_canary(project, S::STAGE, &S::subject(&input), percent) =>
-                {
-                    let result = self
-                        .tenants
-                        .run(candidate.clone(), &gate, call, input)
-                        .await;
-                    if let Err(TenantCallError::Plugin(e)) = &result {
-                        self.canary_failed(project, S::STAGE, &*candidate, e);
-                    }
-                    return result
-                        .map(|d| (d, Source::Tenant))
-                        .map_err(|e| self.tenant_call_failed(&e));
-                }
-                Some(Trial::Shadow) => {
-                    let decision = self.enforced::<S>(call, input).await;
-                    if let Ok((enforced, _)) = &decision {
-                        self.tenants
-                            .shadow(candidate, &gate, call.request_id, input, enforced);
-                    }
-                    return decision;
-                }
-                _ => {}
-            }
-        }
-        self.enforced::<S>(call, input).await
-    }
-
-    /// The decision of the module in force for the request: the project's own (run on the
-    /// tenant pool), else the plane's — or the operator's candidate, when one is tried: a canary
-    /// decides instead for the callers on its share, a shadow runs after the decision and is
-    /// compared with it.
-    async fn enforced<S: PolicyStage>(
-        &self,
-        call: &StageCall<'_>,
-        input: S::Input<'_>,
-    ) -> Result<(Decided<S>, Source), GatewayError> {
-        if let Some(project) = call.tenant_project::<S>()
-            && let Some((installed, gate)) = self.tenants.installed_for::<S>(project)
-        {
-            return self
-                .tenants
-                .run(installed, &gate, call, input)
-                .await
-                .map(|d| (d, Source::Tenant))
-                .map_err(|e| self.tenant_call_failed(&e));
-        }
+    ) -> Result<(Decided<S>, Owner), GatewayError> {
         let plane = call.plane;
-        let slot = call.pinned.plane(plane).slot::<S>().ok_or_else(|| {
+        let tenant = call
+            .tenant_project::<S>()
+            .and_then(|project| Some((project, self.tenants.slot_for::<S>(project)?)));
+        let operator = call.pinned.plane(plane).slot::<S>().ok_or_else(|| {
             GatewayError::internal(format!("the {plane} plane has no {} stage", S::STAGE))
         })?;
-        let decided = |d| (d, Source::Operator);
-        if let Some(c) = slot.tried() {
-            match c.trial {
-                Trial::Canary { percent }
-                    if on_canary(OPERATOR_SCOPE, S::STAGE, &S::subject(&input), percent) =>
-                {
-                    return c
-                        .module
-                        .decide_at(call.at, call.request_id, input)
-                        .map(decided)
-                        .map_err(|e| {
-                            self.operator_canary_failed(plane, S::STAGE, &**c, &e);
-                            GatewayError::policy_failed(S::STAGE.key())
-                        });
+        let asked = tenant
+            .as_ref()
+            .map(|&(project, (ref slot, ref gate))| (&**slot, Held::Tenant { project, gate }))
+            .into_iter()
+            .chain([(operator, Held::Operator)]);
+        let mut shadows = Vec::new();
+        let mut decided = None;
+        for (slot, held) in asked {
+            if let Some(candidate) = slot.tried() {
+                match candidate.trying.trial {
+                    Trial::Canary { percent }
+                        if on_canary(held.scope(), S::STAGE, &S::subject(&input), percent) =>
+                    {
+                        let result = self.run(held, &candidate.module, call, input).await;
+                        decided = Some(
+                            result
+                                .map(|d| (d, held.owner()))
+                                .map_err(|e| self.candidate_failed(held, plane, candidate, e)),
+                        );
+                        break;
+                    }
+                    Trial::Shadow => shadows.push((candidate, held)),
+                    Trial::Canary { .. } => {}
                 }
-                Trial::Shadow => {
-                    let decision = slot
-                        .module
-                        .decide_at(call.at, call.request_id, input)
-                        .map_err(|e| self.plugin_failed(&*slot.module, &e))?;
-                    c.comparison.count_in(|| {
-                        self.tenants
-                            .shadow_metrics
-                            .series(plane, S::STAGE, OPERATOR_SCOPE)
-                    });
-                    let (method, path) = S::request_line(&input);
-                    let compared = Compared::new(call.request_id, method, path);
-                    let enforced = S::describe(&decision);
-                    let query = S::query(input);
-                    let runner = c.clone();
-                    self.tenants.spawn_shadow(&c.comparison, None, move || {
-                        let shadow = runner
-                            .module
-                            .decide(Some(&compared.request_id), S::input(&query))
-                            .map(|d| S::describe(&d))
-                            .map_err(|e| failure_kind(&e));
-                        runner.comparison.record(compared, enforced, shadow);
-                    });
-                    return Ok(decided(decision));
-                }
-                Trial::Canary { .. } => {}
+            }
+            if let Some(module) = &slot.module {
+                let result = self.run(held, module, call, input).await;
+                decided = Some(
+                    result
+                        .map(|d| (d, held.owner()))
+                        .map_err(|e| self.in_force_failed(held, &**module, e)),
+                );
+                break;
             }
         }
-        slot.module
-            .decide_at(call.at, call.request_id, input)
-            .map(decided)
-            .map_err(|e| self.plugin_failed(&*slot.module, &e))
-    }
-
-    /// An operator's canary failed a call: when it now fails too often on its share it is no
-    /// longer tried (until the next reload), recorded with the reason.
-    fn operator_canary_failed(
-        &self,
-        plane: Plane,
-        stage: Stage,
-        canary: &dyn AnyCandidate,
-        error: &PluginError,
-    ) {
-        if !canary.module().failing_too_often() || !canary.drop_now() {
-            return;
+        let (decision, owner) = decided.unwrap_or_else(|| {
+            Err(GatewayError::internal(format!(
+                "the {plane} plane's {} stage has no module in force",
+                S::STAGE
+            )))
+        })?;
+        for (candidate, held) in shadows {
+            let comparison = &candidate.trying.comparison;
+            comparison.count_in(|| {
+                self.tenants
+                    .shadow_metrics
+                    .series(plane, S::STAGE, held.scope())
+            });
+            self.tenants
+                .shadow(candidate, held.gate(), call.request_id, input, &decision);
         }
-        let event = self.canary_dropped(None, plane, stage, canary.module().digest(), error);
-        self.record(vec![event]);
+        Ok((decision, owner))
     }
 
+    /// Runs `module` of `held`'s slot for the request: inline for the operator's, on the tenant
+    /// pool under the project's gate for a project's.
+    async fn run<S: PolicyStage>(
+        &self,
+        held: Held<'_>,
+        module: &Arc<Module<S>>,
+        call: &StageCall<'_>,
+        input: S::Input<'_>,
+    ) -> Result<Decided<S>, CallError> {
+        match held {
+            Held::Operator => module
+                .decide_at(call.at, call.request_id, input)
+                .map_err(CallError::Plugin),
+            Held::Tenant { gate, .. } => self.tenants.run(module, gate, call, input).await,
+        }
+    }
+
+    /// The fail-closed answer to a failed call of the module in force of `held`'s slot: a
+    /// project's module fails that project's request only (`500 policy_failed`, or `503
+    /// policy_busy` when the project's modules are saturated); the operator's, when it now fails
+    /// too often, puts the previous set back in force ([`Self::plugin_failed`]).
+    fn in_force_failed(
+        &self,
+        held: Held<'_>,
+        module: &dyn AnyModule,
+        error: CallError,
+    ) -> GatewayError {
+        match (held, error) {
+            (Held::Operator, CallError::Plugin(e)) => self.plugin_failed(module, &e),
+            (_, error) => failed(&error),
+        }
+    }
+
+    /// The fail-closed answer to a failed call of `held`'s candidate: when it now fails too
+    /// often on its share it is no longer tried — the operator's until the next reload, a
+    /// project's removed from the store — and its drop is recorded with the reason.
+    fn candidate_failed<S: PolicyStage>(
+        &self,
+        held: Held<'_>,
+        plane: Plane,
+        candidate: &Candidate<S>,
+        error: CallError,
+    ) -> GatewayError {
+        let module: &dyn AnyModule = &*candidate.module;
+        if let CallError::Plugin(e) = &error
+            && module.failing_too_often()
+            && candidate.trying.drop_now()
+        {
+            match held {
+                Held::Operator => {
+                    let event = self.canary_dropped(None, plane, S::STAGE, module.digest(), e);
+                    self.record(vec![event]);
+                }
+                Held::Tenant { project, .. } => {
+                    if self
+                        .tenants
+                        .drop_candidate(project, S::STAGE, module.digest())
+                    {
+                        let event =
+                            self.canary_dropped(Some(project), plane, S::STAGE, module.digest(), e);
+                        if let Some(sender) = self.history.get() {
+                            let _ = sender.send(Queued::CanaryDropped(event));
+                        }
+                    }
+                }
+            }
+        }
+        failed(&error)
+    }
     /// Stops trying the operator's candidate for `stage` of `plane` on this instance (until the
     /// next reload), recorded as an `abort`. False when none is being tried.
     pub fn abort_operator_candidate(&self, plane: Plane, stage: Stage) -> bool {
         let pinned = self.current.load_full();
-        let Some(candidate) = pinned
+        let Some((module, trying)) = pinned
             .plane(plane)
             .any_slot(stage)
             .and_then(|slot| slot.candidate())
-            .filter(|c| c.drop_now())
+            .filter(|(_, trying)| trying.drop_now())
         else {
             return false;
         };
-        let (digest, mode) = (
-            candidate.module().digest().to_owned(),
-            candidate.trial().mode().as_str(),
-        );
+        let (digest, mode) = (module.digest().to_owned(), trying.trial.mode().as_str());
         let mut event = super::history::event(
             super::history::OPERATOR,
             None,
@@ -540,13 +521,52 @@ pub trait Announce: Send + Sync + std::fmt::Debug {
     async fn tenant_modules_changed(&self, project: &str);
 }
 
-/// Whose module gave a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// The plane's (the operator's) module, or its candidate.
+/// Whose slot is asked for a decision: what tells where its calls run and what its failures do.
+#[derive(Debug, Clone, Copy)]
+enum Held<'a> {
+    /// The plane's: calls run inline.
     Operator,
-    /// The project's own module, or its candidate.
-    Tenant,
+    /// `project`'s: calls run on the tenant pool under the project's `gate`.
+    Tenant {
+        project: &'a str,
+        gate: &'a Arc<Semaphore>,
+    },
+}
+
+impl Held<'_> {
+    fn owner(self) -> Owner {
+        match self {
+            Held::Operator => Owner::Operator,
+            Held::Tenant { .. } => Owner::Tenant,
+        }
+    }
+
+    /// The scope of its canaries' shares and shadows' series: the project, or [`OPERATOR_SCOPE`].
+    fn scope(&self) -> &str {
+        match self {
+            Held::Operator => OPERATOR_SCOPE,
+            Held::Tenant { project, .. } => project,
+        }
+    }
+
+    /// Where its shadows run within: the project's share of the tenant pool, or none.
+    fn gate(&self) -> Option<&Arc<Semaphore>> {
+        match self {
+            Held::Operator => None,
+            Held::Tenant { gate, .. } => Some(gate),
+        }
+    }
+}
+
+/// The fail-closed answer to a call that gave no decision: the module failed (`500
+/// policy_failed`), or the project's modules are saturated (`503 policy_busy`).
+fn failed(error: &CallError) -> GatewayError {
+    match error {
+        CallError::Plugin(e) => {
+            GatewayError::policy_failed(e.stage().map(|s| s.key()).unwrap_or("unknown"))
+        }
+        CallError::Busy(_) => GatewayError::policy_busy(),
+    }
 }
 
 #[cfg(test)]
@@ -556,7 +576,7 @@ mod tests {
     use super::*;
     use crate::config::{Config, StageConfig};
     use crate::policy::stages::{Cors, CorsDecision, CorsInput};
-    use crate::policy::tenants::{Slot, on_trial, prepare_compiled};
+    use crate::policy::tenants::{Role, prepare_compiled};
 
     const IN_FORCE: &str = "https://in-force.example";
     const CANDIDATE: &str = "https://candidate.example";
@@ -610,11 +630,11 @@ mod tests {
         .expect("checked");
         match trial {
             None => registry.tenants.apply(project, Stage::Cors, Some(checked)),
-            Some(trial) => registry.tenants.apply_slot(
+            Some(trial) => registry.tenants.apply_as(
                 project,
                 Stage::Cors,
-                Slot::Candidate,
-                Some(on_trial(checked, trial, None)),
+                Role::Candidate,
+                Some(checked.tried_as(trial, None)),
             ),
         }
     }
@@ -623,7 +643,7 @@ mod tests {
     async fn allowed(
         registry: &PolicyRegistry,
         project: Option<&str>,
-    ) -> (Vec<&'static str>, Source) {
+    ) -> (Vec<&'static str>, Owner) {
         let pinned = registry.snapshot();
         let call = StageCall {
             pinned: &pinned,
@@ -676,23 +696,23 @@ mod tests {
     async fn one_algorithm_decides_in_force_canary_shadow_and_tenant_in_order() {
         // The module in force.
         let r = registry(None);
-        assert_eq!(allowed(&r, None).await, (vec![IN_FORCE], Source::Operator));
+        assert_eq!(allowed(&r, None).await, (vec![IN_FORCE], Owner::Operator));
 
         // The operator's canary at 100 %: it decides for everyone the plane's module would.
         let r = registry(Some(("canary", Some(100))));
-        assert_eq!(allowed(&r, None).await, (vec![CANDIDATE], Source::Operator));
+        assert_eq!(allowed(&r, None).await, (vec![CANDIDATE], Owner::Operator));
         // Aborted, the module in force decides again.
         assert!(r.abort_operator_candidate(Plane::Data, Stage::Cors));
-        assert_eq!(allowed(&r, None).await, (vec![IN_FORCE], Source::Operator));
+        assert_eq!(allowed(&r, None).await, (vec![IN_FORCE], Owner::Operator));
 
         // The operator's shadow: the module in force decides, the shadow is compared off the
         // path and disagrees on the two origins one of them allows.
         let r = registry(Some(("shadow", None)));
-        assert_eq!(allowed(&r, None).await, (vec![IN_FORCE], Source::Operator));
+        assert_eq!(allowed(&r, None).await, (vec![IN_FORCE], Owner::Operator));
         let pinned = r.snapshot();
         let slot = pinned.data.slot::<Cors>().expect("cors");
         let shadow = slot.candidate.clone().expect("candidate");
-        let report = compared(|| shadow.comparison.report(), 4);
+        let report = compared(|| shadow.trying.comparison.report(), 4);
         assert_eq!(
             (report.compared, report.disagreements, report.skipped),
             (4, 2, 0)
@@ -703,13 +723,13 @@ mod tests {
         install(&r, "alpha", TENANT, None);
         assert_eq!(
             allowed(&r, Some("alpha")).await,
-            (vec![TENANT], Source::Tenant)
+            (vec![TENANT], Owner::Tenant)
         );
         assert_eq!(
             allowed(&r, Some("beta")).await,
-            (vec![IN_FORCE], Source::Operator)
+            (vec![IN_FORCE], Owner::Operator)
         );
-        let report = compared(|| shadow.comparison.report(), 8);
+        let report = compared(|| shadow.trying.comparison.report(), 8);
         assert_eq!(
             report.compared, 8,
             "the operator's shadow ran for beta only"
@@ -724,20 +744,20 @@ mod tests {
         );
         assert_eq!(
             allowed(&r, Some("alpha")).await,
-            (vec![TENANT_CANDIDATE], Source::Tenant)
+            (vec![TENANT_CANDIDATE], Owner::Tenant)
         );
 
         // The project's shadow: the project's module decides, its shadow is compared.
         install(&r, "alpha", TENANT_CANDIDATE, Some(Trial::Shadow));
         assert_eq!(
             allowed(&r, Some("alpha")).await,
-            (vec![TENANT], Source::Tenant)
+            (vec![TENANT], Owner::Tenant)
         );
-        let candidate = r
-            .tenants
-            .candidate("alpha", Stage::Cors)
-            .expect("candidate");
-        let report = compared(|| candidate.comparison().expect("a shadow").report(), 4);
+        let slot = r.tenants.slot("alpha", Stage::Cors).expect("a slot");
+        let report = compared(
+            || slot.candidate().expect("a shadow").1.comparison.report(),
+            4,
+        );
         assert_eq!(
             (report.compared, report.disagreements, report.skipped),
             (4, 2, 0)
@@ -761,9 +781,6 @@ mod tests {
             client: None,
         };
         let (decision, source) = r.decide::<Cors>(&call, input).await.expect("decided");
-        assert_eq!(
-            (&*decision, source),
-            (&CorsDecision::Deny, Source::Operator)
-        );
+        assert_eq!((&*decision, source), (&CorsDecision::Deny, Owner::Operator));
     }
 }

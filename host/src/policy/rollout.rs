@@ -22,7 +22,6 @@ use sha2::{Digest, Sha256};
 pub use crate::stage::Trial;
 
 use super::Stage;
-use super::stages::{Module, PolicyStage};
 use crate::metrics::Metrics;
 use crate::plane::Plane;
 
@@ -202,41 +201,6 @@ impl Comparison {
 
 /// The scope of the operator's canaries in [`on_canary`] (project refs are never `-`).
 pub const OPERATOR_SCOPE: &str = "-";
-
-/// An operator's candidate for a stage of a plane, loaded from the configuration with the
-/// modules in force: tried until the next reload, unless the operator aborts it or it is dropped
-/// for failing on its share.
-#[derive(Debug)]
-pub struct Candidate<S: PolicyStage> {
-    /// The candidate's module.
-    pub module: Arc<Module<S>>,
-    pub trial: Trial,
-    /// A shadow's comparison with the enforced decisions.
-    pub comparison: Comparison,
-    dropped: std::sync::atomic::AtomicBool,
-}
-
-impl<S: PolicyStage> Candidate<S> {
-    /// `module` tried as `trial`.
-    pub fn new(module: Module<S>, trial: Trial) -> Self {
-        Self {
-            module: Arc::new(module),
-            trial,
-            comparison: Comparison::new(None),
-            dropped: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    /// Whether it was aborted or dropped (it is then no longer tried).
-    pub fn is_dropped(&self) -> bool {
-        self.dropped.load(Ordering::Acquire)
-    }
-
-    /// Stops trying it; false when it already was.
-    pub fn drop_now(&self) -> bool {
-        !self.dropped.swap(true, Ordering::AcqRel)
-    }
-}
 
 /// A failed call's kind as a sample shows it.
 pub fn failure_kind(error: &super::PluginError) -> String {

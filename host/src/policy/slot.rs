@@ -1,11 +1,14 @@
-//! A plane's slot for one stage: the module in force and the operator's candidate, if one is
-//! tried ([`StageSlot`], erased as [`AnySlot`] where the host iterates over stages); and who
-//! asks a slot for a decision ([`StageCall`]).
+//! A stage's slot, whoever owns it: the module in force and a candidate tried next to it
+//! ([`Slot`], erased as [`AnySlot`] where the host iterates over stages or projects). A plane
+//! has one per stage (the operator's), and so has a project that installed modules of its own;
+//! both are asked for a decision by the one algorithm of [`super::registry`], which differs by
+//! owner only in where a call runs and what a failure does. [`StageCall`] is who asks.
 
 use std::any::Any;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::rollout::{Candidate, Comparison};
+use super::rollout::{Comparison, ShadowSeries};
 use super::runtime::engine::{Owner, PolicyEngine};
 use super::stages::conformance::{ConformanceError, StageReport};
 use super::stages::{AnyModule, Module, ModuleSource, PolicyStage};
@@ -13,17 +16,70 @@ use super::{PluginError, Policies, Stage};
 use crate::plane::Plane;
 use crate::stage::Trial;
 
-/// A plane's modules for stage `S`: the one in force and the operator's candidate, if one is
-/// tried.
+/// How a candidate is tried, whatever its stage: the trial, a shadow's comparison with the
+/// enforced decisions, and whether it was dropped (aborted, or failing too often on its share).
 #[derive(Debug)]
-pub struct StageSlot<S: PolicyStage> {
-    /// The module in force.
+pub struct Trying {
+    pub trial: Trial,
+    /// A shadow's comparison with the enforced decisions (unused by a canary).
+    pub comparison: Comparison,
+    dropped: AtomicBool,
+}
+
+impl Trying {
+    /// Tried as `trial`, a shadow's disagreements counted in `series` (none: counted in the
+    /// series the first shadow run names, [`Comparison::count_in`]).
+    pub fn new(trial: Trial, series: Option<ShadowSeries>) -> Self {
+        Self {
+            trial,
+            comparison: Comparison::new(series),
+            dropped: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether it was aborted or dropped (it is then no longer tried).
+    pub fn is_dropped(&self) -> bool {
+        self.dropped.load(Ordering::Acquire)
+    }
+
+    /// Stops trying it; false when it already was.
+    pub fn drop_now(&self) -> bool {
+        !self.dropped.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// A module tried next to the one in force: the operator's (`<stage>.candidate` in the
+/// configuration, tried until the next reload) or a project's (a shadow or canary it installed).
+#[derive(Debug)]
+pub struct Candidate<S: PolicyStage> {
+    /// The candidate's module.
     pub module: Arc<Module<S>>,
-    /// The operator's candidate (`<stage>.candidate` in the configuration).
+    /// How it is tried.
+    pub trying: Trying,
+}
+
+impl<S: PolicyStage> Candidate<S> {
+    /// `module` tried as `trial`, a shadow's disagreements counted in `series`.
+    pub fn new(module: Arc<Module<S>>, trial: Trial, series: Option<ShadowSeries>) -> Self {
+        Self {
+            module,
+            trying: Trying::new(trial, series),
+        }
+    }
+}
+
+/// The modules of stage `S` of one owner: the one in force and a candidate, if one is tried. A
+/// plane's slot always has a module in force; a project's may have a candidate alone (the
+/// plane's module then decides beside it).
+#[derive(Debug)]
+pub struct Slot<S: PolicyStage> {
+    /// The module in force.
+    pub module: Option<Arc<Module<S>>>,
+    /// The candidate.
     pub candidate: Option<Arc<Candidate<S>>>,
 }
 
-impl<S: PolicyStage> Clone for StageSlot<S> {
+impl<S: PolicyStage> Clone for Slot<S> {
     fn clone(&self) -> Self {
         Self {
             module: self.module.clone(),
@@ -32,89 +88,93 @@ impl<S: PolicyStage> Clone for StageSlot<S> {
     }
 }
 
-impl<S: PolicyStage> StageSlot<S> {
+impl<S: PolicyStage> Slot<S> {
     /// The candidate while it is tried (not aborted or dropped).
     pub fn tried(&self) -> Option<&Arc<Candidate<S>>> {
-        self.candidate.as_ref().filter(|c| !c.is_dropped())
+        self.candidate.as_ref().filter(|c| !c.trying.is_dropped())
     }
 }
 
-/// What the host reads of an operator's candidate, whatever its stage.
-pub trait AnyCandidate: Send + Sync + std::fmt::Debug {
-    /// The candidate's module.
-    fn module(&self) -> &dyn AnyModule;
-    /// How it is tried.
-    fn trial(&self) -> Trial;
-    /// A shadow's comparison with the enforced decisions.
-    fn comparison(&self) -> &Comparison;
-    /// Whether it was aborted or dropped.
-    fn is_dropped(&self) -> bool;
-    /// Stops trying it; false when it already was.
-    fn drop_now(&self) -> bool;
-}
-
-impl<S: PolicyStage> AnyCandidate for Candidate<S> {
-    fn module(&self) -> &dyn AnyModule {
-        &*self.module
-    }
-    fn trial(&self) -> Trial {
-        self.trial
-    }
-    fn comparison(&self) -> &Comparison {
-        &self.comparison
-    }
-    fn is_dropped(&self) -> bool {
-        Candidate::is_dropped(self)
-    }
-    fn drop_now(&self) -> bool {
-        Candidate::drop_now(self)
-    }
-}
-
-/// A plane's slot for one stage, whatever the stage: what the host iterates over (reports,
-/// history, conformance, promotion). [`super::PlanePolicies::slot`] gives the typed slot back.
+/// A slot, whatever its stage: what the host iterates over (reports, history, conformance,
+/// promotion, a project's modules). [`super::PlanePolicies::slot`] and
+/// [`super::tenants::TenantPolicies::slot_for`] give the typed [`Slot`] back.
 pub trait AnySlot: Send + Sync + std::fmt::Debug {
-    /// The typed [`StageSlot`].
+    /// The typed [`Slot`], borrowed.
     fn as_any(&self) -> &dyn Any;
+    /// The typed [`Slot`], shared.
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
     /// The stage.
     fn stage(&self) -> Stage;
     /// The module in force.
-    fn module(&self) -> &dyn AnyModule;
-    /// The operator's candidate, tried or not.
-    fn candidate(&self) -> Option<&dyn AnyCandidate>;
+    fn module(&self) -> Option<&dyn AnyModule>;
+    /// The candidate, tried or not, and how it is tried.
+    fn candidate(&self) -> Option<(&dyn AnyModule, &Trying)>;
     /// The conformance vectors on the module in force, then on the candidate.
     fn conformance(&self) -> Result<Vec<StageReport>, ConformanceError>;
     /// This slot with its candidate (still tried) as the module in force, the candidate slot
     /// emptied; `None` without one.
     fn promoted(&self) -> Option<Arc<dyn AnySlot>>;
+    /// A slot whose candidate is this slot's module in force, tried as `trial` (a shadow's
+    /// disagreements counted in `series`), with no module in force.
+    fn tried_as(&self, trial: Trial, series: Option<ShadowSeries>) -> Arc<dyn AnySlot>;
+    /// This slot's module in force with `other`'s candidate (a slot of the same stage).
+    fn with_candidate_of(&self, other: &dyn AnySlot) -> Arc<dyn AnySlot>;
 }
 
-impl<S: PolicyStage> AnySlot for StageSlot<S> {
+impl<S: PolicyStage> AnySlot for Slot<S> {
     fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
         self
     }
     fn stage(&self) -> Stage {
         S::STAGE
     }
-    fn module(&self) -> &dyn AnyModule {
-        &*self.module
+    fn module(&self) -> Option<&dyn AnyModule> {
+        self.module.as_deref().map(|m| m as &dyn AnyModule)
     }
-    fn candidate(&self) -> Option<&dyn AnyCandidate> {
-        self.candidate.as_deref().map(|c| c as &dyn AnyCandidate)
+    fn candidate(&self) -> Option<(&dyn AnyModule, &Trying)> {
+        self.candidate
+            .as_deref()
+            .map(|c| (&*c.module as &dyn AnyModule, &c.trying))
     }
     fn conformance(&self) -> Result<Vec<StageReport>, ConformanceError> {
-        let mut reports = vec![S::conformance(&self.module)?];
-        if let Some(c) = &self.candidate {
-            reports.push(S::conformance(&c.module)?);
+        let mut reports = Vec::new();
+        for module in self
+            .module
+            .iter()
+            .chain(self.candidate.iter().map(|c| &c.module))
+        {
+            reports.push(S::conformance(module)?);
         }
         Ok(reports)
     }
     fn promoted(&self) -> Option<Arc<dyn AnySlot>> {
         let candidate = self.tried()?;
-        Some(Arc::new(StageSlot::<S> {
-            module: candidate.module.clone(),
+        Some(Arc::new(Slot::<S> {
+            module: Some(candidate.module.clone()),
             candidate: None,
         }))
+    }
+    fn tried_as(&self, trial: Trial, series: Option<ShadowSeries>) -> Arc<dyn AnySlot> {
+        Arc::new(Slot::<S> {
+            module: None,
+            candidate: self
+                .module
+                .clone()
+                .map(|m| Arc::new(Candidate::new(m, trial, series))),
+        })
+    }
+    fn with_candidate_of(&self, other: &dyn AnySlot) -> Arc<dyn AnySlot> {
+        let candidate = other
+            .as_any()
+            .downcast_ref::<Slot<S>>()
+            .and_then(|o| o.candidate.clone());
+        Arc::new(Slot::<S> {
+            module: self.module.clone(),
+            candidate,
+        })
     }
 }
 
@@ -125,16 +185,19 @@ pub(crate) fn load_slot<S: PolicyStage>(
     module: ModuleSource,
     candidate: Option<(ModuleSource, Trial)>,
 ) -> Result<Arc<dyn AnySlot>, PluginError> {
-    let module = Arc::new(Module::<S>::load(runtime, plane, module, Owner::Operator)?);
+    let module = Module::<S>::load(runtime, plane, module, Owner::Operator, false)?;
     let candidate = match candidate {
         None => None,
         Some((source, trial)) => {
-            // Marked a candidate: its failures drop it alone.
-            let loaded = Module::<S>::load(runtime, plane, source, Owner::Candidate)?;
-            Some(Arc::new(Candidate::new(loaded, trial)))
+            // Loaded as tried: its failures drop it alone.
+            let loaded = Module::<S>::load(runtime, plane, source, Owner::Operator, true)?;
+            Some(Arc::new(Candidate::new(Arc::new(loaded), trial, None)))
         }
     };
-    Ok(Arc::new(StageSlot { module, candidate }))
+    Ok(Arc::new(Slot {
+        module: Some(Arc::new(module)),
+        candidate,
+    }))
 }
 
 /// Who asks [`super::registry::PolicyRegistry::decide`] for a decision.

@@ -15,7 +15,6 @@
 //!   refresh runs is never reverted by it (changes are sequenced, and a refresh only decides for
 //!   the modules nobody changed since it started).
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,10 +24,10 @@ use arc_swap::ArcSwap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::component::Component;
 
-use super::rollout::{Compared, Comparison, ShadowMetrics, ShadowSeries, Trial, failure_kind};
+use super::rollout::{Compared, Comparison, ShadowMetrics, Trial, failure_kind};
 use super::runtime::compile::{CompileError, CompileReport, Compiler};
 use super::runtime::isolation::{Busy, TenantPool};
-use super::slot::StageCall;
+use super::slot::{AnySlot, Candidate, Slot, StageCall};
 use super::stages::conformance::StageReport;
 use super::stages::{Decided, Module, ModuleSource, PolicyStage, StageFn, for_stage};
 use super::{Owner, PluginError, PolicyEngine, Stage};
@@ -38,88 +37,13 @@ use crate::metrics::Metrics;
 use crate::plane::Plane;
 use crate::stage::STAGES;
 
-/// A project's module for stage `S`, in force or on trial, with what it was loaded from.
-#[derive(Debug)]
-pub struct Installed<S: PolicyStage> {
-    pub digest: String,
-    pub config: String,
-    pub module: Module<S>,
-    /// `None`: the module in force; a shadow or a canary otherwise.
-    pub trial: Option<Trial>,
-    /// A shadow's comparison with the enforced decisions.
-    pub comparison: Option<Comparison>,
-}
-
-/// What the host reads of a project's module, whatever its stage.
-pub trait AnyInstalled: Send + Sync + std::fmt::Debug {
-    /// The typed [`Installed`].
-    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
-    /// The stage.
-    fn stage(&self) -> Stage;
-    /// SHA-256 of the module, hex.
-    fn digest(&self) -> &str;
-    /// Its configuration (JSON).
-    fn config(&self) -> &str;
-    /// `None`: the module in force; a shadow or a canary otherwise.
-    fn trial(&self) -> Option<Trial>;
-    /// A shadow's comparison with the enforced decisions.
-    fn comparison(&self) -> Option<&Comparison>;
-    /// Tries this module as a candidate (`trial`), its disagreements counted in `series`.
-    fn put_on_trial(&mut self, trial: Trial, series: Option<ShadowSeries>);
-    /// Calls, failures and call times since the module was loaded.
-    fn report(&self) -> super::runtime::stats::ModuleReport;
-    /// Whether the module fails too often in the current window.
-    fn failing_too_often(&self) -> bool;
-    /// The JSON Schema of the module's configuration, when it exports one.
-    fn schema(&self) -> Option<&str>;
-}
-
-impl<S: PolicyStage> AnyInstalled for Installed<S> {
-    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
-        self
-    }
-    fn stage(&self) -> Stage {
-        S::STAGE
-    }
-    fn digest(&self) -> &str {
-        &self.digest
-    }
-    fn config(&self) -> &str {
-        &self.config
-    }
-    fn trial(&self) -> Option<Trial> {
-        self.trial
-    }
-    fn comparison(&self) -> Option<&Comparison> {
-        self.comparison.as_ref()
-    }
-    fn put_on_trial(&mut self, trial: Trial, series: Option<ShadowSeries>) {
-        self.comparison = (trial == Trial::Shadow).then(|| Comparison::new(series));
-        self.trial = Some(trial);
-    }
-    fn report(&self) -> super::runtime::stats::ModuleReport {
-        super::AnyModule::report(&self.module)
-    }
-    fn failing_too_often(&self) -> bool {
-        super::AnyModule::failing_too_often(&self.module)
-    }
-    fn schema(&self) -> Option<&str> {
-        super::AnyModule::schema(&self.module)
-    }
-}
-
-/// A checked module of any stage, ready to put in force.
-pub type Checked = Box<dyn AnyInstalled>;
-
-/// [`Checked`] tried as `trial`, its disagreements counted in `series`.
-pub fn on_trial(mut checked: Checked, trial: Trial, series: Option<ShadowSeries>) -> Checked {
-    checked.put_on_trial(trial, series);
-    checked
-}
+/// A checked module of any stage, ready to put in force: a project's slot with only a module
+/// in force ([`AnySlot::tried_as`] makes it a candidate).
+pub type Checked = Arc<dyn AnySlot>;
 
 /// Which module of a project's stage: the one in force, or the candidate on trial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Slot {
+pub enum Role {
     Enforced,
     Candidate,
 }
@@ -161,6 +85,8 @@ impl From<CompileError> for PrepareError {
 /// A module checked and ready to put in force, with what checking it cost.
 #[derive(Debug)]
 pub struct Prepared {
+    /// SHA-256 of the module, hex.
+    pub digest: String,
     pub installed: Checked,
     pub report: StageReport,
     pub compile: CompileReport,
@@ -189,18 +115,15 @@ pub fn prepare_compiled(
                     S::STAGE
                 ));
             }
-            let (digest, config) = (self.source.digest.clone(), self.source.config.clone());
-            let module = Module::<S>::load(self.runtime, Plane::Data, self.source, Owner::Tenant)
-                .map_err(|e| e.to_string())?;
+            let module =
+                Module::<S>::load(self.runtime, Plane::Data, self.source, Owner::Tenant, false)
+                    .map_err(|e| e.to_string())?;
             let report = S::conformance(&module).map_err(|e| e.to_string())?;
             // The failure window starts after the checks: a canary is judged on live calls only.
             super::AnyModule::reset_health(&module);
-            let installed: Checked = Box::new(Installed {
-                digest,
-                config,
-                module,
-                trial: None,
-                comparison: None,
+            let installed: Checked = Arc::new(Slot::<S> {
+                module: Some(Arc::new(module)),
+                candidate: None,
             });
             Ok((installed, report))
         }
@@ -214,9 +137,9 @@ pub fn prepare_compiled(
     for_stage(stage, Prepare { runtime, source })
 }
 
-/// A tenant call that did not give a decision.
+/// A module call that did not give a decision.
 #[derive(Debug, thiserror::Error)]
-pub enum TenantCallError {
+pub enum CallError {
     /// The module failed; the request fails closed.
     #[error(transparent)]
     Plugin(#[from] PluginError),
@@ -266,50 +189,71 @@ impl Drop for UploadPermit {
     }
 }
 
-/// A project's module as stored: erased, the stage's type given back by [`typed`].
-type Shared = Arc<dyn AnyInstalled>;
+/// A project's slot for a stage, as stored: erased, the stage's type given back by [`typed`].
+type Shared = Arc<dyn AnySlot>;
 
-/// `installed` as stage `S`'s module (`None` if it is another stage's).
-fn typed<S: PolicyStage>(installed: &Shared) -> Option<Arc<Installed<S>>> {
-    installed.clone().into_any().downcast::<Installed<S>>().ok()
+/// `slot` as stage `S`'s (`None` if it is another stage's).
+fn typed<S: PolicyStage>(slot: &Shared) -> Option<Arc<Slot<S>>> {
+    slot.clone().into_any().downcast::<Slot<S>>().ok()
 }
 
-/// One project's modules and its concurrency gate: a module in force and a candidate per stage,
-/// in [`Stage::index`] order.
+/// One project's modules and its concurrency gate, in [`Stage::index`] order: each stage's
+/// module in force and candidate as changed and refreshed (`parts`, each a slot holding one of
+/// the two), and the slot they make together, which decides.
 #[derive(Debug)]
 struct ProjectModules {
-    slots: [[Option<Shared>; 2]; STAGES.len()],
+    parts: [[Option<Shared>; 2]; STAGES.len()],
+    slots: [Option<Shared>; STAGES.len()],
     gate: Arc<Semaphore>,
 }
 
-impl Slot {
+impl Role {
     fn index(self) -> usize {
         match self {
-            Slot::Enforced => 0,
-            Slot::Candidate => 1,
+            Role::Enforced => 0,
+            Role::Candidate => 1,
         }
     }
 }
 
 impl ProjectModules {
-    fn get(&self, stage: Stage, slot: Slot) -> Option<&Shared> {
-        self.slots[stage.index()][slot.index()].as_ref()
+    fn get(&self, stage: Stage, role: Role) -> Option<&Shared> {
+        self.parts[stage.index()][role.index()].as_ref()
     }
 
-    fn set(&mut self, stage: Stage, slot: Slot, installed: Shared) {
-        self.slots[stage.index()][slot.index()] = Some(installed);
+    fn set(&mut self, stage: Stage, role: Role, part: Shared) {
+        self.parts[stage.index()][role.index()] = Some(part);
     }
 
-    fn all(&self) -> impl Iterator<Item = (Stage, Slot, &Shared)> {
+    /// Makes each stage's slot of its two parts.
+    fn join(&mut self) {
+        for (slot, [enforced, candidate]) in self.slots.iter_mut().zip(&self.parts) {
+            *slot = match (enforced, candidate) {
+                (Some(e), Some(c)) => Some(e.with_candidate_of(&**c)),
+                (part, None) | (None, part) => part.clone(),
+            };
+        }
+    }
+
+    fn all(&self) -> impl Iterator<Item = (Stage, Role, &Shared)> {
         Stage::ALL.into_iter().flat_map(move |stage| {
-            [Slot::Enforced, Slot::Candidate]
+            [Role::Enforced, Role::Candidate]
                 .into_iter()
-                .filter_map(move |slot| Some((stage, slot, self.get(stage, slot)?)))
+                .filter_map(move |role| Some((stage, role, self.get(stage, role)?)))
         })
     }
 }
 
-type Key = (String, Stage, Slot);
+/// What a part was loaded from: digest, configuration and trial (`None`: in force).
+fn loaded_from(part: &dyn AnySlot) -> Option<(&str, &str, Option<Trial>)> {
+    match (part.module(), part.candidate()) {
+        (Some(m), None) => Some((m.digest(), m.config(), None)),
+        (None, Some((m, trying))) => Some((m.digest(), m.config(), Some(trying.trial))),
+        _ => None,
+    }
+}
+
+type Key = (String, Stage, Role);
 
 /// Changes made on this instance, in order.
 #[derive(Debug, Default)]
@@ -384,50 +328,30 @@ impl TenantPolicies {
         }
     }
 
-    fn lookup(&self, project: &str, stage: Stage, slot: Slot) -> Option<(Shared, Arc<Semaphore>)> {
+    /// `project`'s slot for `stage` (its module in force, its candidate, or both), if it
+    /// installed any.
+    pub fn slot(&self, project: &str, stage: Stage) -> Option<Shared> {
+        let map = self.map.load();
+        if map.is_empty() {
+            return None;
+        }
+        map.get(project)?.slots[stage.index()].clone()
+    }
+
+    /// `project`'s slot for stage `S`, with the project's gate.
+    pub fn slot_for<S: PolicyStage>(
+        &self,
+        project: &str,
+    ) -> Option<(Arc<Slot<S>>, Arc<Semaphore>)> {
         let map = self.map.load();
         if map.is_empty() {
             return None;
         }
         let modules = map.get(project)?;
-        Some((modules.get(stage, slot)?.clone(), modules.gate.clone()))
-    }
-
-    fn lookup_typed<S: PolicyStage>(
-        &self,
-        project: &str,
-        slot: Slot,
-    ) -> Option<(Arc<Installed<S>>, Arc<Semaphore>)> {
-        let (installed, gate) = self.lookup(project, S::STAGE, slot)?;
-        Some((typed::<S>(&installed)?, gate))
-    }
-
-    /// The project's module for `stage`, if it installed one.
-    pub fn installed(&self, project: &str, stage: Stage) -> Option<Shared> {
-        self.lookup(project, stage, Slot::Enforced)
-            .map(|(installed, _)| installed)
-    }
-
-    /// The project's candidate for `stage` (shadow or canary).
-    pub fn candidate(&self, project: &str, stage: Stage) -> Option<Shared> {
-        self.lookup(project, stage, Slot::Candidate)
-            .map(|(installed, _)| installed)
-    }
-
-    /// The project's module in force for stage `S`, with the project's gate.
-    pub fn installed_for<S: PolicyStage>(
-        &self,
-        project: &str,
-    ) -> Option<(Arc<Installed<S>>, Arc<Semaphore>)> {
-        self.lookup_typed::<S>(project, Slot::Enforced)
-    }
-
-    /// The project's candidate for stage `S` (shadow or canary), with the project's gate.
-    pub fn candidate_for<S: PolicyStage>(
-        &self,
-        project: &str,
-    ) -> Option<(Arc<Installed<S>>, Arc<Semaphore>)> {
-        self.lookup_typed::<S>(project, Slot::Candidate)
+        Some((
+            typed::<S>(modules.slots[S::STAGE.index()].as_ref()?)?,
+            modules.gate.clone(),
+        ))
     }
 
     /// Digests of every module loaded, in force or on trial.
@@ -437,78 +361,76 @@ impl TenantPolicies {
             .values()
             .flat_map(|m| {
                 m.all()
-                    .map(|(_, _, i)| i.digest().to_owned())
+                    .filter_map(|(_, _, part)| Some(loaded_from(&**part)?.0.to_owned()))
                     .collect::<Vec<_>>()
             })
             .collect()
     }
 
-    fn shed(&self, stage: Stage, busy: Busy) -> TenantCallError {
+    fn shed(&self, stage: Stage, busy: Busy) -> CallError {
         self.metrics
             .tenant_calls_shed
             .with_label_values(&[stage.key()])
             .inc();
-        TenantCallError::Busy(busy)
+        CallError::Busy(busy)
     }
 
-    /// Runs `installed` for one request (`call`) on the tenant pool under `gate`: the input is
+    /// Runs `module` for one request (`call`) on the tenant pool under `gate`: the input is
     /// copied (owned) for the call on another thread.
     pub async fn run<S: PolicyStage>(
         &self,
-        installed: Arc<Installed<S>>,
+        module: &Arc<Module<S>>,
         gate: &Arc<Semaphore>,
         call: &StageCall<'_>,
         input: S::Input<'_>,
-    ) -> Result<Decided<S>, TenantCallError> {
+    ) -> Result<Decided<S>, CallError> {
         // A decision kept for the request's declared inputs needs no tenant thread.
         let at = call.at;
-        let key = match installed.module.cached(&input, at) {
+        let key = match module.cached(&input, at) {
             Ok(decision) => return Ok(decision),
             Err(key) => key,
         };
         let query = S::query(input);
         let request_id = call.request_id.map(str::to_owned);
+        let module = module.clone();
         let result = self
             .pool
             .run(gate, move || {
-                installed
-                    .module
-                    .decide_and_keep(key, at, request_id.as_deref(), S::input(&query))
+                module.decide_and_keep(key, at, request_id.as_deref(), S::input(&query))
             })
             .await;
         match result {
-            Ok(decision) => decision.map_err(TenantCallError::Plugin),
+            Ok(decision) => decision.map_err(CallError::Plugin),
             Err(busy) => Err(self.shed(S::STAGE, busy)),
         }
     }
 
-    /// Runs a project's shadow module for one request off the request's path and compares its
-    /// decision with `enforced`; skipped (and counted) when no place is free at once.
+    /// Runs a shadow for one request off the request's path and compares its decision with
+    /// `enforced`; skipped (and counted) when no place is free at once. `gate`: a project's
+    /// shadow runs within the project's own share.
     pub fn shadow<S: PolicyStage>(
         &self,
-        shadow: Arc<Installed<S>>,
-        gate: &Arc<Semaphore>,
+        shadow: &Arc<Candidate<S>>,
+        gate: Option<&Arc<Semaphore>>,
         request_id: Option<&str>,
         input: S::Input<'_>,
         enforced: &S::Decision,
     ) {
-        let Some(comparison) = &shadow.comparison else {
-            return;
-        };
         let (method, path) = S::request_line(&input);
         let compared = Compared::new(request_id, method, path);
         let enforced = S::describe(enforced);
         let query = S::query(input);
         let runner = shadow.clone();
-        self.spawn_shadow(comparison, Some(gate), move || {
+        self.spawn_shadow(&shadow.trying.comparison, gate, move || {
             let decision = runner
                 .module
                 .decide(Some(&compared.request_id), S::input(&query))
                 .map(|d| S::describe(&d))
                 .map_err(|e| failure_kind(&e));
-            if let Some(comparison) = &runner.comparison {
-                comparison.record(compared, enforced, decision);
-            }
+            runner
+                .trying
+                .comparison
+                .record(compared, enforced, decision);
         });
     }
 
@@ -579,14 +501,15 @@ impl TenantPolicies {
         let digest = super::digest_of(bytes);
         let (component, compile) = self.compiler.compile(&digest, bytes).await?;
         let runtime = self.runtime.clone();
-        let (project, config) = (project.to_owned(), config.to_owned());
+        let (project, config, loaded) = (project.to_owned(), config.to_owned(), digest.clone());
         let checked = tokio::task::spawn_blocking(move || {
-            prepare_compiled(&runtime, &project, stage, digest, component, &config)
+            prepare_compiled(&runtime, &project, stage, loaded, component, &config)
         })
         .await
         .map_err(|e| PrepareError::Unavailable(format!("module check: {e}")))?
         .map_err(PrepareError::Refused)?;
         Ok(Prepared {
+            digest,
             installed: checked.0,
             report: checked.1,
             compile,
@@ -599,23 +522,22 @@ impl TenantPolicies {
         self.writes.lock().await
     }
 
-    /// Puts a module in force for a project (`None` removes it), as a change of this instance.
-    /// Every project's modules in force: (project, stage, report), sorted.
-    /// What `project`'s module for `stage` did on this instance, if one is loaded.
+    /// What `project`'s module in force for `stage` did on this instance, if one is loaded.
     pub fn report(
         &self,
         project: &str,
         stage: Stage,
     ) -> Option<super::runtime::stats::ModuleReport> {
-        Some(self.installed(project, stage)?.report())
+        Some(self.slot(project, stage)?.module()?.report())
     }
 
+    /// Every project's modules in force: (project, stage, report), sorted.
     pub fn reports(&self) -> Vec<(String, Stage, super::runtime::stats::ModuleReport)> {
         let mut out = Vec::new();
         for (project, modules) in self.map.load().iter() {
-            for (stage, slot, installed) in modules.all() {
-                if slot == Slot::Enforced {
-                    out.push((project.clone(), stage, installed.report()));
+            for (stage, role, part) in modules.all() {
+                if let (Role::Enforced, Some(module)) = (role, part.module()) {
+                    out.push((project.clone(), stage, module.report()));
                 }
             }
         }
@@ -623,20 +545,24 @@ impl TenantPolicies {
         out
     }
 
+    /// Puts a module in force for a project (`None` removes it), as a change of this instance.
     pub fn apply(&self, project: &str, stage: Stage, installed: Option<Checked>) {
-        self.apply_slot(project, stage, Slot::Enforced, installed);
+        self.apply_as(project, stage, Role::Enforced, installed);
     }
 
-    /// Puts a module in `slot` for a project (`None` empties it), as a change of this instance.
-    pub fn apply_slot(&self, project: &str, stage: Stage, slot: Slot, installed: Option<Checked>) {
-        self.apply_if(project, stage, slot, installed, |_| true);
+    /// Puts a module in `role` for a project (`None` empties it), as a change of this instance:
+    /// a candidate is given as [`AnySlot::tried_as`] makes it.
+    pub fn apply_as(&self, project: &str, stage: Stage, role: Role, part: Option<Checked>) {
+        self.apply_if(project, stage, role, part, |_| true);
     }
 
-    /// Empties the candidate slot when it still holds `digest` (a canary dropped for its
-    /// failures); false when another change came first.
+    /// Removes the candidate when it still is `digest` (a canary dropped for its failures);
+    /// false when another change came first.
     pub fn drop_candidate(&self, project: &str, stage: Stage, digest: &str) -> bool {
-        self.apply_if(project, stage, Slot::Candidate, None, |current| {
-            current.is_some_and(|c| c.digest() == digest)
+        self.apply_if(project, stage, Role::Candidate, None, |current| {
+            current
+                .and_then(|c| c.candidate())
+                .is_some_and(|(module, _)| module.digest() == digest)
         })
     }
 
@@ -644,51 +570,54 @@ impl TenantPolicies {
         &self,
         project: &str,
         stage: Stage,
-        slot: Slot,
-        installed: Option<Checked>,
+        role: Role,
+        part: Option<Checked>,
         only_if: impl FnOnce(Option<&Shared>) -> bool,
     ) -> bool {
-        let installed: Option<Shared> = installed.map(Shared::from);
         let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.map.load_full();
         let mut flat = flatten(&current);
-        let key = (project.to_owned(), stage, slot);
+        let key = (project.to_owned(), stage, role);
         if !only_if(flat.get(&key)) {
             return false;
         }
         changes.seq += 1;
         let seq = changes.seq;
         changes.touched.insert(key.clone(), seq);
-        match installed {
-            Some(i) => flat.insert(key, i),
+        match part {
+            Some(p) => flat.insert(key, p),
             None => flat.remove(&key),
         };
         self.map.store(Arc::new(self.group(&current, flat)));
         true
     }
 
-    /// Groups modules by project, keeping each project's gate.
+    /// Groups modules by project into slots, keeping each project's gate.
     fn group(
         &self,
         current: &HashMap<String, Arc<ProjectModules>>,
         flat: HashMap<Key, Shared>,
     ) -> HashMap<String, Arc<ProjectModules>> {
         let mut grouped: HashMap<String, ProjectModules> = HashMap::new();
-        for ((project, stage, slot), installed) in flat {
+        for ((project, stage, role), part) in flat {
             let entry = grouped
                 .entry(project.clone())
                 .or_insert_with(|| ProjectModules {
+                    parts: Default::default(),
                     slots: Default::default(),
                     gate: current
                         .get(&project)
                         .map(|m| m.gate.clone())
                         .unwrap_or_else(|| self.pool.project_gate()),
                 });
-            entry.set(stage, slot, installed);
+            entry.set(stage, role, part);
         }
         grouped
             .into_iter()
-            .map(|(project, modules)| (project, Arc::new(modules)))
+            .map(|(project, mut modules)| {
+                modules.join();
+                (project, Arc::new(modules))
+            })
             .collect()
     }
 
@@ -719,7 +648,7 @@ impl TenantPolicies {
                 (
                     p.project_ref,
                     p.stage,
-                    Slot::Enforced,
+                    Role::Enforced,
                     p.digest,
                     p.config,
                     None,
@@ -733,7 +662,7 @@ impl TenantPolicies {
                 Some((
                     c.project_ref,
                     c.stage,
-                    Slot::Candidate,
+                    Role::Candidate,
                     c.digest,
                     c.config,
                     Some(trial),
@@ -742,15 +671,13 @@ impl TenantPolicies {
         let current = self.map.load_full();
         let current_flat = flatten(&current);
         let mut loaded: HashMap<Key, Shared> = HashMap::new();
-        for (project_ref, stage, slot, digest, config, trial) in wanted {
+        for (project_ref, stage, role, digest, config, trial) in wanted {
             let Some(stage) = Stage::parse_tenant(&stage) else {
                 continue;
             };
-            let key = (project_ref.clone(), stage, slot);
+            let key = (project_ref.clone(), stage, role);
             if let Some(existing) = current_flat.get(&key)
-                && existing.digest() == digest
-                && existing.config() == config
-                && existing.trial() == trial
+                && loaded_from(&**existing) == Some((digest.as_str(), config.as_str(), trial))
             {
                 loaded.insert(key, existing.clone());
                 continue;
@@ -768,15 +695,14 @@ impl TenantPolicies {
             };
             match self.prepare(&project_ref, stage, &bytes, &config).await {
                 Ok(prepared) => {
-                    let installed = match trial {
+                    let part = match trial {
                         None => prepared.installed,
-                        Some(trial) => on_trial(
-                            prepared.installed,
+                        Some(trial) => prepared.installed.tried_as(
                             trial,
                             Some(self.shadow_metrics.series(Plane::Data, stage, &project_ref)),
                         ),
                     };
-                    loaded.insert(key, Shared::from(installed));
+                    loaded.insert(key, part);
                 }
                 Err(PrepareError::Unavailable(reason)) => {
                     tracing::warn!(project = %project_ref, stage = %stage, %reason, "tenant module not checked now; kept as it was");
@@ -817,8 +743,8 @@ impl TenantPolicies {
 fn flatten(map: &HashMap<String, Arc<ProjectModules>>) -> HashMap<Key, Shared> {
     let mut flat = HashMap::new();
     for (project, modules) in map {
-        for (stage, slot, installed) in modules.all() {
-            flat.insert((project.clone(), stage, slot), installed.clone());
+        for (stage, role, part) in modules.all() {
+            flat.insert((project.clone(), stage, role), part.clone());
         }
     }
     flat

@@ -22,25 +22,7 @@ use crate::metrics::Metrics;
 use crate::plane::Plane;
 
 use super::Rule;
-
-/// Whose module answered the rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RuleSource {
-    /// The operator's module for the plane.
-    Operator,
-    /// A project's own module.
-    Tenant,
-}
-
-impl RuleSource {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RuleSource::Operator => "operator",
-            RuleSource::Tenant => "tenant",
-        }
-    }
-}
+use crate::stage::Owner;
 
 /// A rule field lowered to its ceiling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +124,7 @@ pub struct Bounded {
 /// Bounds `answered` for `source` and names its bucket from `actor`.
 pub fn bound(
     config: &RateLimitConfig,
-    source: RuleSource,
+    source: Owner,
     actor: &Actor,
     answered: Answered<'_>,
 ) -> Result<Bounded, RuleRefused> {
@@ -184,8 +166,8 @@ pub fn bound(
         Scope::Named(name) => ("n:", name, None),
     };
     let ceilings: &RuleCeilings = match source {
-        RuleSource::Operator => &config.operator_rules,
-        RuleSource::Tenant => &config.tenant_rules,
+        Owner::Operator => &config.operator_rules,
+        Owner::Tenant => &config.tenant_rules,
     };
     let mut clamped = Clamped::default();
     let mut cap = |value: u32, max: u32, field: Field| {
@@ -206,7 +188,7 @@ pub fn bound(
     // Written by hand, not formatted: this runs on every request with a quota.
     let mut bucket = String::with_capacity(first.len() + second.map_or(0, str::len) + 48);
     match (source, project) {
-        (RuleSource::Tenant, Some(project)) => {
+        (Owner::Tenant, Some(project)) => {
             bucket.push_str("t:");
             bucket.push_str(itoa::Buffer::new().format(project.len()));
             bucket.push(':');
@@ -215,8 +197,8 @@ pub fn bound(
         }
         // A tenant module only ever runs for a request of its project; without one there is
         // nothing to name, and the rule still never reaches the operator's namespace.
-        (RuleSource::Tenant, None) => bucket.push_str("t:0::"),
-        (RuleSource::Operator, _) => bucket.push_str("o:"),
+        (Owner::Tenant, None) => bucket.push_str("t:0::"),
+        (Owner::Operator, _) => bucket.push_str("o:"),
     }
     bucket.push_str(tag);
     match second {
@@ -251,11 +233,11 @@ pub fn bound(
 pub fn clamped_counter(
     metrics: &Metrics,
     plane: Plane,
-    source: RuleSource,
+    source: Owner,
     field: Field,
 ) -> &prometheus::IntCounter {
     let at = usize::from(plane == Plane::Management) * 6
-        + usize::from(source == RuleSource::Tenant) * 3
+        + usize::from(source == Owner::Tenant) * 3
         + field as usize;
     metrics.clamped[at].get_or_init(|| {
         metrics.quota_rules_clamped.with_label_values(&[
@@ -289,7 +271,7 @@ mod tests {
     fn figures_are_lowered_to_the_ceilings_of_their_source() {
         let config = RateLimitConfig::default();
         let huge = answered("k", u32::MAX, u32::MAX, u32::MAX);
-        let t = bound(&config, RuleSource::Tenant, &of(Some("alpha")), huge).expect("bounded");
+        let t = bound(&config, Owner::Tenant, &of(Some("alpha")), huge).expect("bounded");
         assert_eq!(
             t.rule.rate_per_second,
             config.tenant_rules.max_rate_per_second
@@ -300,15 +282,10 @@ mod tests {
             t.clamped.iter().collect::<Vec<_>>(),
             vec![Field::Rate, Field::Burst, Field::Cost]
         );
-        let o = bound(&config, RuleSource::Operator, &of(None), huge).expect("bounded");
+        let o = bound(&config, Owner::Operator, &of(None), huge).expect("bounded");
         assert_eq!(o.rule.burst, config.operator_rules.max_burst);
-        let zero = bound(
-            &config,
-            RuleSource::Operator,
-            &of(None),
-            answered("k", 0, 0, 0),
-        )
-        .expect("bounded");
+        let zero =
+            bound(&config, Owner::Operator, &of(None), answered("k", 0, 0, 0)).expect("bounded");
         assert_eq!(
             (zero.rule.rate_per_second, zero.rule.burst, zero.rule.cost),
             (1, 1, 1)
@@ -316,7 +293,7 @@ mod tests {
         assert!(zero.clamped.is_empty());
         let burst_only = bound(
             &config,
-            RuleSource::Tenant,
+            Owner::Tenant,
             &of(Some("alpha")),
             answered("k", 1, u32::MAX, 1),
         )
@@ -327,7 +304,7 @@ mod tests {
         );
         let over = bound(
             &config,
-            RuleSource::Operator,
+            Owner::Operator,
             &of(None),
             answered("k", 5, 10, 50),
         )
@@ -342,7 +319,7 @@ mod tests {
         assert_eq!(
             bound(
                 &config,
-                RuleSource::Tenant,
+                Owner::Tenant,
                 &of(Some("a")),
                 answered(&long, 1, 1, 1)
             ),
@@ -351,7 +328,7 @@ mod tests {
         assert_eq!(
             bound(
                 &config,
-                RuleSource::Tenant,
+                Owner::Tenant,
                 &of(Some("a")),
                 answered("", 1, 1, 1)
             ),
@@ -369,19 +346,19 @@ mod tests {
                 .bucket
         };
         let forged = "key:5f0c8a0e-9a55-4c0f-9d55-6f3c2d1b7e11";
-        let operator = name(RuleSource::Operator, Some("alpha"), forged);
-        assert_ne!(name(RuleSource::Tenant, Some("alpha"), forged), operator);
+        let operator = name(Owner::Operator, Some("alpha"), forged);
+        assert_ne!(name(Owner::Tenant, Some("alpha"), forged), operator);
         assert_ne!(
-            name(RuleSource::Tenant, Some("alpha"), forged),
-            name(RuleSource::Tenant, Some("beta"), forged)
+            name(Owner::Tenant, Some("alpha"), forged),
+            name(Owner::Tenant, Some("beta"), forged)
         );
         // A ref holding the separator cannot reach into another project's names.
         assert_ne!(
-            name(RuleSource::Tenant, Some("a:b"), "c"),
-            name(RuleSource::Tenant, Some("a"), "b:c")
+            name(Owner::Tenant, Some("a:b"), "c"),
+            name(Owner::Tenant, Some("a"), "b:c")
         );
         // Nor can a tenant name an operator bucket by writing its namespace.
-        assert_ne!(name(RuleSource::Tenant, Some("a"), &operator), operator);
+        assert_ne!(name(Owner::Tenant, Some("a"), &operator), operator);
     }
 
     #[test]
@@ -393,14 +370,14 @@ mod tests {
                 .rule
                 .bucket
         };
-        assert_eq!(named(RuleSource::Tenant, Some("alpha")), "t:5:alpha:n:k:1");
+        assert_eq!(named(Owner::Tenant, Some("alpha")), "t:5:alpha:n:k:1");
         // The project's length keeps `t:{len}:{project}:{bucket}` unambiguous.
         assert_eq!(
-            named(RuleSource::Tenant, Some("abcdefghijkl")),
+            named(Owner::Tenant, Some("abcdefghijkl")),
             "t:12:abcdefghijkl:n:k:1"
         );
-        assert_eq!(named(RuleSource::Tenant, None), "t:0::n:k:1");
-        assert_eq!(named(RuleSource::Operator, Some("alpha")), "o:n:k:1");
+        assert_eq!(named(Owner::Tenant, None), "t:0::n:k:1");
+        assert_eq!(named(Owner::Operator, Some("alpha")), "o:n:k:1");
     }
 
     #[test]
@@ -424,7 +401,7 @@ mod tests {
             )
             .map(|b| b.rule.bucket)
         };
-        let o = RuleSource::Operator;
+        let o = Owner::Operator;
         assert_eq!(name(o, &actor, Scope::Key), Ok("o:k:key-1".into()));
         assert_eq!(
             name(o, &actor, Scope::User),
@@ -454,7 +431,7 @@ mod tests {
             "an IPv6 client by its /64"
         );
         assert_eq!(
-            name(RuleSource::Tenant, &actor, Scope::Key),
+            name(Owner::Tenant, &actor, Scope::Key),
             Ok("t:5:alpha:k:key-1".into())
         );
         // A module's own name never meets a scope's: `n:` against `k:`.
@@ -484,7 +461,7 @@ mod tests {
         let mut expected = Vec::new();
         let mut times = 0;
         for plane in [Plane::Data, Plane::Management] {
-            for source in [RuleSource::Operator, RuleSource::Tenant] {
+            for source in [Owner::Operator, Owner::Tenant] {
                 for field in [Field::Rate, Field::Burst, Field::Cost] {
                     times += 1;
                     for _ in 0..times {

@@ -47,9 +47,7 @@ use tokio::time::{Instant, Sleep};
 use super::body::{BodyError, Pipe, RequestBody};
 use super::stop::{Stop, Stopped};
 use super::{Closed, Listener, Prefixed, Requests};
-use crate::http1::body::{
-    COALESCE, Decoded, Decoder, Framing, READ_CHUNK, has_token, poll_fill, put_chunk_size,
-};
+use crate::http1::body::{Decoded, Decoder, Encoder, Framing, READ_CHUNK, has_token, poll_fill};
 use crate::http1::server::{self as head, Framed, Refusal, RequestHead, Sending};
 use crate::phases::stamps::{Stamped, Stamps};
 use crate::proxy::tunnels::{ClientIo, ClientUpgrade};
@@ -707,10 +705,10 @@ async fn write_body<S: Socket>(
     sending: Sending,
 ) -> io::Result<bool> {
     let mut body = body;
-    let chunked = sending == Sending::Chunked;
-    let mut left = match sending {
-        Sending::Length(n) => Some(n),
-        _ => None,
+    let mut encoder = match sending {
+        Sending::Length(n) => Encoder::length(n),
+        Sending::Chunked => Encoder::chunked(),
+        Sending::Bodiless | Sending::UntilClose => Encoder::until_close(),
     };
     let mut trailers = None;
     loop {
@@ -742,44 +740,20 @@ async fn write_body<S: Socket>(
                 continue;
             }
         };
-        if data.is_empty() {
-            continue;
-        }
-        let mut over = false;
-        if let Some(left) = &mut left {
-            if data.len() as u64 > *left {
-                // More than its length says: what fits is sent, then the connection closed.
-                data.truncate(*left as usize);
-                over = true;
-            }
-            *left -= data.len() as u64;
-        }
-        if chunked {
-            put_chunk_size(&mut conn.out, data.len());
-        }
-        if data.len() <= COALESCE {
-            conn.out.extend_from_slice(&data);
-        } else {
+        let encoded = encoder.data(&mut conn.out, &mut data);
+        if let Some(after) = encoded.apart {
             conn.write_out().await?;
             conn.write_bytes(&mut data).await?;
+            conn.out.extend_from_slice(after);
         }
-        if chunked {
-            conn.out.extend_from_slice(b"\r\n");
-        }
-        if over {
+        if encoded.over {
+            // More than its length says: what fits is sent, then the connection closed.
             return Ok(false);
         }
     }
-    if left.is_some_and(|n| n > 0) {
+    if encoder.end(&mut conn.out, trailers.as_ref()).is_err() {
         tracing::debug!("the answer's body ended before its length; the connection is closed");
         return Ok(false);
-    }
-    if chunked {
-        conn.out.extend_from_slice(b"0\r\n");
-        for (name, value) in trailers.iter().flatten() {
-            crate::http1::head::line(&mut conn.out, name.as_str().as_bytes(), value.as_bytes());
-        }
-        conn.out.extend_from_slice(b"\r\n");
     }
     Ok(true)
 }

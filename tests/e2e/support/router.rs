@@ -35,7 +35,7 @@ pub(crate) async fn with_module(
     let tenants = &state.policies.tenants;
     let prepared = tenants.prepare("alpha", stage, module, "{}").await;
     let prepared = prepared.expect("module accepted");
-    let digest = prepared.installed.digest().to_owned();
+    let digest = prepared.digest.clone();
     tenants.apply("alpha", stage, Some(prepared.installed));
     (state, digest, dir)
 }

@@ -573,20 +573,7 @@ pub struct StageModule<W: StageWorld> {
     owner: Owner,
 }
 
-/// Whose module a loaded module is, told by the one who loads it.
-///
-/// The registry acts on a failing module by its owner ([`crate::policy::registry`]): the operator's
-/// module in force is rolled back to the previous set, a candidate is dropped alone, a project's
-/// module fails that project's requests only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owner {
-    /// A module of the operator's configuration, in force.
-    Operator,
-    /// An operator's candidate, tried next to the module in force.
-    Candidate,
-    /// A module a project installed.
-    Tenant,
-}
+pub use crate::stage::Owner;
 
 /// Calls and failures of a module in the current window.
 #[derive(Debug)]
@@ -700,6 +687,11 @@ impl<W: StageWorld> StageModule<W> {
     /// SHA-256 of the module bytes, hex.
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// The configuration it was set up with (JSON).
+    pub fn config(&self) -> &str {
+        &self.config
     }
 
     /// Calls, failures and call times since the module was loaded.

@@ -5,9 +5,8 @@
 //! canary picks its subject, how a decision is described for shadow comparisons, its conformance
 //! vectors, how an author's test case reads, its default plugin's configuration schema and the
 //! native adapter of the benchmarks. The rest of the host is written once over [`PolicyStage`]:
-//! a loaded module ([`Module`]), a plane's slot for a stage ([`super::slot::StageSlot`]: the module in
-//! force and an operator's candidate), a project's module ([`super::tenants::Installed`]) and the one
-//! decision algorithm ([`super::registry::PolicyRegistry::decide`]).
+//! a loaded module ([`Module`]), a stage's slot, a plane's or a project's ([`super::slot::Slot`]:
+//! the module in force and a candidate) and the one decision algorithm ([`super::registry::PolicyRegistry::decide`]).
 //!
 //! The table of stages is [`crate::stage::STAGES`]; [`for_stage`] is the one place that maps a
 //! row of it to its type.
@@ -288,6 +287,7 @@ trait Loaded: Send + Sync {
     fn plane(&self) -> Plane;
     fn name(&self) -> &str;
     fn digest(&self) -> &str;
+    fn config(&self) -> &str;
     fn report(&self) -> ModuleReport;
     fn wit_version(&self) -> &'static str;
     fn reset_health(&self);
@@ -305,6 +305,9 @@ impl<W: StageWorld> Loaded for StageModule<W> {
     }
     fn digest(&self) -> &str {
         StageModule::digest(self)
+    }
+    fn config(&self) -> &str {
+        StageModule::config(self)
     }
     fn report(&self) -> ModuleReport {
         StageModule::report(self)
@@ -362,14 +365,15 @@ impl<S: PolicyStage> std::fmt::Debug for Module<S> {
 }
 
 impl<S: PolicyStage> Module<S> {
-    /// Loads `source` as `S`'s module on `plane`, owned by `owner`: through the stage's current
-    /// world when the component exports `aura:gateway@0.4.0` or `0.3.0`, else through its legacy
-    /// one.
+    /// Loads `source` as `S`'s module on `plane`, owned by `owner` (`tried`: as a candidate):
+    /// through the stage's current world when the component exports `aura:gateway@0.4.0` or
+    /// `0.3.0`, else through its legacy one.
     pub(crate) fn load(
         runtime: &Arc<PolicyEngine>,
         plane: Plane,
         source: ModuleSource,
         owner: Owner,
+        tried: bool,
     ) -> Result<Self, PluginError> {
         #[cfg(feature = "native-policies")]
         let native =
@@ -418,10 +422,10 @@ impl<S: PolicyStage> Module<S> {
             )
         });
         if let Some(cache) = &cache {
-            let owner = match owner {
-                Owner::Operator => "operator",
-                Owner::Candidate => "candidate",
-                Owner::Tenant => "tenant",
+            // The operator's candidate counted apart from the module in force.
+            let owner = match (owner, tried) {
+                (Owner::Operator, true) => "candidate",
+                (owner, _) => owner.as_str(),
             };
             cache.count_in(|| runtime.cache_metrics(plane, S::STAGE, owner));
         }
@@ -613,6 +617,8 @@ pub trait AnyModule: Send + Sync + std::fmt::Debug {
     fn module_name(&self) -> &str;
     /// SHA-256 of the module, hex.
     fn digest(&self) -> &str;
+    /// The configuration it was set up with (JSON).
+    fn config(&self) -> &str;
     /// Calls, failures and call times since the module was loaded.
     fn report(&self) -> ModuleReport;
     /// The `aura:gateway` version the module was written against.
@@ -640,6 +646,9 @@ impl<S: PolicyStage> AnyModule for Module<S> {
     }
     fn digest(&self) -> &str {
         self.loaded().digest()
+    }
+    fn config(&self) -> &str {
+        self.loaded().config()
     }
     fn report(&self) -> ModuleReport {
         let mut report = self.loaded().report();
