@@ -395,3 +395,57 @@ fn the_reader_resolves_paths_trees_and_finds_loops() {
     );
     assert!(loops(&folder_graph(&files, "y")).is_empty());
 }
+
+/// The match arms on a backend service in `code`: each `Service::<name>` followed by `=>` or
+/// `|`, as (line, name).
+fn service_arms(code: &str) -> Vec<(usize, String)> {
+    let names: Vec<String> = crate::routes::SERVICES
+        .iter()
+        .map(|row| format!("{:?}", row.service))
+        .collect();
+    let mut arms = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        for name in &names {
+            let path = format!("Service::{name}");
+            let mut rest = line;
+            while let Some(at) = rest.find(&path) {
+                let after = rest[at + path.len()..].trim_start();
+                let whole = !after.starts_with(|c: char| c.is_alphanumeric() || c == '_');
+                if whole && (after.starts_with("=>") || after.starts_with('|')) {
+                    arms.push((n + 1, name.clone()));
+                }
+                rest = &rest[at + path.len()..];
+            }
+        }
+    }
+    arms
+}
+
+/// Adding a backend service is a row of `routes::SERVICES` (docs/architecture.md): no file
+/// but `routes.rs` matches on a service, so no other place waits for an arm of a new one.
+#[test]
+fn only_the_route_table_matches_on_a_backend_service() {
+    let found: Vec<String> = host_sources()
+        .iter()
+        .filter(|s| s.file != "routes.rs" && s.file != "layering.rs")
+        .flat_map(|s| {
+            service_arms(&s.code)
+                .into_iter()
+                .map(move |(line, name)| format!("{}:{line} ({name})", s.file))
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "a match on a backend service outside routes.rs: {}",
+        found.join(", ")
+    );
+    // What the check reads as an arm, and what it does not.
+    let arms = service_arms(
+        "match s {\n    Service::Db | Service::Auth => 1,\n    Service::Storage => 2,\n}\n\
+         forward(Service::Db, x); Service::Dbx => 3",
+    );
+    assert_eq!(
+        arms,
+        [(2, "Auth"), (2, "Db"), (3, "Storage")].map(|(l, n)| (l, n.to_owned()))
+    );
+}

@@ -73,8 +73,8 @@ enum Command {
     },
     /// Print the plugin API: the WIT package `aura:gateway` of a version the gateway accepts.
     Wit {
-        /// 0.4.0 (the current one), 0.3.0, 0.2.0 or 0.1.0.
-        #[arg(long, default_value = "0.4.0", value_parser = ["0.4.0", "0.3.0", "0.2.0", "0.1.0"])]
+        /// 0.5.0 (the current one), 0.4.0, 0.3.0, 0.2.0 or 0.1.0.
+        #[arg(long, default_value = "0.5.0", value_parser = ["0.5.0", "0.4.0", "0.3.0", "0.2.0", "0.1.0"])]
         version: String,
         /// Write it to DIR/gateway.wit instead (DIR is created), ready for a bindings generator.
         #[arg(long, value_name = "DIR")]
@@ -377,7 +377,7 @@ async fn keys(command: KeysCommand, path: Option<PathBuf>) -> anyhow::Result<()>
 
 fn print_wit(version: &str, out: Option<&std::path::Path>) -> anyhow::Result<()> {
     let text = authoring::wit(version).ok_or_else(|| {
-        anyhow::anyhow!("--version: {version} is not 0.4.0, 0.3.0, 0.2.0 or 0.1.0")
+        anyhow::anyhow!("--version: {version} is not 0.5.0, 0.4.0, 0.3.0, 0.2.0 or 0.1.0")
     })?;
     match out {
         None => print!("{text}"),

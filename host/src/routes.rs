@@ -313,7 +313,18 @@ mod tests {
     fn each_service_is_at_its_index_and_named_once() {
         for (i, row) in SERVICES.iter().enumerate() {
             assert_eq!(row.service.index(), i, "{:?}", row.service);
-            assert!(!row.name.is_empty() && !row.name.contains('/'));
+            // The name is the quota stage's `route-group` (WIT `0.5.0`): at most 32 bytes of
+            // lower-case letters, digits and `-`, never one of the two other groups' names.
+            assert!(
+                (1..=32).contains(&row.name.len())
+                    && row
+                        .name
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !["management", "gateway"].contains(&row.name),
+                "{}",
+                row.name
+            );
             assert_eq!(
                 SERVICES.iter().filter(|r| r.name == row.name).count(),
                 1,

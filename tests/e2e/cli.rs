@@ -280,7 +280,7 @@ fn plugin_check_passes_a_good_module_and_names_what_is_wrong_with_a_bad_one() {
     );
     let out = run(&["plugin", "check", &quota, "--stage", "cors"], None);
     failed_saying(&out, "does not export the cors stage world");
-    // The api-key stage: the default module's `0.4.0` declaration, and a `0.3.0` module's four
+    // The api-key stage: the default module's `0.5.0` declaration, and a `0.3.0` module's four
     // flags read as they were.
     use aura_gateway::policy::PolicyStage;
     let api_key = dir.path().join("api-key.wasm");
@@ -291,7 +291,7 @@ fn plugin_check_passes_a_good_module_and_names_what_is_wrong_with_a_bad_one() {
     for (module, version, declared) in [
         (
             api_key.as_str(),
-            "0.4.0",
+            "0.5.0",
             "query-keys, headers, path-with-query-keys",
         ),
         (older, "0.3.0", "path, query-keys, headers"),

@@ -495,12 +495,12 @@ async fn a_modules_configuration_schema_is_served_and_enforced_before_configure(
     assert_ne!(other.read().await.status, StatusCode::OK);
 }
 
-/// The hostile `0.3.0` quota module (`plugins/testing-quota-inputs`), its marker rewritten so
+/// The hostile `0.4.0` quota module (`plugins/testing-quota-inputs`), its marker rewritten so
 /// that `config-schema` answers schema `choice` (with `port` for a remote reference): what an
 /// uploader who edits a built module sends.
 fn quota_inputs_module(choice: u8, port: u16) -> Vec<u8> {
     let path = aura_gateway::policy::stages::builtin::TESTING_QUOTA_INPUTS_PLUGIN_PATH;
-    let mut module = std::fs::read(path).expect("the 0.3.0 quota test module");
+    let mut module = std::fs::read(path).expect("the 0.4.0 quota test module");
     let marker = b"aura-hostile-schema:0:port=00000";
     let edit = format!("aura-hostile-schema:{}:port={port:05}", char::from(choice));
     let found: Vec<usize> = (0..module.len().saturating_sub(marker.len()))
@@ -619,6 +619,19 @@ async fn a_hostile_quota_modules_inputs_and_answers_are_bounded_by_the_host() {
     assert_eq!(r.code(), "policy_denied");
     assert!(r.headers.get("retry-after").is_none(), "a 403 has none");
 
+    // Written against `0.4.0`, the module is passed the route group as that version's enum
+    // (it answers the case's index plus one): `storage` is its third case, `functions` its
+    // fourth.
+    let r = call("route-group")
+        .expect(StatusCode::TOO_MANY_REQUESTS)
+        .await;
+    assert_eq!(r.header("retry-after"), "3", "storage");
+    let r = Call::get(gw.data_url("/v1/functions/v1/route-group"))
+        .key(&fx.anon_key)
+        .expect(StatusCode::TOO_MANY_REQUESTS)
+        .await;
+    assert_eq!(r.header("retry-after"), "4", "functions");
+
     // A rule whose scope the request has no value for fails closed, counted.
     let r = call("scope-user")
         .expect(StatusCode::INTERNAL_SERVER_ERROR)
@@ -645,7 +658,8 @@ async fn a_hostile_quota_modules_inputs_and_answers_are_bounded_by_the_host() {
             &["source=\"tenant\"", &code],
         )
     };
-    assert_eq!(denials("quota_exceeded"), 4.0);
+    // The four Retry-After answers and the two route groups.
+    assert_eq!(denials("quota_exceeded"), 6.0);
     assert_eq!(denials("policy_denied"), 3.0);
     // Another project is not the module's: it keeps the plane's quota.
     object("f")

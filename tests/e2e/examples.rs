@@ -100,7 +100,7 @@ fn check(module: &Path, stage: &str) -> String {
     let stdout = stdout(&out);
     let module = module.display();
     assert!(out.status.success(), "{module}: {stdout}\n{}", stderr(&out));
-    let versioned = stdout.contains("written against aura:gateway@0.4.0");
+    let versioned = stdout.contains("written against aura:gateway@0.5.0");
     assert!(versioned, "{stdout}");
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
     assert!(stdout.ends_with("plugin check passed\n"), "{stdout}");
@@ -321,7 +321,7 @@ fn a_scaffolded_rust_plugin_builds_and_passes_its_check() {
     let plugin = dir.path().join("my-quota");
     let printed = plugin_new("quota", "rust", &plugin);
     assert!(printed.contains("cargo build --release --target wasm32-wasip2"));
-    let printed = run(&["wit", "--version", "0.4.0"], None);
+    let printed = run(&["wit", "--version", "0.5.0"], None);
     let copy = std::fs::read(plugin.join("wit/gateway.wit")).expect("wit copy");
     assert_eq!(copy, printed.stdout);
     let out_dir = dir.path().join("wit-copy");
@@ -329,7 +329,7 @@ fn a_scaffolded_rust_plugin_builds_and_passes_its_check() {
     assert!(wrote.status.success());
     let written = std::fs::read(out_dir.join("gateway.wit")).expect("written");
     assert_eq!(written, printed.stdout);
-    for version in ["0.3.0", "0.1.0"] {
+    for version in ["0.4.0", "0.3.0", "0.1.0"] {
         let old = run(&["wit", "--version", version], None);
         let package = format!("package aura:gateway@{version};");
         assert!(stdout(&old).contains(&package), "{version}");

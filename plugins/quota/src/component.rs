@@ -92,8 +92,12 @@ impl Guest for Component {
             .iter()
             .map(|c| (c.name, c.value.as_str()))
             .collect();
-        let group = route_group(request.route_group);
-        match policy.decide(group, actor, request.client_ip.map(ip), &claims) {
+        match policy.decide(
+            &request.route_group,
+            actor,
+            request.client_ip.map(ip),
+            &claims,
+        ) {
             Outcome::Exempt => QuotaDecision::Exempt,
             Outcome::Limit(r) => QuotaDecision::Limit(QuotaRule {
                 scope: match r.scope {
@@ -115,23 +119,6 @@ impl Guest for Component {
                 retry_after_seconds: 0,
             }),
         }
-    }
-}
-
-fn route_group(group: aura::gateway::types::RouteGroup) -> &'static str {
-    use aura::gateway::types::RouteGroup as G;
-    match group {
-        G::Auth => "auth",
-        G::Db => "db",
-        G::Storage => "storage",
-        G::Functions => "functions",
-        G::Realtime => "realtime",
-        G::Notifications => "notifications",
-        G::Ai => "ai",
-        G::Provisioner => "provisioner",
-        G::Control => "control",
-        G::Management => "management",
-        G::Gateway => "gateway",
     }
 }
 

@@ -1,4 +1,5 @@
-//! Component glue of the hostile `0.3.0` quota test plugin.
+//! Component glue of the hostile quota test plugin, written against `0.4.0` (the route group as
+//! the enum of that version): the host still calls it as it is.
 
 #![expect(
     unsafe_code,
@@ -9,7 +10,7 @@ use std::sync::OnceLock;
 
 use crate::{MAX_HEADER_VALUES, MAX_VALUE_BYTES, SCHEMA_CHOICE, schema};
 
-wit_bindgen::generate!({ path: "../../wit", world: "quota-stage" });
+wit_bindgen::generate!({ path: "../../wit/0.4.0", world: "quota-stage" });
 
 use aura::gateway::types::Plane;
 use exports::aura::gateway::quota::{
@@ -86,6 +87,14 @@ impl Guest for Component {
             "forbid" => return deny(DenyStatus::Forbidden, DenyReason::PolicyDenied, 0),
             "scope-user" => return rule(BucketScope::User),
             "scope-client-ip" => return rule(BucketScope::ClientIp),
+            // The enum's case as a number the test can read back: its index plus one.
+            "route-group" => {
+                return deny(
+                    DenyStatus::TooManyRequests,
+                    DenyReason::QuotaExceeded,
+                    request.route_group as u32 + 1,
+                );
+            }
             _ => {}
         }
         let (headers, claims) = NAMED.get().copied().unwrap_or_default();

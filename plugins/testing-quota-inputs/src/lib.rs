@@ -1,4 +1,4 @@
-//! A hostile `quota` stage plugin (`aura:gateway@0.3.0`) for the gateway's tests. Not shipped in
+//! A hostile `quota` stage plugin (`aura:gateway@0.4.0`) for the gateway's tests. Not shipped in
 //! the binary.
 //!
 //! `configure` names the request headers and JWT claims of its configuration (`headers`,
@@ -7,6 +7,8 @@
 //! - `…/retry/<n>`: `deny(429, quota-exceeded)` with `Retry-After` `n` seconds (`u32::MAX` when
 //!   `n` is not a number), passed on unchecked (the host keeps it within 1 and 3600);
 //! - `…/forbid`: `deny(403, policy-denied)`;
+//! - `…/route-group`: `deny(429, quota-exceeded)` with `Retry-After` the index of the request's
+//!   `route-group` case in `0.4.0`'s enum plus one (`auth` 1, `db` 2, `storage` 3, …);
 //! - `…/scope-user` and `…/scope-client-ip`: a rule of that scope, for requests that may have
 //!   no such value;
 //! - anything else: checks what the host passed against the WIT's bounds and traps when any is

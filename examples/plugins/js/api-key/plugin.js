@@ -5,7 +5,7 @@
 // those headers alone, so that is all it declares. Configuration (TOML):
 //   header = "x-aura-key"   # lower-case header name
 
-import { log } from "aura:gateway/log@0.4.0";
+import { log } from "aura:gateway/log@0.5.0";
 
 // The JSON Schema of the configuration, checked by the gateway before `configure` runs.
 const SCHEMA = {

@@ -7,7 +7,7 @@
 //   subdomains_of = ["example.org"]   # https://<anything>.example.org
 //   max_age_secs = 600
 
-import { log } from "aura:gateway/log@0.4.0";
+import { log } from "aura:gateway/log@0.5.0";
 
 // The JSON Schema of the configuration, checked by the gateway before `configure` runs.
 const SCHEMA = {

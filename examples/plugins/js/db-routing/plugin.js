@@ -7,7 +7,7 @@
 // Configuration (TOML):
 //   postgrest_methods = ["GET", "HEAD"]   # upper-case methods sent to PostgREST
 
-import { log } from "aura:gateway/log@0.4.0";
+import { log } from "aura:gateway/log@0.5.0";
 
 const NATS_ONLY = ["/v1/db/schema", "/v1/db/policies", "/v1/db/sql"];
 const METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];

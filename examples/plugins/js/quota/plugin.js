@@ -16,9 +16,11 @@
 //   [deny_claims]          # optional: claim = the string value refused
 //   tier = "suspended"
 
-import { log } from "aura:gateway/log@0.4.0";
+import { log } from "aura:gateway/log@0.5.0";
 
 const U32_MAX = 0xffffffff;
+// The route groups the configuration may give a cost, by the names the gateway passes in
+// `request.routeGroup`.
 const ROUTE_GROUPS = [
   "auth",
   "db",

@@ -37,10 +37,24 @@ from wit_world.exports.quota import (
     QuotaSetup,
 )
 from wit_world.imports.log import Level, log
-from wit_world.imports.types import Plane, RouteGroup
+from wit_world.imports.types import Plane
 
 U32_MAX = 0xFFFFFFFF
-ROUTE_GROUPS = [g.name.lower() for g in RouteGroup]
+# The route groups the configuration may give a cost, by the names the gateway passes in
+# `request.route_group`.
+ROUTE_GROUPS = [
+    "auth",
+    "db",
+    "storage",
+    "functions",
+    "realtime",
+    "notifications",
+    "ai",
+    "provisioner",
+    "control",
+    "management",
+    "gateway",
+]
 # The JSON Schema of the configuration, checked by the gateway before `configure` runs.
 LIMITS = {
     "type": "object",
@@ -83,7 +97,7 @@ SCHEMA = {
 MAX_AGE_MS = 300_000
 
 plans: dict[str, tuple[int, int]] = {}
-costs: dict[RouteGroup, int] = {}
+costs: dict[str, int] = {}
 # (claim, value refused); the gateway passes a claim by its position in this list.
 deny_claims: list[tuple[str, str]] = []
 
@@ -143,7 +157,7 @@ class Quota(exports.Quota):
         for group, cost in raw_costs.items():
             if group not in ROUTE_GROUPS:
                 raise Err(f"costs.{group}: not a route group")
-            parsed_costs[RouteGroup[group.upper()]] = u32(cost, f"costs.{group}", 1, free_burst)
+            parsed_costs[group] = u32(cost, f"costs.{group}", 1, free_burst)
         for claim, value in raw_claims.items():
             if not isinstance(value, str):
                 raise Err(f"deny_claims.{claim}: must be a string")

@@ -76,11 +76,11 @@ fn deadline_ticks(call_deadline_ms: u64) -> u64 {
 }
 
 /// The versions of `aura:gateway` the host accepts, newest first.
-pub const WIT_VERSIONS: [&str; 4] = ["0.4.0", "0.3.0", "0.2.0", "0.1.0"];
+pub const WIT_VERSIONS: [&str; 5] = ["0.5.0", "0.4.0", "0.3.0", "0.2.0", "0.1.0"];
 
 /// The versions of `aura:gateway` whose stages declare their inputs and export their
 /// configuration's schema.
-pub const CURRENT_VERSIONS: &[&str] = &["0.4.0", "0.3.0"];
+pub const CURRENT_VERSIONS: &[&str] = &["0.5.0", "0.4.0", "0.3.0"];
 
 /// The versions called through a stage's legacy types (string methods, no declaration).
 pub const LEGACY_VERSIONS: &[&str] = &["0.2.0", "0.1.0"];
@@ -302,7 +302,8 @@ pub(crate) fn engine_config(settings: &PluginRuntimeConfig, pooling: bool) -> Co
 }
 
 /// One stage as the runtime sees it: the interface a plugin exports and the types of its
-/// functions. A stage has two: its current world (`0.4.0` and `0.3.0`) and its legacy one, whose
+/// functions. A stage has its current world (`0.5.0` to `0.3.0`, or fewer where a record
+/// changed: then an earlier world of its own takes the versions before) and its legacy one, whose
 /// types (the host's generated `0.2.0` ones) are checked against the plugin's own at
 /// instantiation, so a `0.1.0` plugin (the same records) is called through them.
 pub trait StageWorld: Send + Sync + 'static {
@@ -500,7 +501,7 @@ fn instantiate<W: StageWorld>(
 /// `component` defined as a trap.
 fn linker(engine: &Engine, component: &Component) -> wasmtime::Result<Linker<PluginState>> {
     let mut linker: Linker<PluginState> = Linker::new(engine);
-    for version in ["0.4.0", "0.3.0", "0.2.0"] {
+    for version in ["0.5.0", "0.4.0", "0.3.0", "0.2.0"] {
         add_log(&mut linker, version)?;
     }
     super::sandbox::add_to_linker(&mut linker)?;

@@ -189,13 +189,15 @@ const GRANTED: &[&str] = &[
 
 /// Whether an import name (`wasi:cli/environment@0.2.9`) is one the host defines: wasmtime
 /// links any `0.2.x` import to the `0.2` version it implements; `aura:gateway/log` is defined in
-/// `0.2.x`, `0.3.x` and `0.4.x` (the same function).
+/// `0.2.x` to `0.5.x` (the same function).
 pub fn is_granted(import: &str) -> bool {
     import.split_once('@').is_some_and(|(name, version)| {
         GRANTED.contains(&name)
             && (version.starts_with("0.2.")
                 || (name == "aura:gateway/log"
-                    && (version.starts_with("0.3.") || version.starts_with("0.4."))))
+                    && ["0.3.", "0.4.", "0.5."]
+                        .iter()
+                        .any(|minor| version.starts_with(minor))))
     })
 }
 
@@ -587,7 +589,8 @@ mod tests {
         assert!(is_granted("aura:gateway/log@0.2.0"));
         assert!(is_granted("aura:gateway/log@0.3.0"));
         assert!(is_granted("aura:gateway/log@0.4.0"));
-        assert!(!is_granted("aura:gateway/log@0.5.0"));
+        assert!(is_granted("aura:gateway/log@0.5.0"));
+        assert!(!is_granted("aura:gateway/log@0.6.0"));
         assert!(!is_granted("wasi:cli/environment@0.3.0"));
         assert!(!is_granted("wasi:sockets/tcp@0.2.9"));
         assert!(!is_granted("wasi:http/outgoing-handler@0.2.9"));

@@ -409,6 +409,7 @@ impl super::ExportedSchema for ApiKey {
 }
 
 impl PolicyStage for ApiKey {
+    type Earlier = Self;
     type Legacy = ApiKeyLegacy;
     type Configured = KeyConfigured;
     type Input<'a> = KeyInput<'a>;

@@ -10,7 +10,8 @@ use crate::policy::Stage;
 /// The WIT package `aura:gateway` of an accepted version.
 pub fn wit(version: &str) -> Option<&'static str> {
     match version {
-        "0.4.0" => Some(include_str!("../../../../wit/gateway.wit")),
+        "0.5.0" => Some(include_str!("../../../../wit/gateway.wit")),
+        "0.4.0" => Some(include_str!("../../../../wit/0.4.0/gateway.wit")),
         "0.3.0" => Some(include_str!("../../../../wit/0.3.0/gateway.wit")),
         "0.2.0" => Some(include_str!("../../../../wit/0.2.0/gateway.wit")),
         "0.1.0" => Some(include_str!("../../../../wit/0.1.0/gateway.wit")),
@@ -152,7 +153,7 @@ pub fn scaffold(stage: Stage, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, St
         (source_path.into(), source),
         (
             "wit/gateway.wit".into(),
-            wit("0.4.0").unwrap_or_default().to_owned(),
+            wit("0.5.0").unwrap_or_default().to_owned(),
         ),
         ("config.toml".into(), config.to_owned()),
         ("vectors.toml".into(), vectors.to_owned()),
@@ -255,7 +256,7 @@ fn readme(stage: Stage, lang: Lang, name: &str) -> String {
     let key = stage.key();
     format!(
         "# {name}\n\n\
-         A plugin for the `{key}` stage of Aura gateway (`aura:gateway@0.4.0`, world `{world}`).\n\
+         A plugin for the `{key}` stage of Aura gateway (`aura:gateway@0.5.0`, world `{world}`).\n\
          `wit/gateway.wit` is the plugin API (`aura-gateway wit` prints it); `config.toml` is the\n\
          stage's configuration; `vectors.toml` holds test cases: an input and the decision expected.\n\n\
          Build:\n\n```sh\n{commands}\n```\n\n\
@@ -298,15 +299,15 @@ mod tests {
     }
 
     #[test]
-    fn the_four_wit_versions_are_served_and_others_refused() {
-        for version in ["0.4.0", "0.3.0", "0.2.0", "0.1.0"] {
+    fn the_five_wit_versions_are_served_and_others_refused() {
+        for version in ["0.5.0", "0.4.0", "0.3.0", "0.2.0", "0.1.0"] {
             let package = format!("package aura:gateway@{version};");
             assert!(
                 wit(version).is_some_and(|w| w.contains(&package)),
                 "{version}"
             );
         }
-        assert!(wit("0.5.0").is_none());
+        assert!(wit("0.6.0").is_none());
         assert!(wit("0.3").is_none());
     }
 

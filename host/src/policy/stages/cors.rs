@@ -156,6 +156,7 @@ impl super::ExportedSchema for Cors {
 }
 
 impl PolicyStage for Cors {
+    type Earlier = Self;
     type Legacy = CorsLegacy;
     type Configured = ();
     type Input<'a> = CorsInput<'a>;

@@ -200,6 +200,7 @@ impl super::ExportedSchema for DbRouting {
 }
 
 impl PolicyStage for DbRouting {
+    type Earlier = Self;
     type Legacy = DbRoutingLegacy;
     type Configured = ();
     type Input<'a> = DbInput<'a>;

@@ -34,7 +34,7 @@ use wasmtime::component::Component;
 
 use self::conformance::{ConformanceError, StageReport};
 use super::runtime::decision_cache::{CacheReport, DecisionCache, KeyWriter};
-use super::runtime::engine::{CURRENT_VERSIONS, Owner, PolicyEngine, StageModule, StageWorld};
+use super::runtime::engine::{Owner, PolicyEngine, StageModule, StageWorld};
 use super::runtime::stats::ModuleReport;
 use super::{PluginError, Stage};
 use crate::plane::Plane;
@@ -102,10 +102,15 @@ impl Declaration {
 /// strings and lists (a hit costs a reference count).
 pub type Decided<S> = Arc<<S as StageWorld>::Decision>;
 
-/// One policy stage: its world (the runtime's view, [`StageWorld`], `aura:gateway@0.4.0` and
-/// `0.3.0`), its legacy world (`0.2.0` and `0.1.0`) and everything the host does with its inputs
-/// and decisions.
+/// One policy stage: its world (the runtime's view, [`StageWorld`], `aura:gateway@0.5.0` back
+/// to `0.3.0`), the earlier world of the versions whose request record differs (if any), its
+/// legacy world (`0.2.0` and `0.1.0`) and everything the host does with its inputs and
+/// decisions.
 pub trait PolicyStage: StageWorld<Decision: Clone + PartialEq> + Sized + std::fmt::Debug {
+    /// The stage's world in the versions since `0.3.0` that this one does not take because its
+    /// request record changed (`Self` when none did): it answers `configure` and decides in this
+    /// world's types.
+    type Earlier: StageWorld<Setup = <Self as StageWorld>::Setup, Decision = <Self as StageWorld>::Decision>;
     /// The stage's world in the versions before `0.3.0`, whose decisions are lifted into this
     /// one's.
     type Legacy: StageWorld;
@@ -166,6 +171,23 @@ pub trait PolicyStage: StageWorld<Decision: Clone + PartialEq> + Sized + std::fm
         input: Self::Input<'_>,
         inputs: Inputs,
     ) -> Result<Self::Decision, PluginError>;
+    /// Runs one call of an earlier `module` ([`Self::Earlier`]) on `input`, lowered into that
+    /// world's record. A stage whose earlier world is its own runs it as its own.
+    fn run_earlier(
+        module: &StageModule<Self::Earlier>,
+        configured: &Self::Configured,
+        request_id: Option<&str>,
+        input: Self::Input<'_>,
+        inputs: Inputs,
+    ) -> Result<Self::Decision, PluginError> {
+        match (module as &dyn std::any::Any).downcast_ref::<StageModule<Self>>() {
+            Some(module) => Self::run(module, configured, request_id, input, inputs),
+            None => Err(PluginError::runtime(format!(
+                "the {} stage has no call for its earlier world",
+                Self::STAGE
+            ))),
+        }
+    }
     /// Runs one call of a legacy `module` on `input`, its decision lifted into this world's.
     fn run_legacy(
         module: &StageModule<Self::Legacy>,
@@ -282,6 +304,24 @@ pub(crate) struct ModuleSource {
     pub config: String,
 }
 
+/// Loads `source` through world `W`.
+fn load_world<W: StageWorld>(
+    runtime: &Arc<PolicyEngine>,
+    plane: Plane,
+    source: ModuleSource,
+    owner: Owner,
+) -> Result<StageModule<W>, PluginError> {
+    StageModule::<W>::load(
+        runtime.clone(),
+        plane,
+        source.name,
+        source.digest,
+        &source.component,
+        source.config,
+        owner,
+    )
+}
+
 /// What the host reads of a loaded module's runtime side, whatever its world.
 trait Loaded: Send + Sync {
     fn plane(&self) -> Plane;
@@ -329,9 +369,10 @@ impl<W: StageWorld> Loaded for StageModule<W> {
     }
 }
 
-/// A module's calls: through the stage's current world, or its legacy one.
+/// A module's calls: through the stage's current world, its earlier one, or its legacy one.
 enum Calls<S: PolicyStage> {
     Current(StageModule<S>),
+    Earlier(StageModule<S::Earlier>),
     Legacy(StageModule<S::Legacy>),
 }
 
@@ -359,6 +400,7 @@ impl<S: PolicyStage> std::fmt::Debug for Module<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.calls {
             Calls::Current(m) => m.fmt(f),
+            Calls::Earlier(m) => m.fmt(f),
             Calls::Legacy(m) => m.fmt(f),
         }
     }
@@ -366,8 +408,8 @@ impl<S: PolicyStage> std::fmt::Debug for Module<S> {
 
 impl<S: PolicyStage> Module<S> {
     /// Loads `source` as `S`'s module on `plane`, owned by `owner` (`tried`: as a candidate):
-    /// through the stage's current world when the component exports `aura:gateway@0.4.0` or
-    /// `0.3.0`, else through its legacy one.
+    /// through the stage's world that takes the `aura:gateway` version the component exports —
+    /// current, earlier or legacy.
     pub(crate) fn load(
         runtime: &Arc<PolicyEngine>,
         plane: Plane,
@@ -378,37 +420,27 @@ impl<S: PolicyStage> Module<S> {
         #[cfg(feature = "native-policies")]
         let native =
             <S::Native as self::native::NativePolicy>::load(&source.name, plane, &source.config);
-        let current = super::runtime::engine::exported_version::<S>(&source.component)
-            .is_some_and(|v| CURRENT_VERSIONS.contains(&v));
-        let (calls, configured, declaration) = if current {
-            let module = StageModule::<S>::load(
-                runtime.clone(),
-                plane,
-                source.name,
-                source.digest,
-                &source.component,
-                source.config,
-                owner,
-            )?;
+        let version = super::runtime::engine::exported_version::<S>(&source.component);
+        let takes = |versions: &[&str]| version.is_some_and(|v| versions.contains(&v));
+        let refused = |module: &str, reason: String| PluginError::Load {
+            stage: S::STAGE,
+            plane,
+            module: module.to_owned(),
+            kind: super::FailureKind::Refused,
+            reason: format!("configure answered {reason}"),
+        };
+        let (calls, configured, declaration) = if takes(<S as StageWorld>::VERSIONS) {
+            let module = load_world::<S>(runtime, plane, source, owner)?;
             let (configured, declaration) =
-                S::configured(module.setup()).map_err(|reason| PluginError::Load {
-                    stage: S::STAGE,
-                    plane,
-                    module: module.name().to_owned(),
-                    kind: super::FailureKind::Refused,
-                    reason: format!("configure answered {reason}"),
-                })?;
+                S::configured(module.setup()).map_err(|r| refused(module.name(), r))?;
             (Calls::Current(module), configured, declaration)
+        } else if takes(<S::Earlier as StageWorld>::VERSIONS) {
+            let module = load_world::<S::Earlier>(runtime, plane, source, owner)?;
+            let (configured, declaration) =
+                S::configured(module.setup()).map_err(|r| refused(module.name(), r))?;
+            (Calls::Earlier(module), configured, declaration)
         } else {
-            let module = StageModule::<S::Legacy>::load(
-                runtime.clone(),
-                plane,
-                source.name,
-                source.digest,
-                &source.component,
-                source.config,
-                owner,
-            )?;
+            let module = load_world::<S::Legacy>(runtime, plane, source, owner)?;
             let configured = S::configured_legacy(module.setup());
             (Calls::Legacy(module), configured, None)
         };
@@ -444,6 +476,7 @@ impl<S: PolicyStage> Module<S> {
     fn loaded(&self) -> &dyn Loaded {
         match &self.calls {
             Calls::Current(m) => m,
+            Calls::Earlier(m) => m,
             Calls::Legacy(m) => m,
         }
     }
@@ -457,6 +490,7 @@ impl<S: PolicyStage> Module<S> {
     ) -> Result<S::Decision, PluginError> {
         match &self.calls {
             Calls::Current(m) => S::run(m, &self.configured, request_id, input, inputs),
+            Calls::Earlier(m) => S::run_earlier(m, &self.configured, request_id, input, inputs),
             Calls::Legacy(m) => S::run_legacy(m, &self.configured, request_id, input),
         }
     }

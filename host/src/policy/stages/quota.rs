@@ -24,12 +24,19 @@ pub(crate) mod world {
     wasmtime::component::bindgen!({ path: "../wit", world: "quota-stage", additional_derives: [PartialEq, Eq] });
 }
 
+/// The generated types of the `quota` world of `0.4.0` and `0.3.0` (`wit/0.4.0/gateway.wit`):
+/// only its `route-group` enum is used, the rest being the current world's.
+pub(crate) mod earlier {
+    wasmtime::component::bindgen!({ path: "../wit/0.4.0", world: "quota-stage" });
+}
+
 /// The generated types of the `quota` world before `0.3.0` (`wit/0.2.0/gateway.wit`).
 pub(crate) mod legacy {
     wasmtime::component::bindgen!({ path: "../wit/0.2.0", world: "quota-stage", additional_derives: [PartialEq, Eq] });
 }
 
-use world::aura::gateway::types::{ActorRole, IpAddress, Method, RouteGroup as WitRouteGroup};
+use earlier::aura::gateway::types::RouteGroup as EarlierGroup;
+use world::aura::gateway::types::{ActorRole, IpAddress, Method};
 use world::exports::aura::gateway::quota::QuotaSetup;
 pub use world::exports::aura::gateway::quota::{
     BucketScope, DenyReason, DenyStatus, QuotaDecision, QuotaDenial, QuotaRule,
@@ -38,6 +45,11 @@ pub use world::exports::aura::gateway::quota::{
 /// The `quota` stage.
 #[derive(Debug)]
 pub struct Quota;
+
+/// The `quota` stage's modules written against `0.4.0` or `0.3.0`: passed the route group as
+/// the enum those versions had.
+#[derive(Debug)]
+pub struct QuotaEarlier;
 
 /// The `quota` stage's modules written against `0.2.0` or `0.1.0`.
 #[derive(Debug)]
@@ -73,15 +85,16 @@ pub struct ActorRef<'a> {
 
 /// `quota-request`, borrowed: lowering copies the strings into the guest straight from the
 /// request's facts (the record is checked against the plugin's WIT when an instance is made).
+/// The route group `G` is its name since `0.5.0`, an [`EarlierGroup`] before.
 #[derive(Debug, Clone, ComponentType, Lower)]
 #[component(record)]
-pub struct QuotaRequestRef<'a> {
+pub struct QuotaRequestRef<'a, G> {
     #[component(name = "method")]
     method: Method,
     #[component(name = "path")]
     path: &'a str,
     #[component(name = "route-group")]
-    route_group: WitRouteGroup,
+    route_group: G,
     #[component(name = "actor")]
     actor: ActorRef<'a>,
     #[component(name = "client-ip")]
@@ -92,14 +105,46 @@ pub struct QuotaRequestRef<'a> {
     headers: &'a [NamedRef<'a>],
 }
 
+impl<'a, G> QuotaRequestRef<'a, G> {
+    /// The same request with its route group as `to` makes it.
+    fn with_group<H>(self, to: impl FnOnce(G) -> H) -> QuotaRequestRef<'a, H> {
+        QuotaRequestRef {
+            method: self.method,
+            path: self.path,
+            route_group: to(self.route_group),
+            actor: self.actor,
+            client_ip: self.client_ip,
+            claims: self.claims,
+            headers: self.headers,
+        }
+    }
+}
+
 stage_world!(
-    Quota,
-    quota::world,
+    @impl Quota,
+    quota,
+    world,
+    &["0.5.0"],
+    true,
     Stage::Quota,
     "decide",
     QuotaSetup,
     'a,
-    QuotaRequestRef<'a>,
+    QuotaRequestRef<'a, &'a str>,
+    QuotaDecision
+);
+
+stage_world!(
+    @impl QuotaEarlier,
+    quota,
+    world,
+    &["0.4.0", "0.3.0"],
+    true,
+    Stage::Quota,
+    "decide",
+    QuotaSetup,
+    'a,
+    QuotaRequestRef<'a, EarlierGroup>,
     QuotaDecision
 );
 
@@ -294,23 +339,102 @@ fn wit_ip(ip: IpAddr) -> IpAddress {
     }
 }
 
-fn wit_route_group(group: RouteGroup) -> WitRouteGroup {
-    use crate::routes::Service;
-    match group {
-        RouteGroup::Service(service) => match service {
-            Service::Auth => WitRouteGroup::Auth,
-            Service::Db => WitRouteGroup::Db,
-            Service::Storage => WitRouteGroup::Storage,
-            Service::Functions => WitRouteGroup::Functions,
-            Service::Realtime => WitRouteGroup::Realtime,
-            Service::Notifications => WitRouteGroup::Notifications,
-            Service::Ai => WitRouteGroup::Ai,
-            Service::Provisioner => WitRouteGroup::Provisioner,
-            Service::Control => WitRouteGroup::Control,
-        },
-        RouteGroup::Management => WitRouteGroup::Management,
-        RouteGroup::Gateway => WitRouteGroup::Gateway,
+/// A route group's name as the `route-group` enum of `0.4.0` and `0.3.0`: a name those versions
+/// did not have (a service added since) is passed as `gateway`, their value of an undeclared
+/// route group.
+fn earlier_group(name: &str) -> EarlierGroup {
+    match name {
+        "auth" => EarlierGroup::Auth,
+        "db" => EarlierGroup::Db,
+        "storage" => EarlierGroup::Storage,
+        "functions" => EarlierGroup::Functions,
+        "realtime" => EarlierGroup::Realtime,
+        "notifications" => EarlierGroup::Notifications,
+        "ai" => EarlierGroup::Ai,
+        "provisioner" => EarlierGroup::Provisioner,
+        "control" => EarlierGroup::Control,
+        "management" => EarlierGroup::Management,
+        _ => EarlierGroup::Gateway,
     }
+}
+
+/// `input` lowered into `quota-request` with only `inputs` passed (the others empty), handed
+/// to `call`.
+fn lowered<R>(
+    configured: &QuotaConfigured,
+    input: QuotaInput<'_>,
+    inputs: Inputs,
+    call: impl FnOnce(QuotaRequestRef<'_, &str>) -> R,
+) -> R {
+    let actor = input.actor;
+    fn pick(inputs: Inputs, bit: usize, value: &Option<String>) -> Option<&str> {
+        value.as_deref().filter(|_| inputs.has(bit))
+    }
+    /// The value when declared, else `some("")` for a present value when its presence is
+    /// declared (`has-key`, `has-user`).
+    fn pick_or_presence(
+        inputs: Inputs,
+        bit: usize,
+        presence: usize,
+        value: &Option<String>,
+    ) -> Option<&str> {
+        if inputs.has(bit) {
+            value.as_deref()
+        } else {
+            value.as_ref().filter(|_| inputs.has(presence)).map(|_| "")
+        }
+    }
+    let claims: Vec<(u8, String)> = if inputs.has(10) {
+        selected_claims(configured, actor)
+    } else {
+        Vec::new()
+    };
+    let claims: Vec<NamedRef<'_>> = claims
+        .iter()
+        .map(|(name, value)| NamedRef { name: *name, value })
+        .collect();
+    let headers: Vec<NamedRef<'_>> = if inputs.has(11) {
+        selected_headers(configured, input.headers)
+            .into_iter()
+            .map(|(name, value)| NamedRef { name, value })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let request = QuotaRequestRef {
+        method: if inputs.has(0) {
+            wit_method!(Method, input.method)
+        } else {
+            Method::Other
+        },
+        path: if inputs.has(1) { input.path } else { "" },
+        route_group: if inputs.has(2) {
+            input.route_group.as_str()
+        } else {
+            "gateway"
+        },
+        actor: ActorRef {
+            role: if inputs.has(3) {
+                match actor.role {
+                    Role::Anon => ActorRole::Anon,
+                    Role::Authenticated => ActorRole::Authenticated,
+                    Role::ServiceRole => ActorRole::ServiceRole,
+                    Role::Console => ActorRole::Console,
+                }
+            } else {
+                ActorRole::Anon
+            },
+            project: pick(inputs, 4, &actor.project),
+            key_id: pick_or_presence(inputs, 5, 12, &actor.key_id),
+            user_id: pick_or_presence(inputs, 6, 13, &actor.user_id),
+            org_role: pick(inputs, 7, &actor.org_role),
+            plan: pick(inputs, 8, &actor.plan),
+        },
+        client_ip: actor.client_ip.filter(|_| inputs.has(9)).map(wit_ip),
+        claims: &claims,
+        headers: &headers,
+    };
+    call(request)
 }
 
 #[cfg(test)]
@@ -320,6 +444,7 @@ impl super::ExportedSchema for Quota {
 }
 
 impl PolicyStage for Quota {
+    type Earlier = QuotaEarlier;
     type Legacy = QuotaLegacy;
     type Configured = QuotaConfigured;
     type Input<'a> = QuotaInput<'a>;
@@ -498,75 +623,21 @@ impl PolicyStage for Quota {
         input: QuotaInput<'_>,
         inputs: Inputs,
     ) -> Result<QuotaDecision, PluginError> {
-        let actor = input.actor;
-        fn pick(inputs: Inputs, bit: usize, value: &Option<String>) -> Option<&str> {
-            value.as_deref().filter(|_| inputs.has(bit))
-        }
-        /// The value when declared, else `some("")` for a present value when its presence is
-        /// declared (`has-key`, `has-user`).
-        fn pick_or_presence(
-            inputs: Inputs,
-            bit: usize,
-            presence: usize,
-            value: &Option<String>,
-        ) -> Option<&str> {
-            if inputs.has(bit) {
-                value.as_deref()
-            } else {
-                value.as_ref().filter(|_| inputs.has(presence)).map(|_| "")
-            }
-        }
-        let claims: Vec<(u8, String)> = if inputs.has(10) {
-            selected_claims(configured, actor)
-        } else {
-            Vec::new()
-        };
-        let claims: Vec<NamedRef<'_>> = claims
-            .iter()
-            .map(|(name, value)| NamedRef { name: *name, value })
-            .collect();
-        let headers: Vec<NamedRef<'_>> = if inputs.has(11) {
-            selected_headers(configured, input.headers)
-                .into_iter()
-                .map(|(name, value)| NamedRef { name, value })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let request = QuotaRequestRef {
-            method: if inputs.has(0) {
-                wit_method!(Method, input.method)
-            } else {
-                Method::Other
-            },
-            path: if inputs.has(1) { input.path } else { "" },
-            route_group: if inputs.has(2) {
-                wit_route_group(input.route_group)
-            } else {
-                WitRouteGroup::Gateway
-            },
-            actor: ActorRef {
-                role: if inputs.has(3) {
-                    match actor.role {
-                        Role::Anon => ActorRole::Anon,
-                        Role::Authenticated => ActorRole::Authenticated,
-                        Role::ServiceRole => ActorRole::ServiceRole,
-                        Role::Console => ActorRole::Console,
-                    }
-                } else {
-                    ActorRole::Anon
-                },
-                project: pick(inputs, 4, &actor.project),
-                key_id: pick_or_presence(inputs, 5, 12, &actor.key_id),
-                user_id: pick_or_presence(inputs, 6, 13, &actor.user_id),
-                org_role: pick(inputs, 7, &actor.org_role),
-                plan: pick(inputs, 8, &actor.plan),
-            },
-            client_ip: actor.client_ip.filter(|_| inputs.has(9)).map(wit_ip),
-            claims: &claims,
-            headers: &headers,
-        };
-        module.call(request_id, request)
+        lowered(configured, input, inputs, |request| {
+            module.call(request_id, request)
+        })
+    }
+
+    fn run_earlier(
+        module: &StageModule<QuotaEarlier>,
+        configured: &QuotaConfigured,
+        request_id: Option<&str>,
+        input: QuotaInput<'_>,
+        inputs: Inputs,
+    ) -> Result<QuotaDecision, PluginError> {
+        lowered(configured, input, inputs, |request| {
+            module.call(request_id, request.with_group(earlier_group))
+        })
     }
 
     fn run_legacy(

@@ -27,7 +27,7 @@ use serde::Deserialize;
 
 wit_bindgen::generate!({ path: "../../../../wit", world: "quota-stage" });
 
-use aura::gateway::types::{Plane, RouteGroup};
+use aura::gateway::types::Plane;
 use exports::aura::gateway::quota::{
     BucketScope, DenyReason, DenyStatus, Guest, QuotaCache, QuotaDecision, QuotaDenial,
     QuotaInputs, QuotaRequest, QuotaRule, QuotaSetup,
@@ -78,19 +78,20 @@ const SCHEMA: &str = r#"{
 /// long as the gateway keeps it (it lowers this to its own ceiling).
 const MAX_AGE_MS: u32 = 300_000;
 
-/// Route groups by the names the configuration uses.
-const ROUTE_GROUPS: [(&str, RouteGroup); 11] = [
-    ("auth", RouteGroup::Auth),
-    ("db", RouteGroup::Db),
-    ("storage", RouteGroup::Storage),
-    ("functions", RouteGroup::Functions),
-    ("realtime", RouteGroup::Realtime),
-    ("notifications", RouteGroup::Notifications),
-    ("ai", RouteGroup::Ai),
-    ("provisioner", RouteGroup::Provisioner),
-    ("control", RouteGroup::Control),
-    ("management", RouteGroup::Management),
-    ("gateway", RouteGroup::Gateway),
+/// The route groups the configuration may give a cost, by the names the gateway passes in
+/// `route-group` (the schema's `propertyNames` lists the same).
+const ROUTE_GROUPS: [&str; 11] = [
+    "auth",
+    "db",
+    "storage",
+    "functions",
+    "realtime",
+    "notifications",
+    "ai",
+    "provisioner",
+    "control",
+    "management",
+    "gateway",
 ];
 
 #[derive(Deserialize, Clone, Copy)]
@@ -113,7 +114,8 @@ struct Config {
 /// The configuration, ready for `decide`.
 struct Policy {
     plans: BTreeMap<String, Limits>,
-    costs: BTreeMap<RouteGroup, u32>,
+    /// Cost by route group name.
+    costs: BTreeMap<String, u32>,
     /// (claim, value refused); the gateway passes a claim by its position in this list.
     deny_claims: Vec<(String, String)>,
 }
@@ -139,16 +141,15 @@ impl Guest for Plugin {
         }
         let mut costs = BTreeMap::new();
         for (group, cost) in &config.costs {
-            let Some((_, route_group)) = ROUTE_GROUPS.iter().find(|(name, _)| *name == group)
-            else {
+            if !ROUTE_GROUPS.contains(&group.as_str()) {
                 return Err(format!("costs.{group}: not a route group"));
-            };
+            }
             if *cost == 0 || *cost > free.burst {
                 return Err(format!(
                     "costs.{group}: {cost} must be between 1 and the free burst"
                 ));
             }
-            costs.insert(*route_group, *cost);
+            costs.insert(group.clone(), *cost);
         }
         if config.deny_claims.len() > 8 {
             return Err("deny_claims: at most 8 claims".into());
