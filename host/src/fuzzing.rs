@@ -1168,12 +1168,12 @@ pub fn chunked(data: &[u8]) {
 /// exactly where a whole-body reading of RFC 9112 §7.1 with the decoder's bounds says, with
 /// the same body and the same bytes after it, whatever the reads — one at a time, all at
 /// once or in the input's own sizes — and every size line it takes reads the same with
-/// `httparse`. The bytes written in chunks as the gateway's writers do (`put_chunk_size`,
-/// the data, CRLF; `0`, trailers, an empty line), split as the first byte says, decode back
-/// to them with what followed left over; a length-framed body is the bytes it says. Whether
-/// the arbitrary bytes were accepted as a chunked body.
+/// `httparse`. The bytes written in chunks by the body encoder both sides' writers drive
+/// (`http1::body::Encoder`: small frames into the buffer, large ones apart), split as the first
+/// byte says, decode back to them with what followed left over; a length-framed body is the
+/// bytes it says. Whether the arbitrary bytes were accepted as a chunked body.
 pub fn chunked_verdict(data: &[u8]) -> bool {
-    use crate::http1::body::put_chunk_size;
+    use crate::http1::body::{COALESCE, Encoder};
     let Some((&seed, wire)) = data.split_first() else {
         return false;
     };
@@ -1194,23 +1194,36 @@ pub fn chunked_verdict(data: &[u8]) -> bool {
     }
     let accepted = matches!(expected, Outcome::Accepted { .. });
 
-    // The input as a body, written in chunks of the sizes `seeded` gives.
+    // The input as a body, framed by the encoder in frames of the sizes `seeded` gives (with
+    // the seed's high bit, one frame over COALESCE, written apart), the way a writer sends it.
     let mut encoded = Vec::with_capacity(wire.len() * 2 + 64);
+    let mut encoder = Encoder::chunked();
     let mut at = 0;
     let mut i = 0;
     while at < wire.len() {
-        let n = seeded(i).min(wire.len() - at);
+        let size = if seed & 0x80 != 0 && i == 0 {
+            COALESCE + 1
+        } else {
+            seeded(i)
+        };
+        let n = size.min(wire.len() - at);
         i += 1;
-        put_chunk_size(&mut encoded, n);
-        encoded.extend_from_slice(&wire[at..at + n]);
-        encoded.extend_from_slice(b"\r\n");
+        let mut frame = bytes::Bytes::copy_from_slice(&wire[at..at + n]);
+        let framed = encoder.data(&mut encoded, &mut frame);
+        assert!(!framed.over, "a chunked body has no length to exceed");
+        if let Some(after) = framed.apart {
+            encoded.extend_from_slice(&frame);
+            encoded.extend_from_slice(after);
+        }
         at += n;
     }
-    encoded.extend_from_slice(b"0\r\n");
+    let mut trailers = http::HeaderMap::new();
     if seed & 1 == 1 {
-        encoded.extend_from_slice(b"x-checksum: 1\r\n");
+        trailers.insert("x-checksum", http::HeaderValue::from_static("1"));
     }
-    encoded.extend_from_slice(b"\r\n");
+    encoder
+        .end(&mut encoded, Some(&trailers))
+        .expect("a chunked body is never short");
     let next = b"GET /next HTTP/1.1\r\n";
     encoded.extend_from_slice(next);
     let round = Outcome::Accepted {

@@ -345,7 +345,7 @@ pub fn content_length(value: &[u8]) -> Option<u64> {
 }
 
 /// Appends a chunk-size line for `len` bytes of data (hex digits and CRLF), with no allocation.
-pub fn put_chunk_size(out: &mut Vec<u8>, len: usize) {
+fn put_chunk_size(out: &mut Vec<u8>, len: usize) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut digits = [0u8; 16];
     let mut at = digits.len();
@@ -464,18 +464,23 @@ impl Encoder {
             Frames::Length(_) => Err(Short),
             Frames::Chunked => {
                 out.extend_from_slice(b"0\r\n");
-                // Written as `head::line` writes a line (not called: `head` imports this).
                 for (name, value) in trailers.into_iter().flatten() {
-                    out.extend_from_slice(name.as_str().as_bytes());
-                    out.extend_from_slice(b": ");
-                    out.extend_from_slice(value.as_bytes());
-                    out.extend_from_slice(b"\r\n");
+                    line(out, name.as_str().as_bytes(), value.as_bytes());
                 }
                 out.extend_from_slice(b"\r\n");
                 Ok(())
             }
         }
     }
+}
+
+/// Writes one header line, `name: value\r\n`, into `out` (a head's, or a chunked body's
+/// trailer).
+pub fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// The comma-separated tokens of a header value, trimmed, empty ones left out.

@@ -4,6 +4,7 @@
 
 use http::{HeaderName, header};
 
+pub use super::body::line;
 use super::body::{content_length, tokens};
 
 /// Whose head the framing headers are read for: the rules differ for `Transfer-Encoding`.
@@ -97,14 +98,6 @@ pub trait HeadEdits: Sync + std::fmt::Debug {
     fn skips(&self, name: &str) -> bool;
     /// Writes the lines it adds (`name: value\r\n` each) into `out`.
     fn write_lines(&self, out: &mut Vec<u8>);
-}
-
-/// Writes one header line, `name: value\r\n`, into `out`.
-pub fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Nothing left out, nothing added.

@@ -167,18 +167,8 @@ pub async fn preflight(
     // A preflight is answered here, before the request-id phase: its id is made now, so that
     // the plugin's log lines and the answer carry the same one.
     let id = cx.id.get_or_insert_with(RequestId::mint).clone();
-    let call = StageCall {
-        pinned: &cx.policies,
-        request_id: Some(id.as_str()),
-        plane: cx.plane,
-        project: cors.host_project.as_deref(),
-        at: cx.started,
-    };
-    let decision = state
-        .policies
-        .decide::<stages::Cors>(&call, cors.input(cx.client_ip))
-        .await
-        .map(|(decision, _)| decision);
+    let project = cors.host_project.as_deref();
+    let decision = decided(state, cx, cors, Some(id.as_str()), project).await;
     let response = match decision {
         Err(e) => e.into_response(),
         Ok(decision) => match &*decision {
@@ -199,6 +189,26 @@ pub async fn preflight(
     response
 }
 
+/// The CORS decision for the request, asked of `project`'s module (or the plane's).
+async fn decided(
+    state: &AppState,
+    cx: &RequestContext,
+    cors: &Cors,
+    request_id: Option<&str>,
+    project: Option<&str>,
+) -> Result<stages::Decided<stages::Cors>, GatewayError> {
+    let call = StageCall {
+        pinned: &cx.policies,
+        request_id,
+        plane: cx.plane,
+        project,
+        at: cx.started,
+    };
+    let input = cors.input(cx.client_ip);
+    let (decision, _) = state.policies.decide::<stages::Cors>(&call, input).await?;
+    Ok(decision)
+}
+
 /// Puts the decided CORS headers on `response` (which may be an error of any phase). A request
 /// refused by the per-IP limit is decided by the plane's module, never a project's.
 pub async fn respond(
@@ -212,19 +222,8 @@ pub async fn respond(
     } else {
         cx.project().or(cors.host_project.as_deref())
     };
-    let call = StageCall {
-        pinned: &cx.policies,
-        request_id: cx.id.as_ref().map(RequestId::as_str),
-        plane: cx.plane,
-        project,
-        at: cx.started,
-    };
-    let decision = state
-        .policies
-        .decide::<stages::Cors>(&call, cors.input(cx.client_ip))
-        .await
-        .map(|(decision, _)| decision);
-    match decision {
+    let request_id = cx.id.as_ref().map(RequestId::as_str);
+    match decided(state, cx, cors, request_id, project).await {
         Err(e) => edge(e.into_response()),
         Ok(decision) => {
             let mut response = response;
