@@ -375,10 +375,13 @@ enum Frames {
 
 /// A body being framed into a write buffer, frame by frame: both sides' writers drive it. Data
 /// up to [`COALESCE`] bytes is copied into the buffer with its framing; larger data is left to
-/// the writer, which writes the buffer, then the data, then what [`Encoded::apart`] gives.
+/// the writer, which writes the buffer, then the data, then what [`Encoded::apart`] gives. A
+/// writer that writes each frame as it comes ([`Encoder::at_once`]) has a frame copied only to
+/// join its chunk framing: a frame with none is left to it whatever its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Encoder {
     frames: Frames,
+    at_once: bool,
 }
 
 /// What [`Encoder::data`] did with a data frame.
@@ -386,7 +389,8 @@ pub struct Encoder {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Encoded {
     /// `None`: the data and its framing are in the buffer. `Some(after)`: the data is over
-    /// [`COALESCE`] bytes and was not copied; the buffer holds what goes before it (its
+    /// [`COALESCE`] bytes (or has no framing, for a writer [`Encoder::at_once`]) and was not
+    /// copied; the buffer holds what goes before it (its
     /// chunk-size line), and the writer writes the buffer, the data, then `after` (the chunk's
     /// CRLF, or nothing).
     pub apart: Option<&'static [u8]>,
@@ -404,6 +408,7 @@ impl Encoder {
     pub fn length(n: u64) -> Self {
         Self {
             frames: Frames::Length(n),
+            at_once: false,
         }
     }
 
@@ -411,6 +416,7 @@ impl Encoder {
     pub fn chunked() -> Self {
         Self {
             frames: Frames::Chunked,
+            at_once: false,
         }
     }
 
@@ -418,6 +424,16 @@ impl Encoder {
     pub fn until_close() -> Self {
         Self {
             frames: Frames::UntilClose,
+            at_once: false,
+        }
+    }
+
+    /// For a writer that writes each frame at once, the buffer holding nothing else: a frame
+    /// without framing (a length-framed body's) is never copied, only written.
+    pub fn at_once(self) -> Self {
+        Self {
+            at_once: true,
+            ..self
         }
     }
 
@@ -444,7 +460,7 @@ impl Encoder {
         } else {
             &b""[..]
         };
-        if data.len() > COALESCE {
+        if data.len() > COALESCE || (self.at_once && after.is_empty()) {
             return Encoded {
                 apart: Some(after),
                 over,
@@ -737,6 +753,27 @@ mod tests {
             until_close,
             ([b"abc".as_slice(), &large].concat(), false, Ok(()))
         );
+    }
+
+    #[test]
+    fn a_writer_at_once_has_a_frame_copied_only_to_join_its_chunk_framing() {
+        let mut out = Vec::new();
+        let mut length = Encoder::length(5).at_once();
+        let mut data = Bytes::from_static(b"hello");
+        let encoded = length.data(&mut out, &mut data);
+        assert_eq!((encoded.apart, encoded.over), (Some(&b""[..]), false));
+        assert!(
+            out.is_empty(),
+            "nothing copied: the writer writes the data itself"
+        );
+        assert_eq!(&data[..], b"hello");
+        assert_eq!(length.end(&mut out, None), Ok(()));
+
+        let mut chunked = Encoder::chunked().at_once();
+        let mut data = Bytes::from_static(b"hello");
+        let encoded = chunked.data(&mut out, &mut data);
+        assert_eq!(encoded.apart, None);
+        assert_eq!(out, b"5\r\nhello\r\n", "joined with its size line and CRLF");
     }
 
     #[test]

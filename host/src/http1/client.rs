@@ -224,9 +224,9 @@ where
         Ok(response)
     }
 
-    /// Writes the request's body frame by frame as it comes, nothing kept back: a frame and its
-    /// framing in one write, a frame over [`COALESCE`](crate::http1::body::COALESCE) bytes
-    /// apart from its framing.
+    /// Writes the request's body frame by frame as it comes, nothing kept back: a chunk and its
+    /// framing in one write (a chunk over [`COALESCE`](crate::http1::body::COALESCE) bytes apart
+    /// from its framing), a length-framed body's data as it is, never copied.
     async fn write_body<B>(&mut self, body: B, sending: Sending) -> Result<(), WireError>
     where
         B: Body<Data = Bytes> + Unpin,
@@ -235,8 +235,8 @@ where
         let mut body = body;
         let mut encoder = match sending {
             Sending::Nothing => return Ok(()),
-            Sending::Length(n) => Encoder::length(n),
-            Sending::Chunked => Encoder::chunked(),
+            Sending::Length(n) => Encoder::length(n).at_once(),
+            Sending::Chunked => Encoder::chunked().at_once(),
         };
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| WireError::Body(e.into()))?;
@@ -249,10 +249,12 @@ where
             if encoded.over {
                 return Err(WireError::BodyLength);
             }
-            self.io
-                .write_all(&self.write)
-                .await
-                .map_err(WireError::Write)?;
+            if !self.write.is_empty() {
+                self.io
+                    .write_all(&self.write)
+                    .await
+                    .map_err(WireError::Write)?;
+            }
             if let Some(after) = encoded.apart {
                 self.io
                     .write_all_buf(&mut data)
