@@ -1,8 +1,8 @@
 //! Prometheus metrics of the gateway, rendered on `GET /metrics`.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Counts kept where they are made, without a shared counter moved on the request's path (a
@@ -72,6 +72,14 @@ pub struct Metrics {
     pub decision_cache_bytes: IntGauge,
     /// `plugins.decision_cache.total_bytes`: the ceiling of `decision_cache_bytes`.
     pub decision_cache_ceiling_bytes: IntGauge,
+    /// Instances of projects' modules alive, idle or in a call.
+    pub tenant_instances: IntGauge,
+    /// Bytes charged to them (linear memories, tables and each instance's state, estimated).
+    pub tenant_instance_bytes: IntGauge,
+    /// `plugins.tenant_instance_budget_bytes`: the ceiling of `tenant_instance_bytes`.
+    pub tenant_instance_budget_bytes: IntGauge,
+    /// Idle instances of projects' modules dropped, coldest first, to stay within the budget.
+    pub tenant_instance_evictions: IntCounter,
     /// Decision cache entries given back to the instance's ceiling, by reason (`ceiling`:
     /// evicted to make room under it, from the caches furthest over their share; `idle`: a
     /// shard no request looked up for `plugins.decision_cache.idle_secs`).
@@ -239,6 +247,26 @@ impl Metrics {
         let decision_cache_ceiling_bytes = IntGauge::new(
             "decision_cache_ceiling_bytes",
             "The ceiling of aura_decision_cache_bytes (plugins.decision_cache.total_bytes)",
+        )
+        .expect("valid metric");
+        let tenant_instances = IntGauge::new(
+            "tenant_instances",
+            "Instances of projects' modules alive, idle or in a call",
+        )
+        .expect("valid metric");
+        let tenant_instance_bytes = IntGauge::new(
+            "tenant_instance_bytes",
+            "Bytes charged to the instances of projects' modules (linear memories, tables and each instance's state, estimated)",
+        )
+        .expect("valid metric");
+        let tenant_instance_budget_bytes = IntGauge::new(
+            "tenant_instance_budget_bytes",
+            "The ceiling of aura_tenant_instance_bytes (plugins.tenant_instance_budget_bytes)",
+        )
+        .expect("valid metric");
+        let tenant_instance_evictions = IntCounter::new(
+            "tenant_instance_evictions_total",
+            "Idle instances of projects' modules dropped, coldest first, to stay within plugins.tenant_instance_budget_bytes",
         )
         .expect("valid metric");
         let decision_cache_reclaimed = IntCounterVec::new(
@@ -528,6 +556,10 @@ impl Metrics {
             Box::new(decision_cache.clone()),
             Box::new(decision_cache_bytes.clone()),
             Box::new(decision_cache_ceiling_bytes.clone()),
+            Box::new(tenant_instances.clone()),
+            Box::new(tenant_instance_bytes.clone()),
+            Box::new(tenant_instance_budget_bytes.clone()),
+            Box::new(tenant_instance_evictions.clone()),
             Box::new(decision_cache_reclaimed.clone()),
             Box::new(plugin_log_dropped.clone()),
             Box::new(shadow_disagreements.clone()),
@@ -571,6 +603,10 @@ impl Metrics {
             decision_cache,
             decision_cache_bytes,
             decision_cache_ceiling_bytes,
+            tenant_instances,
+            tenant_instance_bytes,
+            tenant_instance_budget_bytes,
+            tenant_instance_evictions,
             decision_cache_reclaimed,
             plugin_log_dropped,
             shadow_disagreements,

@@ -35,6 +35,7 @@ mod readiness;
 mod resolver;
 mod secret_keys;
 mod shutdown;
+mod tenant_scale;
 mod tenant_uploads;
 mod tenants;
 mod timeouts;

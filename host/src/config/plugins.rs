@@ -84,6 +84,12 @@ pub struct PluginRuntimeConfig {
     /// How long a module refused when loaded is remembered (by digest and configuration) and
     /// refused again without being recompiled, in seconds.
     pub tenant_refused_retry_secs: u64,
+    /// The memory every instance of projects' modules may hold together (linear memories,
+    /// tables and an estimate of each instance's own state), in bytes. Instances are made when a
+    /// project's module is called and kept while warm; past the budget the coldest idle ones are
+    /// dropped (made again on the next call). Operator modules have their own instances and
+    /// never count against it.
+    pub tenant_instance_budget_bytes: usize,
     /// Threads running projects' module calls (off the request workers).
     pub tenant_threads: usize,
     /// Calls of one project's modules in progress at once (below `tenant_threads`).
@@ -208,6 +214,7 @@ impl Default for PluginRuntimeConfig {
             compiled_cache_bytes: 128 * 1024 * 1024,
             compile_cache_dir: None,
             tenant_refused_retry_secs: 3_600,
+            tenant_instance_budget_bytes: 256 << 20,
             tenant_threads: 4,
             tenant_max_concurrent_calls: 2,
             tenant_queue_timeout_ms: 100,
@@ -249,6 +256,12 @@ impl PluginRuntimeConfig {
             bearer_token(&format!("{key}.admin_token"), token)?;
         }
         at_least("max_idle_instances", self.max_idle_instances as u64, 1)?;
+        at_least(
+            "tenant_instance_budget_bytes",
+            self.tenant_instance_budget_bytes as u64,
+            1 << 20,
+        )
+        .map_err(super::noted("1 MiB"))?;
         if self.tenant_max_compile_memory_bytes < 256 << 20 {
             return Err(problem(
                 &format!("{key}.tenant_max_compile_memory_bytes"),

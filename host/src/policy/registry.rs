@@ -12,6 +12,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::history::{Action, Queued};
 use super::rollout::{OPERATOR_SCOPE, Trial, on_canary};
+use super::runtime::isolation::Gate;
 use super::slot::{Candidate, StageCall};
 use super::stages::{AnyModule, Decided, Module, PolicyStage};
 use super::tenants::{CallError, TenantPolicies};
@@ -21,7 +22,6 @@ use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::plane::Plane;
 use crate::stage::Owner;
-use tokio::sync::Semaphore;
 
 /// The policy modules in force.
 #[derive(Debug)]
@@ -527,10 +527,7 @@ enum Held<'a> {
     /// The plane's: calls run inline.
     Operator,
     /// `project`'s: calls run on the tenant pool under the project's `gate`.
-    Tenant {
-        project: &'a str,
-        gate: &'a Arc<Semaphore>,
-    },
+    Tenant { project: &'a str, gate: &'a Gate },
 }
 
 impl Held<'_> {
@@ -550,7 +547,7 @@ impl Held<'_> {
     }
 
     /// Where its shadows run within: the project's share of the tenant pool, or none.
-    fn gate(&self) -> Option<&Arc<Semaphore>> {
+    fn gate(&self) -> Option<&Gate> {
         match self {
             Held::Operator => None,
             Held::Tenant { gate, .. } => Some(gate),
@@ -618,7 +615,10 @@ mod tests {
     /// candidate tried as `trial`.
     fn install(registry: &PolicyRegistry, project: &str, origin: &str, trial: Option<Trial>) {
         let bytes = Cors::BUILTIN;
-        let component = registry.runtime.compile(bytes).expect("compiles");
+        let component = registry
+            .runtime
+            .compile(Owner::Tenant, bytes)
+            .expect("compiles");
         let (checked, _) = prepare_compiled(
             &registry.runtime,
             project,

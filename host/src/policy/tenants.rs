@@ -26,7 +26,7 @@ use wasmtime::component::Component;
 
 use super::rollout::{Compared, Comparison, ShadowMetrics, Trial, failure_kind};
 use super::runtime::compile::{CompileError, CompileReport, Compiler};
-use super::runtime::isolation::{Busy, TenantPool};
+use super::runtime::isolation::{Busy, Gate, TenantPool};
 use super::slot::{AnySlot, Candidate, Slot, StageCall};
 use super::stages::conformance::StageReport;
 use super::stages::{Decided, Module, ModuleSource, PolicyStage, StageFn, for_stage};
@@ -204,7 +204,7 @@ fn typed<S: PolicyStage>(slot: &Shared) -> Option<Arc<Slot<S>>> {
 struct ProjectModules {
     parts: [[Option<Shared>; 2]; STAGES.len()],
     slots: [Option<Shared>; STAGES.len()],
-    gate: Arc<Semaphore>,
+    gate: Gate,
 }
 
 impl Role {
@@ -339,10 +339,7 @@ impl TenantPolicies {
     }
 
     /// `project`'s slot for stage `S`, with the project's gate.
-    pub fn slot_for<S: PolicyStage>(
-        &self,
-        project: &str,
-    ) -> Option<(Arc<Slot<S>>, Arc<Semaphore>)> {
+    pub fn slot_for<S: PolicyStage>(&self, project: &str) -> Option<(Arc<Slot<S>>, Gate)> {
         let map = self.map.load();
         if map.is_empty() {
             return None;
@@ -380,7 +377,7 @@ impl TenantPolicies {
     pub async fn run<S: PolicyStage>(
         &self,
         module: &Arc<Module<S>>,
-        gate: &Arc<Semaphore>,
+        gate: &Gate,
         call: &StageCall<'_>,
         input: S::Input<'_>,
     ) -> Result<Decided<S>, CallError> {
@@ -411,7 +408,7 @@ impl TenantPolicies {
     pub fn shadow<S: PolicyStage>(
         &self,
         shadow: &Arc<Candidate<S>>,
-        gate: Option<&Arc<Semaphore>>,
+        gate: Option<&Gate>,
         request_id: Option<&str>,
         input: S::Input<'_>,
         enforced: &S::Decision,
@@ -440,7 +437,7 @@ impl TenantPolicies {
     pub fn spawn_shadow(
         &self,
         comparison: &Comparison,
-        gate: Option<&Arc<Semaphore>>,
+        gate: Option<&Gate>,
         job: impl FnOnce() + Send + 'static,
     ) {
         if self.pool.try_spawn(gate, job).is_err() {

@@ -152,6 +152,20 @@ impl Fixture {
         s
     }
 
+    /// Control-file records of more shared projects of organization A, named `refs`, to append
+    /// to the fixture's ([`super::builder::Builder::records`]): A's members manage them as they
+    /// do `alpha`. The fixture's own records stay as they are.
+    pub fn projects_of_a(&self, refs: &[String]) -> String {
+        refs.iter()
+            .map(|r| {
+                format!(
+                    "[[projects]]\nref = \"{r}\"\norganization_id = \"{}\"\ndb_engine = \"postgres\"\ntopology = \"shared\"\n\n",
+                    self.org_a
+                )
+            })
+            .collect()
+    }
+
     /// A file store holding the records, in `dir`.
     pub fn file_store(&self, dir: &std::path::Path) -> FileStore {
         let path = dir.join("control.toml");

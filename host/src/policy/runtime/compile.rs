@@ -31,7 +31,7 @@ use tokio::sync::Semaphore;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::engine::{PolicyEngine, engine_config};
+use super::engine::{Owner, PolicyEngine, engine_config};
 use crate::config::PluginRuntimeConfig;
 use crate::metrics::Metrics;
 
@@ -326,10 +326,10 @@ impl Compiler {
                 "the compiled module is not the one sent to the worker; not loaded".into(),
             ));
         }
-        let component = load_artefact(self.runtime.engine(), artefact)?;
+        let component = load_artefact(self.runtime.engine(Owner::Tenant), artefact)?;
         let (declared, compiled) = (
             declared_interface(bytes).map_err(CompileError::Invalid)?,
-            compiled_interface(self.runtime.engine(), &component),
+            compiled_interface(self.runtime.engine(Owner::Tenant), &component),
         );
         if declared != compiled {
             return Err(CompileError::Worker(format!(

@@ -1,16 +1,22 @@
-//! The plugin runtime: one wasmtime engine, components compiled once and pre-instantiated,
-//! instances run under a memory cap and an epoch deadline, with the `log` import and the
-//! locked-down WASI of [`super::sandbox`] and nothing else.
+//! The plugin runtime: two wasmtime engines of the same settings, components compiled once and
+//! pre-instantiated, instances run under a memory cap and an epoch deadline, with the `log`
+//! import and the locked-down WASI of [`super::sandbox`] and nothing else.
 //!
-//! Instances are either reused from a per-module pool (`pooled`, the default) or created for
-//! every call (`fresh`). Both were measured (`cargo bench --bench plugins`): a fresh pooled-
-//! allocator instance costs tens of microseconds per call (instantiation plus `configure`),
-//! a reused instance a few. A pooled instance is as isolated as the trust boundary requires:
-//! it belongs to one module *and one configuration of one plane* (tenant modules get their own
-//! pools), serves one call at a time, never sees another plane's or tenant's requests, and is
-//! discarded after any failure, so a trap can never leave a half-updated instance in use.
+//! The operator's modules run on an engine whose instances live in a pooling allocator sized
+//! for them (their reserve); projects' modules on one that makes instances on demand, charged
+//! to one memory budget for all projects ([`super::instances`]), so that no count of projects
+//! with modules is fixed anywhere and a tenant never takes an operator's instance.
+//!
+//! Instances are either reused (`pooled`, the default: idle ones kept per module, a project's
+//! within the budget) or created for every call (`fresh`). Both were measured (`cargo bench
+//! --bench plugins`): a fresh pooled-allocator instance costs tens of microseconds per call
+//! (instantiation plus `configure`), a reused instance a few. A kept instance is as isolated
+//! as the trust boundary requires: it belongs to one module *and one configuration of one
+//! plane* (each project's module its own), serves one call at a time, never sees another
+//! plane's or tenant's requests, and is discarded after any failure, so a trap can never leave
+//! a half-updated instance in use.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -88,7 +94,11 @@ pub const LEGACY_VERSIONS: &[&str] = &["0.2.0", "0.1.0"];
 /// The shared wasmtime engine and the runtime limits of every plugin call.
 #[derive(Debug)]
 pub struct PolicyEngine {
+    /// Operators' modules: instances in the pooling allocator.
     engine: Engine,
+    /// Projects' modules: instances made on demand, within `tenant_instances`.
+    tenant_engine: Engine,
+    tenant_instances: Arc<super::instances::TenantInstances>,
     settings: PluginRuntimeConfig,
     metrics: std::sync::OnceLock<crate::metrics::Metrics>,
     /// Advances the epoch while guest code runs.
@@ -108,6 +118,9 @@ impl PolicyEngine {
         let config = engine_config(settings, true);
         let engine = Engine::new(&config)
             .map_err(|e| PluginError::runtime(format!("cannot create the wasm engine: {e}")))?;
+        let tenant_engine = Engine::new(&engine_config(settings, false)).map_err(|e| {
+            PluginError::runtime(format!("cannot create the projects' wasm engine: {e}"))
+        })?;
         let compile_cache = settings
             .compile_cache_dir
             .as_deref()
@@ -115,10 +128,15 @@ impl PolicyEngine {
             .transpose()
             .map_err(|e| PluginError::runtime(format!("plugins.compile_cache_dir: {e}")))?;
         let tick = epoch_tick(settings.call_deadline_ms);
-        let ticker = EpochTicker::start(engine.clone(), tick, IDLE_BEFORE_SLEEP)
+        let engines = vec![engine.clone(), tenant_engine.clone()];
+        let ticker = EpochTicker::start(engines, tick, IDLE_BEFORE_SLEEP)
             .map_err(|e| PluginError::runtime(format!("cannot start the epoch ticker: {e}")))?;
         Ok(Arc::new(Self {
             engine,
+            tenant_engine,
+            tenant_instances: super::instances::TenantInstances::new(
+                settings.tenant_instance_budget_bytes,
+            ),
             settings: settings.clone(),
             metrics: std::sync::OnceLock::new(),
             ticker,
@@ -131,6 +149,7 @@ impl PolicyEngine {
     /// Where calls, failures and latencies are counted from now on.
     pub fn set_metrics(&self, metrics: crate::metrics::Metrics) {
         self.cache_budget.count_in(&metrics);
+        self.tenant_instances.count_in(&metrics);
         let _ = self.metrics.set(metrics);
     }
 
@@ -214,23 +233,34 @@ impl PolicyEngine {
         &self.ticker
     }
 
-    /// The wasmtime engine.
-    pub(crate) fn engine(&self) -> &Engine {
-        &self.engine
+    /// The wasmtime engine of `owner`'s modules: a component runs only on the engine it was
+    /// compiled for.
+    pub(crate) fn engine(&self, owner: Owner) -> &Engine {
+        match owner {
+            Owner::Operator => &self.engine,
+            Owner::Tenant => &self.tenant_engine,
+        }
     }
 
-    /// Compiles a component. Called when a module is loaded, never on the request path.
-    pub fn compile(&self, bytes: &[u8]) -> Result<Component, String> {
-        Component::from_binary(&self.engine, bytes)
+    /// The budget of projects' module instances.
+    pub fn tenant_instances(&self) -> &Arc<super::instances::TenantInstances> {
+        &self.tenant_instances
+    }
+
+    /// Compiles a component for `owner`'s engine. Called when a module is loaded, never on the
+    /// request path (a project's upload is compiled in a confined worker instead).
+    pub fn compile(&self, owner: Owner, bytes: &[u8]) -> Result<Component, String> {
+        Component::from_binary(self.engine(owner), bytes)
             .map_err(|e| format!("not a valid component: {e:#}"))
     }
 
     /// Compiles a module named in the configuration (`digest`: the SHA-256 of `bytes`), or
     /// loads it from `plugins.compile_cache_dir` when it was compiled before.
     pub fn compile_module(&self, digest: &str, bytes: &[u8]) -> Result<Component, String> {
+        let compile = |b: &[u8]| self.compile(Owner::Operator, b);
         match &self.compile_cache {
-            Some(cache) => cache.get_or_compile(&self.engine, digest, bytes, |b| self.compile(b)),
-            None => self.compile(bytes),
+            Some(cache) => cache.get_or_compile(&self.engine, digest, bytes, compile),
+            None => compile(bytes),
         }
     }
 
@@ -254,9 +284,10 @@ impl PolicyEngine {
         deadline.div_ceil(tick) + 1
     }
 
-    fn new_store(&self, tenant: bool) -> Store<PluginState> {
+    fn new_store(&self, owner: Owner) -> Store<PluginState> {
+        let tenant = owner == Owner::Tenant;
         let mut store = Store::new(
-            &self.engine,
+            self.engine(owner),
             PluginState {
                 limiter: PluginLimiter::new(self.settings.memory_limit_bytes),
                 log: CallLog::default(),
@@ -451,6 +482,16 @@ enum Setup {
 struct Slot<W: StageWorld> {
     store: Store<PluginState>,
     decide: Decide<W>,
+    /// A project's instance: its share of the tenant instance budget.
+    charge: Option<super::instances::Charge>,
+}
+
+impl<W: StageWorld> Slot<W> {
+    /// The bytes the instance holds now, as the budget counts them.
+    fn bytes(&self) -> usize {
+        let limiter = &self.store.data().limiter;
+        super::instances::instance_bytes(limiter.memory, limiter.table_elements)
+    }
 }
 
 /// Instantiates, type-checks the functions, checks the configuration against the module's
@@ -563,7 +604,12 @@ pub struct StageModule<W: StageWorld> {
     setup: W::Setup,
     /// The configuration schema the module answered (`0.3.0` and later), checked at load.
     schema: Option<String>,
+    /// Idle instances of an operator's module (a project's are kept by the tenant budget).
     idle: Mutex<Vec<Slot<W>>>,
+    /// A project's module: its number in the tenant instance budget.
+    kept_as: Option<u64>,
+    /// The largest linear memory any instance of the module has had, in bytes.
+    peak: AtomicUsize,
     log_rate: LogRate,
     call_metrics: std::sync::OnceLock<(prometheus::IntCounter, prometheus::Histogram)>,
     health: Mutex<Health>,
@@ -620,10 +666,18 @@ impl<W: StageWorld> StageModule<W> {
                 format!("does not export the {} stage world: {e}", W::STAGE),
             )
         })?;
-        let pre = linker(&runtime.engine, component)
+        let engine = runtime.engine(owner);
+        if !Engine::same(engine, component.engine()) {
+            // A host fault: the caller compiled the module for the other owner's engine.
+            return Err(refuse(
+                FailureKind::Refused,
+                format!("compiled for another engine than the {owner:?} modules'"),
+            ));
+        }
+        let pre = linker(engine, component)
             .and_then(|linker| linker.instantiate_pre(component))
             .map_err(|e| refuse(FailureKind::Refused, format!("imports: {e:#}")))?;
-        let mut store = runtime.new_store(owner == Owner::Tenant);
+        let mut store = runtime.new_store(owner);
         let mut schema = None;
         let running = runtime.ticker.running();
         let configured = instantiate::<W>(
@@ -647,6 +701,7 @@ impl<W: StageWorld> StageModule<W> {
             refuse(FailureKind::Refused, format!("configure answered {reason}"))
         })?;
         runtime.series_acquire(plane, W::STAGE, &digest);
+        let kept_as = (owner == Owner::Tenant).then(|| runtime.tenant_instances.module_id());
         let module = Self {
             runtime,
             plane,
@@ -658,6 +713,8 @@ impl<W: StageWorld> StageModule<W> {
             setup,
             schema,
             idle: Mutex::new(Vec::new()),
+            kept_as,
+            peak: AtomicUsize::new(0),
             log_rate,
             call_metrics: std::sync::OnceLock::new(),
             health: Mutex::new(Health {
@@ -669,8 +726,10 @@ impl<W: StageWorld> StageModule<W> {
             stats: super::stats::CallStats::default(),
             owner,
         };
+        let slot = module.slot(store, decide);
+        module.note_peak(&slot);
         if module.runtime.settings.instance_reuse == InstanceReuse::Pooled {
-            module.put_back(Slot { store, decide });
+            module.put_back(slot);
         }
         Ok(module)
     }
@@ -700,17 +759,10 @@ impl<W: StageWorld> StageModule<W> {
         self.stats.report(&self.name, &self.digest)
     }
 
-    /// The largest linear memory any idle instance of this module has had, in bytes.
+    /// The largest linear memory any instance of this module has had after a call or its
+    /// setup, in bytes.
     pub fn peak_memory(&self) -> usize {
-        self.idle
-            .lock()
-            .map(|idle| {
-                idle.iter()
-                    .map(|s| s.store.data().limiter.peak_memory)
-                    .max()
-                    .unwrap_or(0)
-            })
-            .unwrap_or(0)
+        self.peak.load(Ordering::Relaxed)
     }
 
     /// What `configure` returned.
@@ -728,8 +780,37 @@ impl<W: StageWorld> StageModule<W> {
         self.schema.as_deref()
     }
 
+    /// An instance of this module, charged to the tenant budget when it is a project's.
+    fn slot(&self, store: Store<PluginState>, decide: Decide<W>) -> Slot<W> {
+        let mut slot = Slot {
+            store,
+            decide,
+            charge: None,
+        };
+        if self.kept_as.is_some() {
+            slot.charge = Some(self.runtime.tenant_instances.charge(slot.bytes()));
+        }
+        slot
+    }
+
+    fn note_peak(&self, slot: &Slot<W>) {
+        let peak = slot.store.data().limiter.peak_memory;
+        self.peak.fetch_max(peak, Ordering::Relaxed);
+    }
+
+    /// An idle instance of this module, the warmest first.
+    fn take(&self) -> Option<Slot<W>> {
+        match self.kept_as {
+            Some(module) => {
+                let idle = self.runtime.tenant_instances.take(module)?;
+                idle.downcast::<Slot<W>>().ok().map(|slot| *slot)
+            }
+            None => self.idle.lock().ok().and_then(|mut idle| idle.pop()),
+        }
+    }
+
     fn new_slot(&self, request_id: Option<&str>) -> Result<Slot<W>, PluginError> {
-        let mut store = self.runtime.new_store(self.owner == Owner::Tenant);
+        let mut store = self.runtime.new_store(self.owner);
         let running = self.runtime.ticker.running();
         let configured = instantiate::<W>(
             &self.pre,
@@ -743,7 +824,7 @@ impl<W: StageWorld> StageModule<W> {
         drop(running);
         self.write_log(&mut store, request_id);
         match configured {
-            Ok(Ok((decide, _))) => Ok(Slot { store, decide }),
+            Ok(Ok((decide, _))) => Ok(self.slot(store, decide)),
             Ok(Err(reason)) => Err(self.failure(FailureKind::Refused, reason)),
             Err((kind, reason)) => Err(self.failure(kind, reason)),
         }
@@ -761,9 +842,22 @@ impl<W: StageWorld> StageModule<W> {
         );
     }
 
-    fn put_back(&self, slot: Slot<W>) {
+    /// Keeps an instance whose call succeeded for the next call: an operator's module up to
+    /// `plugins.max_idle_instances` of its own; a project's in the tenant budget (the same
+    /// number at most), where it may be dropped for a colder one's room.
+    fn put_back(&self, mut slot: Slot<W>) {
+        let most = self.runtime.settings.max_idle_instances;
+        if let Some(module) = self.kept_as {
+            let bytes = slot.bytes();
+            if let Some(charge) = &mut slot.charge {
+                charge.set(bytes);
+            }
+            let budget = &self.runtime.tenant_instances;
+            budget.keep(module, bytes, most, Box::new(slot));
+            return;
+        }
         if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < self.runtime.settings.max_idle_instances
+            && idle.len() < most
         {
             idle.push(slot);
         }
@@ -860,11 +954,7 @@ impl<W: StageWorld> StageModule<W> {
         request: W::Request<'_>,
     ) -> Result<W::Decision, PluginError> {
         let pooled = self.runtime.settings.instance_reuse == InstanceReuse::Pooled;
-        let reused = if pooled {
-            self.idle.lock().ok().and_then(|mut idle| idle.pop())
-        } else {
-            None
-        };
+        let reused = if pooled { self.take() } else { None };
         let mut slot = match reused {
             Some(slot) => slot,
             None => self.new_slot(request_id).inspect_err(|e| {
@@ -881,6 +971,7 @@ impl<W: StageWorld> StageModule<W> {
         let result = guarded(|| W::call(&slot.decide, &mut slot.store, request));
         let took = started.elapsed();
         drop(running);
+        self.note_peak(&slot);
         if let Some((calls, latency)) = self.call_metrics() {
             calls.inc();
             latency.observe(took.as_secs_f64());
@@ -949,6 +1040,9 @@ fn write_log<W: StageWorld>(
 
 impl<W: StageWorld> Drop for StageModule<W> {
     fn drop(&mut self) {
+        if let Some(module) = self.kept_as {
+            self.runtime.tenant_instances.forget(module);
+        }
         self.runtime
             .series_release(self.plane, W::STAGE, &self.digest);
     }

@@ -63,9 +63,9 @@ impl Drop for Running<'_> {
 }
 
 impl EpochTicker {
-    /// Starts a thread advancing `engine`'s epoch every `tick` while guests run, sleeping after
-    /// `idle` without one.
-    pub fn start(engine: Engine, tick: Duration, idle: Duration) -> std::io::Result<Self> {
+    /// Starts a thread advancing the epoch of each of `engines` every `tick` while guests run,
+    /// sleeping after `idle` without one.
+    pub fn start(engines: Vec<Engine>, tick: Duration, idle: Duration) -> std::io::Result<Self> {
         let shared = Arc::new(Shared::default());
         let ticks_before_sleep = (idle.as_nanos() / tick.as_nanos().max(1)).max(1);
         let thread = {
@@ -76,7 +76,9 @@ impl EpochTicker {
                     let mut idle_ticks = 0u128;
                     while !shared.stop.load(Ordering::Relaxed) {
                         std::thread::sleep(tick);
-                        engine.increment_epoch();
+                        for engine in &engines {
+                            engine.increment_epoch();
+                        }
                         if shared.running.load(Ordering::SeqCst) > 0 {
                             idle_ticks = 0;
                             continue;
@@ -174,7 +176,7 @@ mod tests {
     fn the_ticker_sleeps_when_no_guest_runs_and_a_guard_wakes_it() {
         let engine = engine();
         let ticker = EpochTicker::start(
-            engine.clone(),
+            vec![engine.clone()],
             Duration::from_millis(1),
             Duration::from_millis(20),
         )

@@ -1,130 +1,321 @@
-//! Tenant module calls run off the request workers.
+//! Tenant module calls run off the request workers, and every project gets its fair share of
+//! the threads they run on.
 //!
 //! A module a project installed is untrusted code that may spin to its deadline on every call.
 //! Run inline, such calls would take the async worker threads that serve every other project.
 //! They run instead on a small pool of threads of their own (`plugins.tenant_threads`, at a
-//! lower scheduling priority than the request workers), and each project may have at most
-//! `plugins.tenant_max_concurrent_calls` of them in progress at once. A call that cannot get a
-//! place within `plugins.tenant_queue_timeout_ms` is not run: its request fails closed with
-//! `503 policy_busy`. One project's slow module then costs that project its own throughput,
-//! never the workers of the others. Operator modules (trusted) keep running inline.
+//! lower scheduling priority than the request workers).
+//!
+//! Which call a free thread takes next is decided per project, not in arrival order: each
+//! project with calls waiting has a queue, and a free thread serves the project that has used
+//! the least thread time so far (start-time fair queuing over the time each call took: a
+//! project whose calls spin to their deadline pays for every millisecond, one whose calls take
+//! microseconds barely moves). A project that starts calling again starts from the time of the
+//! call being served, never from credit saved while it was idle. So a hundred projects
+//! spinning at their deadline share the threads among themselves, and a project with one call
+//! in a second waits at most for one thread to come free, never behind their queues.
+//!
+//! Each project may also have at most `plugins.tenant_max_concurrent_calls` calls running at
+//! once. A call that has not started within `plugins.tenant_queue_timeout_ms` is not run: its
+//! request fails closed with `503 policy_busy`. Operator modules (trusted) keep running inline.
 
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::oneshot;
 
 /// Niceness of the pool's threads: the request workers win the CPU when both want it.
 const POOL_NICE: i32 = 10;
 
+/// Calls one project may have waiting, per call it may run at once: more could not start
+/// within the queue timeout anyway, and each waiting call holds its input.
+const QUEUED_PER_PLACE: usize = 16;
+
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
-/// The call was not run: the project's cap or the pool stayed full for the queue timeout.
+/// The call was not run: the project's places or the threads stayed taken for the queue
+/// timeout, or its queue was full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the project's policy modules are busy; retry shortly")]
 pub struct Busy;
 
-/// The tenant call pool.
+/// A project's place in the tenant pool's schedule: calls under one gate share its places and
+/// its thread time.
 #[derive(Debug)]
+pub struct ProjectGate {
+    id: u64,
+}
+
+/// A project's gate, shared by its slots.
+pub type Gate = Arc<ProjectGate>;
+
+/// Where a waiting call is: the caller gives up only on a call that has not started.
+const WAITING: u8 = 0;
+const STARTED: u8 = 1;
+const ABANDONED: u8 = 2;
+
+struct Queued {
+    job: Job,
+    state: Arc<AtomicU8>,
+    shadow: bool,
+}
+
+/// One project's calls.
+#[derive(Default)]
+struct Project {
+    /// Thread time used, in nanoseconds of the schedule's virtual clock.
+    used: u64,
+    running: usize,
+    queue: VecDeque<Queued>,
+}
+
+/// What the threads share.
+struct Schedule {
+    /// Projects with calls waiting or running.
+    projects: HashMap<u64, Project>,
+    /// Projects with a call waiting and a place free, least thread time first.
+    ready: BTreeSet<(u64, u64)>,
+    /// The thread time of the project served last: where a project that starts calling again
+    /// starts.
+    clock: u64,
+    /// Threads not running a call.
+    idle_threads: usize,
+    /// Shadow runs waiting or running.
+    shadows: usize,
+    /// The pool was dropped: the threads end.
+    stop: bool,
+}
+
+impl Schedule {
+    /// Puts `id` in the ready set when it has a call waiting and a place free.
+    fn offer(&mut self, id: u64, per_project: usize) {
+        if let Some(p) = self.projects.get(&id)
+            && !p.queue.is_empty()
+            && p.running < per_project
+        {
+            self.ready.insert((p.used, id));
+        }
+    }
+
+    /// The next call to run: the waiting call of the ready project with the least thread time.
+    fn next(&mut self, per_project: usize) -> Option<(u64, Queued)> {
+        loop {
+            let (_, id) = self.ready.pop_first()?;
+            let project = self.projects.get_mut(&id)?;
+            let Some(queued) = project.queue.pop_front() else {
+                continue;
+            };
+            self.clock = self.clock.max(project.used);
+            // An abandoned call is dropped here: its caller answered busy already.
+            if queued
+                .state
+                .compare_exchange(WAITING, STARTED, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                self.offer(id, per_project);
+                self.forget_if_idle(id);
+                continue;
+            }
+            project.running += 1;
+            self.offer(id, per_project);
+            return Some((id, queued));
+        }
+    }
+
+    /// Drops `id`'s record once it has nothing waiting or running: its thread time is not kept
+    /// (it starts from the clock when it calls again).
+    fn forget_if_idle(&mut self, id: u64) {
+        if self
+            .projects
+            .get(&id)
+            .is_some_and(|p| p.running == 0 && p.queue.is_empty())
+        {
+            self.projects.remove(&id);
+        }
+    }
+}
+
+/// The tenant call pool.
 pub struct TenantPool {
-    jobs: SyncSender<Job>,
-    slots: Arc<Semaphore>,
-    /// Places for shadow runs: half the threads, so that shadows never take them all.
-    shadows: Arc<Semaphore>,
+    shared: Arc<(Mutex<Schedule>, Condvar)>,
+    threads: usize,
+    /// Shadow runs at once: half the threads, so that shadows never take them all.
+    max_shadows: usize,
     per_project: usize,
     queue_timeout: Duration,
+    gates: AtomicU64,
+}
+
+impl std::fmt::Debug for TenantPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantPool")
+            .field("threads", &self.threads)
+            .field("per_project", &self.per_project)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TenantPool {
     /// Starts `threads` threads.
     pub fn new(threads: usize, per_project: usize, queue_timeout: Duration) -> Self {
         let threads = threads.max(1);
-        let (jobs, receiver) = sync_channel::<Job>(threads);
-        let receiver = Arc::new(Mutex::new(receiver));
+        let per_project = per_project.max(1);
+        let shared = Arc::new((
+            Mutex::new(Schedule {
+                projects: HashMap::new(),
+                ready: BTreeSet::new(),
+                clock: 0,
+                idle_threads: 0,
+                shadows: 0,
+                stop: false,
+            }),
+            Condvar::new(),
+        ));
+        let mut started = 0;
         for i in 0..threads {
-            let receiver = receiver.clone();
+            let shared = shared.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("aura-tenant-{i}"))
-                .spawn(move || worker(&receiver));
-            if let Err(e) = spawned {
-                tracing::error!(error = %e, "cannot start a tenant module thread");
+                .spawn(move || worker(&shared, per_project));
+            match spawned {
+                Ok(_) => started += 1,
+                Err(e) => tracing::error!(error = %e, "cannot start a tenant module thread"),
             }
         }
+        shared
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .idle_threads = started;
         Self {
-            jobs,
-            slots: Arc::new(Semaphore::new(threads)),
-            shadows: Arc::new(Semaphore::new((threads / 2).max(1))),
-            per_project: per_project.max(1),
+            shared,
+            threads,
+            max_shadows: (threads / 2).max(1),
+            per_project,
             queue_timeout,
+            gates: AtomicU64::new(0),
         }
     }
 
-    /// A concurrency gate for one project.
-    pub fn project_gate(&self) -> Arc<Semaphore> {
-        Arc::new(Semaphore::new(self.per_project))
+    /// A gate for one project.
+    pub fn project_gate(&self) -> Gate {
+        Arc::new(ProjectGate {
+            id: self.gates.fetch_add(1, Ordering::Relaxed),
+        })
     }
 
-    /// Runs `call` on the pool under `gate` (the project's), or answers [`Busy`].
+    fn lock(&self) -> std::sync::MutexGuard<'_, Schedule> {
+        self.shared.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `job` for `gate`'s project, unless its queue is full.
+    fn enqueue(&self, gate: &Gate, queued: Queued) -> Result<(), Busy> {
+        let mut schedule = self.lock();
+        let clock = schedule.clock;
+        let project = schedule.projects.entry(gate.id).or_default();
+        if project.queue.len() >= self.per_project * QUEUED_PER_PLACE {
+            return Err(Busy);
+        }
+        if project.queue.is_empty() && project.running == 0 {
+            // Starting to call again: from the clock, never from credit saved while idle.
+            project.used = project.used.max(clock);
+        }
+        project.queue.push_back(queued);
+        schedule.offer(gate.id, self.per_project);
+        drop(schedule);
+        self.shared.1.notify_one();
+        Ok(())
+    }
+
+    /// Runs `call` on the pool in `gate`'s project's turn, or answers [`Busy`] when it has not
+    /// started within the queue timeout.
     pub async fn run<T: Send + 'static>(
         &self,
-        gate: &Arc<Semaphore>,
+        gate: &Gate,
         call: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Busy> {
-        let deadline = tokio::time::Instant::now() + self.queue_timeout;
-        let acquire = |s: &Arc<Semaphore>| {
-            let s = s.clone();
-            async move {
-                tokio::time::timeout_at(deadline, s.acquire_owned())
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-            }
-        };
-        let project: OwnedSemaphorePermit = acquire(gate).await.ok_or(Busy)?;
-        let slot: OwnedSemaphorePermit = acquire(&self.slots).await.ok_or(Busy)?;
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
+        let state = Arc::new(AtomicU8::new(WAITING));
         let job: Job = Box::new(move || {
-            let result = call();
-            // The places are given back when the call ends, not when its caller stops waiting.
-            drop((project, slot));
-            let _ = tx.send(result);
+            let _ = tx.send(call());
         });
-        match self.jobs.try_send(job) {
-            Ok(()) => {}
-            // Cannot happen while every job holds a slot; fail closed if it ever does.
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => return Err(Busy),
+        let queued = Queued {
+            job,
+            state: state.clone(),
+            shadow: false,
+        };
+        self.enqueue(gate, queued)?;
+        if let Ok(result) = tokio::time::timeout(self.queue_timeout, &mut rx).await {
+            return result.map_err(|_| Busy);
         }
-        rx.await.map_err(|_| Busy)
+        // Not answered within the queue timeout: given up if it has not started; a call that
+        // started runs to its end (bounded by its deadline) and is answered.
+        match state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Err(Busy),
+            Err(_) => rx.await.map_err(|_| Busy),
+        }
     }
-}
 
-impl TenantPool {
-    /// Runs `call` on the pool when a place of `gate` (the project's, for a project's shadow),
-    /// a shadow place and a thread are free at once, without waiting for any ([`Busy`]
-    /// otherwise): a shadow run must never hold up a request, and a project's shadows count
-    /// against its own share like its calls. The caller does not wait for it.
+    /// Runs `call` on the pool now when a thread is free with no call waiting for it, a shadow
+    /// place is free and `gate`'s project (a project's shadow) has a place free, without waiting
+    /// for any ([`Busy`] otherwise): a shadow run must never hold up a request, and a project's
+    /// shadows count against its own places and time like its calls. The caller does not wait
+    /// for it.
     pub fn try_spawn(
         &self,
-        gate: Option<&Arc<Semaphore>>,
+        gate: Option<&Gate>,
         call: impl FnOnce() + Send + 'static,
     ) -> Result<(), Busy> {
-        let project = gate
-            .map(|g| g.clone().try_acquire_owned())
-            .transpose()
-            .map_err(|_| Busy)?;
-        let shadow = self.shadows.clone().try_acquire_owned().map_err(|_| Busy)?;
-        let slot = self.slots.clone().try_acquire_owned().map_err(|_| Busy)?;
-        let job: Job = Box::new(move || {
-            call();
-            drop((project, shadow, slot));
+        let mut schedule = self.lock();
+        if schedule.shadows >= self.max_shadows
+            || schedule.idle_threads == 0
+            || !schedule.ready.is_empty()
+        {
+            return Err(Busy);
+        }
+        // The operator's shadows have a project of their own in the schedule.
+        let id = gate.map_or(u64::MAX, |g| g.id);
+        let clock = schedule.clock;
+        let project = schedule.projects.entry(id).or_default();
+        if project.running >= self.per_project && gate.is_some() {
+            schedule.forget_if_idle(id);
+            return Err(Busy);
+        }
+        if project.queue.is_empty() && project.running == 0 {
+            project.used = project.used.max(clock);
+        }
+        project.queue.push_back(Queued {
+            job: Box::new(call),
+            state: Arc::new(AtomicU8::new(WAITING)),
+            shadow: true,
         });
-        self.jobs.try_send(job).map_err(|_| Busy)
+        schedule.shadows += 1;
+        // Ready at once, whatever its place count (the operator's shadows have no cap but the
+        // shadow places).
+        let used = schedule.projects[&id].used;
+        schedule.ready.insert((used, id));
+        drop(schedule);
+        self.shared.1.notify_one();
+        Ok(())
     }
 }
 
-fn worker(receiver: &Mutex<Receiver<Job>>) {
+impl Drop for TenantPool {
+    fn drop(&mut self) {
+        // Each thread ends after its call in progress; calls still waiting are answered busy
+        // when the schedule is dropped with the last thread.
+        self.lock().stop = true;
+        self.shared.1.notify_all();
+    }
+}
+
+/// The least thread time a call is charged, in nanoseconds: no call is free.
+const LEAST_CHARGE_NS: u64 = 1_000;
+
+fn worker(shared: &(Mutex<Schedule>, Condvar), per_project: usize) {
     if let Err(e) = rustix::process::setpriority_process(None, POOL_NICE) {
         tracing::debug!(error = %e, "tenant module thread keeps the default priority");
     }
@@ -141,16 +332,41 @@ fn worker(receiver: &Mutex<Receiver<Job>>) {
             None
         }
     };
+    let (lock, wake) = shared;
+    let relock = || lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut schedule = relock();
     loop {
-        let job = match receiver.lock() {
-            Ok(r) => r.recv(),
-            Err(_) => return,
+        if schedule.stop {
+            return;
+        }
+        let Some((id, queued)) = schedule.next(per_project) else {
+            schedule = wake.wait(schedule).unwrap_or_else(|p| p.into_inner());
+            continue;
         };
-        let Ok(job) = job else { return };
+        schedule.idle_threads -= 1;
+        drop(schedule);
+        let started = Instant::now();
         // A call catches the host's panics itself (a failed call); one that escaped must not
         // take the thread with it.
-        if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
+        if std::panic::catch_unwind(AssertUnwindSafe(queued.job)).is_err() {
             tracing::error!("a tenant module job panicked in the host");
+        }
+        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        schedule = relock();
+        schedule.idle_threads += 1;
+        if queued.shadow {
+            schedule.shadows -= 1;
+        }
+        let before = schedule.projects.get_mut(&id).map(|project| {
+            let before = project.used;
+            project.running -= 1;
+            project.used = before.saturating_add(took.max(LEAST_CHARGE_NS));
+            before
+        });
+        if let Some(before) = before {
+            schedule.ready.remove(&(before, id));
+            schedule.offer(id, per_project);
+            schedule.forget_if_idle(id);
         }
     }
 }
@@ -242,6 +458,131 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("the project's place was not given back");
+    }
+
+    /// Queues `calls` calls of `gate` that each take `each` and then note `name` in `order`.
+    fn queue_calls(
+        pool: &Arc<TenantPool>,
+        gate: &Gate,
+        calls: usize,
+        each: Duration,
+        name: char,
+        order: &Arc<Mutex<Vec<char>>>,
+    ) -> Vec<tokio::task::JoinHandle<Result<(), Busy>>> {
+        (0..calls)
+            .map(|_| {
+                let (pool, gate, order) = (pool.clone(), gate.clone(), order.clone());
+                tokio::spawn(async move {
+                    pool.run(&gate, move || {
+                        std::thread::sleep(each);
+                        order.lock().expect("order").push(name);
+                    })
+                    .await
+                })
+            })
+            .collect()
+    }
+
+    /// Holds the pool's only thread until the returned sender is used, so that calls queued
+    /// meanwhile are all waiting when it comes free.
+    async fn hold_the_thread(pool: &Arc<TenantPool>) -> std::sync::mpsc::Sender<()> {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (ran_tx, ran) = oneshot::channel();
+        let pool2 = pool.clone();
+        let gate = pool.project_gate();
+        tokio::spawn(async move {
+            pool2
+                .run(&gate, move || {
+                    let _ = ran_tx.send(());
+                    let _ = held.recv();
+                })
+                .await
+        });
+        ran.await.expect("the holding call runs");
+        release
+    }
+
+    #[tokio::test]
+    async fn the_project_that_used_the_least_thread_time_is_served_first() {
+        let pool = Arc::new(TenantPool::new(1, 1, Duration::from_secs(30)));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let release = hold_the_thread(&pool).await;
+        // `s` spins 10 ms a call, `q` takes 1 ms: both keep a full queue.
+        let (slow, quick) = (pool.project_gate(), pool.project_gate());
+        let mut calls = queue_calls(&pool, &slow, 8, Duration::from_millis(10), 's', &order);
+        calls.extend(queue_calls(
+            &pool,
+            &quick,
+            8,
+            Duration::from_millis(1),
+            'q',
+            &order,
+        ));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        release.send(()).expect("release");
+        for call in calls {
+            call.await.expect("task").expect("ran");
+        }
+        let order: String = order.lock().expect("order").iter().collect();
+        // Served by the time used, not by the calls made: every quick call is done before the
+        // slow project has had a third call (in turns, it would have had seven).
+        let last_quick = order.rfind('q').expect("quick calls");
+        let slow_before = order[..last_quick].matches('s').count();
+        assert!(slow_before <= 2, "{order}");
+    }
+
+    #[tokio::test]
+    async fn a_project_calling_rarely_waits_for_one_thread_never_behind_the_spinning_queues() {
+        let pool = Arc::new(TenantPool::new(2, 1, Duration::from_secs(30)));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        // Four projects whose every call spins 20 ms, each with a full queue...
+        let mut spinning = Vec::new();
+        for name in ['a', 'b', 'c', 'd'] {
+            let gate = pool.project_gate();
+            let each = Duration::from_millis(20);
+            spinning.extend(queue_calls(&pool, &gate, 16, each, name, &order));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // ... and one call of a project that has not called for a while.
+        let rare = pool.project_gate();
+        let at = order.lock().expect("order").len();
+        let seen = order.clone();
+        let done_before = pool
+            .run(&rare, move || seen.lock().expect("order").len())
+            .await
+            .expect("ran");
+        // It waited for a thread to come free, not for the calls queued before it.
+        assert!(
+            done_before - at <= 2,
+            "{} spinning calls ended between its arrival and its turn",
+            done_before - at
+        );
+        for call in spinning {
+            call.await.expect("task").expect("ran");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_is_refused_at_once() {
+        let pool = Arc::new(TenantPool::new(1, 1, Duration::from_secs(30)));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let release = hold_the_thread(&pool).await;
+        let gate = pool.project_gate();
+        let queued = queue_calls(&pool, &gate, QUEUED_PER_PLACE, Duration::ZERO, 'x', &order);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = std::time::Instant::now();
+        assert_eq!(pool.run(&gate, || ()).await, Err(Busy));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "refused without waiting"
+        );
+        // Another project still queues.
+        let other = pool.project_gate();
+        let other_call = queue_calls(&pool, &other, 1, Duration::ZERO, 'y', &order);
+        release.send(()).expect("release");
+        for call in queued.into_iter().chain(other_call) {
+            call.await.expect("task").expect("ran");
+        }
     }
 
     #[test]

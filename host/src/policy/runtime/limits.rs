@@ -11,6 +11,10 @@ pub struct PluginLimiter {
     pub memory_exceeded: bool,
     /// The largest linear memory the instance has had, in bytes.
     pub peak_memory: usize,
+    /// The linear memory the instance has now, all memories together, in bytes.
+    pub memory: usize,
+    /// The elements of its tables, all tables together.
+    pub table_elements: usize,
 }
 
 /// Largest table a plugin may grow to (function references).
@@ -23,6 +27,8 @@ impl PluginLimiter {
             memory_cap,
             memory_exceeded: false,
             peak_memory: 0,
+            memory: 0,
+            table_elements: 0,
         }
     }
 }
@@ -30,7 +36,7 @@ impl PluginLimiter {
 impl ResourceLimiter for PluginLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -44,15 +50,21 @@ impl ResourceLimiter for PluginLimiter {
             );
         }
         self.peak_memory = self.peak_memory.max(desired);
+        // Asked when a memory is made too (from 0): the sum covers every memory of the instance.
+        self.memory = (self.memory + desired).saturating_sub(current);
         Ok(true)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= TABLE_CAP)
+        if desired > TABLE_CAP {
+            return Ok(false);
+        }
+        self.table_elements = (self.table_elements + desired).saturating_sub(current);
+        Ok(true)
     }
 }

@@ -1,0 +1,265 @@
+//! Projects' modules past the operator's instance pool, through the gateway binary: projects'
+//! instances are made when their module is called, kept while warm and dropped coldest first
+//! within one memory budget (`plugins.tenant_instance_budget_bytes`), so more projects than the
+//! pool has slots all decide, each with its own configuration; and a project whose module grows
+//! its memory to the cap cannot push the other projects' warm instances out.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::support::builder::{Gateway, Started};
+use crate::support::call::{Answer, Call};
+use crate::support::fixture::Fixture;
+use crate::support::gateway::Process;
+use crate::support::metrics::metric;
+use crate::support::policy::{admin, b64, testing_cors};
+use crate::support::poll::poll;
+
+/// Every project's instances together, in bytes: a few dozen testing CORS instances (their
+/// guest stack is 64 KiB), far fewer than the projects.
+const BUDGET: usize = 8 << 20;
+
+/// `n` project refs, `scale000`, `scale001`, …
+fn project_refs(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("scale{i:03}")).collect()
+}
+
+/// A gateway binary over the fixture's records and `refs` (more projects of organization A, so
+/// the fixture's admin manages them), with `plugins` settings; a preflight names its project
+/// by its host, `<ref>.api.test`.
+fn gateway(refs: &[String], plugins: &str) -> Started {
+    let fx = Fixture::new();
+    let toml = format!(
+        "[plugins]\n# Generous for a debug build on a loaded machine; deadlines have tests of their own.\ncall_deadline_ms = 2000\n{plugins}\n\n[data_plane]\nproject_host_suffix = \".api.test\"\n"
+    );
+    Gateway::builder()
+        .fixture(&fx)
+        .records(fx.projects_of_a(refs))
+        .toml(toml)
+        .binary()
+}
+
+/// A preflight of `project` from `origin`.
+async fn preflight(gw: &Process, project: &str, origin: &str) -> Answer {
+    let url = gw.data_url("/v1/db/todos");
+    let host = format!("{project}.api.test");
+    Call::preflight(url, origin).host(host).read().await
+}
+
+/// Asserts that `answer` allows `origin` as the testing module does when it echoes it (the
+/// plane's module answers `*`).
+fn assert_echoed(answer: &Answer, project: &str, origin: &str) {
+    assert_eq!(
+        answer.status,
+        StatusCode::NO_CONTENT,
+        "{project}: {}",
+        answer.text()
+    );
+    let allowed = answer.header("access-control-allow-origin");
+    assert_eq!(allowed, origin, "{project}");
+    let headers = answer.header("access-control-allow-headers");
+    assert_eq!(headers, "x-testing", "{project}");
+}
+
+/// What `/metrics` says of the projects' instances.
+#[derive(Debug, Clone, Copy)]
+struct Instances {
+    /// `aura_tenant_instances`: alive, idle or in a call.
+    alive: f64,
+    /// `aura_tenant_instance_bytes`.
+    bytes: f64,
+    /// `aura_tenant_instance_budget_bytes`.
+    budget: f64,
+    /// `aura_tenant_instance_evictions_total`.
+    evictions: f64,
+}
+
+impl Instances {
+    async fn of(gw: &Process) -> Self {
+        let text = gw.metrics().await;
+        let read = |name: &str| metric(&text, name, &[]);
+        Self {
+            alive: read("aura_tenant_instances"),
+            bytes: read("aura_tenant_instance_bytes"),
+            budget: read("aura_tenant_instance_budget_bytes"),
+            evictions: read("aura_tenant_instance_evictions_total"),
+        }
+    }
+
+    /// Once the last call's instance went back idle: within the budget, which must happen within
+    /// a few seconds.
+    async fn idle(gw: &Process) -> Self {
+        let mut last = None;
+        let idle = poll(Duration::from_secs(5), async || {
+            let now = Self::of(gw).await;
+            last = Some(now);
+            (now.bytes <= now.budget).then_some(now)
+        })
+        .await;
+        idle.unwrap_or_else(|| panic!("over the budget once idle: {last:?}"))
+    }
+}
+
+/// The `q` quantile of `samples`.
+fn quantile(samples: &[Duration], q: f64) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let at = (sorted.len().saturating_sub(1) as f64 * q) as usize;
+    sorted.get(at).copied().unwrap_or_default()
+}
+
+/// Whether project `i` echoes every origin (`echo_all`): by the parity of `i`'s one bits (the
+/// Thue–Morse sequence), so that neighbours differ and no period repeats: an answer made by
+/// another project's instance shows.
+fn echoes_all(i: usize) -> bool {
+    i.count_ones() % 2 == 1
+}
+
+/// The testing module denies a preflight from here unless it echoes every origin: it tries to
+/// read a file and the environment, and its sandbox has neither.
+const FILE_ORIGIN: &str = "https://file.test";
+
+/// Asserts that `answer` is project `i`'s own module's, configured as [`echoes_all`] says.
+fn assert_own(answer: &Answer, i: usize, project: &str) {
+    if echoes_all(i) {
+        assert_echoed(answer, project, FILE_ORIGIN);
+    } else {
+        let (status, code) = answer.status_and_code();
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "{project}: {}",
+            answer.text()
+        );
+        assert_eq!(code, "cors_origin_denied", "{project}");
+        let allowed = answer.headers.contains_key("access-control-allow-origin");
+        assert!(!allowed, "{project}: {:?}", answer.headers);
+    }
+}
+
+/// The operator's instances used to come from one pool of 16 × (`max_idle_instances` + 8) slots
+/// (144 here), which projects' modules shared: the 377th project's module was refused with
+/// "maximum concurrent limit of 384 for component instances reached". Projects' instances are
+/// now made on demand and kept within the budget, coldest out first.
+#[tokio::test]
+async fn more_projects_with_modules_than_the_operator_pool_has_slots_all_decide_and_the_coldest_instances_are_evicted()
+ {
+    const PROJECTS: usize = 200;
+    /// The projects asked again once every project was.
+    const FIRST: usize = 20;
+    let refs = project_refs(PROJECTS);
+    let plugins = format!("max_idle_instances = 1\ntenant_instance_budget_bytes = {BUDGET}\n");
+    let Started { gw, fx, dir: _dir } = gateway(&refs, &plugins);
+    let admin = admin(gw.mgmt_url(""), &fx);
+
+    // One module (one digest) for every project, each configured its own way: the configurations
+    // differ by project (`project` is a key the module ignores) and by what they answer.
+    let module = b64(&testing_cors());
+    let mut installs = Vec::with_capacity(PROJECTS);
+    for (i, project) in refs.iter().enumerate() {
+        let config = json!({ "echo_all": echoes_all(i), "project": project });
+        let body = json!({ "module": module, "config": config });
+        let started = Instant::now();
+        let r = admin.of(project).put("cors", body).await;
+        installs.push(started.elapsed());
+        assert_eq!(r.status, StatusCode::OK, "{project}: {}", r.text());
+    }
+    eprintln!(
+        "{PROJECTS} modules installed: the first in {:?}, p50 {:?}, p99 {:?}",
+        installs[0],
+        quantile(&installs, 0.5),
+        quantile(&installs, 0.99)
+    );
+
+    // Every project decides, with its own configuration.
+    for (i, project) in refs.iter().enumerate() {
+        assert_own(&preflight(&gw, project, FILE_ORIGIN).await, i, project);
+    }
+    let once = Instances::idle(&gw).await;
+    eprintln!(
+        "after one preflight of each of {PROJECTS} projects: {} instances, {} bytes \
+         ({:.0} bytes each), budget {}, {} evicted",
+        once.alive,
+        once.bytes,
+        once.bytes / once.alive.max(1.0),
+        once.budget,
+        once.evictions
+    );
+    assert_eq!(once.budget, BUDGET as f64, "{once:?}");
+    assert!(once.evictions > 0.0, "nothing was evicted: {once:?}");
+    // Memory follows traffic: the warmest are kept, far fewer than the projects.
+    assert!(once.alive >= 1.0, "{once:?}");
+    assert!(once.alive < PROJECTS as f64, "{once:?}");
+
+    // The first projects are the coldest: their instances went first. They decide again, each
+    // with its own configuration, on instances made again (which push colder ones out).
+    for (i, project) in refs.iter().enumerate().take(FIRST) {
+        assert_own(&preflight(&gw, project, FILE_ORIGIN).await, i, project);
+    }
+    let again = Instances::idle(&gw).await;
+    eprintln!(
+        "after the first {FIRST} projects again: {} instances, {} bytes, {} evicted",
+        again.alive, again.bytes, again.evictions
+    );
+    assert!(
+        again.evictions > once.evictions,
+        "the first projects' instances were made again: {once:?} → {again:?}"
+    );
+    assert!(again.alive < PROJECTS as f64, "{again:?}");
+}
+
+/// The testing module grows its memory without bound on `https://grow.test`, up to the
+/// instance's memory cap (`plugins.memory_limit_bytes`, twice the budget here), where the call
+/// traps. The grown instance is dropped with its charge: it never pushes the other projects'
+/// warm instances out, and they keep deciding.
+#[tokio::test]
+async fn a_project_whose_module_grows_its_memory_cannot_keep_other_projects_instances_out() {
+    const VICTIMS: usize = 4;
+    const ROUNDS: usize = 10;
+    const GROW: &str = "https://grow.test";
+    let refs = project_refs(VICTIMS + 1);
+    let (hog, victims) = refs.split_first().expect("projects");
+    let plugins = format!(
+        "max_idle_instances = 1\ntenant_instance_budget_bytes = {BUDGET}\nmemory_limit_bytes = {}\n",
+        2 * BUDGET
+    );
+    let Started { gw, fx, dir: _dir } = gateway(&refs, &plugins);
+    let admin = admin(gw.mgmt_url(""), &fx);
+    let cors = testing_cors();
+    // The hog's module grows on `grow.test`; the others echo every origin, that one too.
+    admin.of(hog).install_ok("cors", &cors, json!({})).await;
+    for project in victims {
+        let echo_all = json!({ "echo_all": true });
+        admin.of(project).install_ok("cors", &cors, echo_all).await;
+    }
+    for project in victims {
+        assert_echoed(&preflight(&gw, project, GROW).await, project, GROW);
+    }
+    let warm = Instances::idle(&gw).await;
+
+    for _ in 0..ROUNDS {
+        let r = preflight(&gw, hog, GROW).await;
+        let (status, code) = r.status_and_code();
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+        assert_eq!(code, "policy_failed");
+        for project in victims {
+            assert_echoed(&preflight(&gw, project, GROW).await, project, GROW);
+        }
+    }
+    let after = Instances::idle(&gw).await;
+    let text = gw.metrics().await;
+    let labels = ["stage=\"cors\"", "kind=\"memory\""];
+    let capped = metric(&text, "aura_plugin_failures_total", &labels);
+    eprintln!(
+        "{ROUNDS} calls growing to the memory cap ({capped} stopped by it): instances \
+         {warm:?} → {after:?}"
+    );
+    assert!(capped >= 1.0, "the hog's module reached its memory cap");
+    assert_eq!(
+        after.evictions, warm.evictions,
+        "the other projects' warm instances were pushed out: {warm:?} → {after:?}"
+    );
+    assert!(after.bytes <= after.budget, "{after:?}");
+}
