@@ -162,7 +162,7 @@ fn spawn_tenant_refresh(state: &AppState) {
             let Some(state) = weak.upgrade() else { break };
             if state.policies.refresh_tenants().await {
                 state.readiness.store_answered();
-                state.readiness.tenant_modules_loaded();
+                state.readiness.tenant_modules_listed();
             }
             drop(state);
             // The period, or sooner when a change event asks for it — but never sooner

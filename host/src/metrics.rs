@@ -139,6 +139,10 @@ pub struct Metrics {
     /// Tenant module calls not run because the project's concurrency cap or the tenant pool was
     /// saturated, by stage.
     pub tenant_calls_shed: IntCounterVec,
+    /// Projects' modules loaded (compiled or found compiled, set up, checked), by reason
+    /// (`first_call`: the project's first request on this instance; `changed`: a refresh found
+    /// its record changed) and result (`loaded`, `refused`, `unavailable`).
+    pub tenant_module_loads: IntCounterVec,
     /// Compilations of uploaded modules by result (`ok`, `refused`, `timeout`, `memory`,
     /// `busy`, `cached`, `remembered`).
     pub tenant_compiles: IntCounterVec,
@@ -421,6 +425,11 @@ impl Metrics {
             "Tenant module calls refused because the project's cap or the tenant pool was full",
             &["stage"],
         );
+        let tenant_module_loads = counter(
+            "tenant_module_loads_total",
+            "Projects' modules loaded on this instance, by reason (first_call, changed) and result (loaded, refused, unavailable)",
+            &["reason", "result"],
+        );
         let tenant_compiles = counter(
             "tenant_compiles_total",
             "Compilations of uploaded modules by result",
@@ -536,6 +545,7 @@ impl Metrics {
             Box::new(quota_rules_refused.clone()),
             Box::new(quota_denials.clone()),
             Box::new(tenant_calls_shed.clone()),
+            Box::new(tenant_module_loads.clone()),
             Box::new(tenant_compiles.clone()),
             Box::new(tenant_compile_seconds.clone()),
             Box::new(tenant_compile_peak_bytes.clone()),
@@ -632,6 +642,7 @@ impl Metrics {
             quota_rules_refused,
             quota_denials,
             tenant_calls_shed,
+            tenant_module_loads,
             tenant_compiles,
             tenant_compile_seconds,
             tenant_compile_peak_bytes,

@@ -21,7 +21,7 @@ pub const PROBE_TTL: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub struct Readiness {
     store_answered: AtomicBool,
-    tenant_modules_loaded: AtomicBool,
+    tenant_modules_listed: AtomicBool,
     draining: AtomicBool,
     /// The last checks of the dependencies, and when they were made.
     probes: tokio::sync::Mutex<Option<(Instant, Probes)>>,
@@ -45,8 +45,9 @@ pub struct Report {
     pub store_up: bool,
     /// The NATS connection is up.
     pub nats_up: bool,
-    /// Every project's modules were loaded once.
-    pub tenant_modules_loaded: bool,
+    /// Every project's stored modules were listed once (a project's are loaded on its first
+    /// request, which waits for them).
+    pub tenant_modules_listed: bool,
     /// SIGTERM arrived.
     pub draining: bool,
 }
@@ -54,7 +55,7 @@ pub struct Report {
 impl Report {
     /// Whether the instance should get traffic.
     pub fn ready(&self) -> bool {
-        self.store_answered_once && self.nats_up && self.tenant_modules_loaded && !self.draining
+        self.store_answered_once && self.nats_up && self.tenant_modules_listed && !self.draining
     }
 
     /// Why not, for the error message; `None` when ready.
@@ -65,8 +66,8 @@ impl Report {
             Some("the control store has not answered yet")
         } else if !self.nats_up {
             Some("NATS is not connected")
-        } else if !self.tenant_modules_loaded {
-            Some("the projects' policy modules are not loaded yet")
+        } else if !self.tenant_modules_listed {
+            Some("the projects' policy modules are not listed yet")
         } else {
             None
         }
@@ -79,9 +80,9 @@ impl Readiness {
         self.store_answered.store(true, Ordering::Release);
     }
 
-    /// A refresh of the projects' modules completed.
-    pub fn tenant_modules_loaded(&self) {
-        self.tenant_modules_loaded.store(true, Ordering::Release);
+    /// A refresh listed the projects' modules.
+    pub fn tenant_modules_listed(&self) {
+        self.tenant_modules_listed.store(true, Ordering::Release);
     }
 
     /// SIGTERM arrived: `/ready` answers `503` from now on.
@@ -121,7 +122,7 @@ impl Readiness {
             store_answered_once: self.store_answered.load(Ordering::Acquire),
             store_up,
             nats_up,
-            tenant_modules_loaded: self.tenant_modules_loaded.load(Ordering::Acquire),
+            tenant_modules_listed: self.tenant_modules_listed.load(Ordering::Acquire),
             draining: self.is_draining(),
         }
     }
@@ -167,7 +168,7 @@ mod tests {
             Some("the control store has not answered yet")
         );
         assert!(!r.report(true, true).ready(), "modules not loaded yet");
-        r.tenant_modules_loaded();
+        r.tenant_modules_listed();
         assert!(r.report(true, true).ready());
         assert!(!r.report(true, false).ready(), "NATS down");
         // Once the store answered, its outage is reported but does not take the instance out.

@@ -2,20 +2,23 @@
 //! instances are made when their module is called, kept while warm and dropped coldest first
 //! within one memory budget (`plugins.tenant_instance_budget_bytes`), so more projects than the
 //! pool has slots all decide, each with its own configuration; and a project whose module grows
-//! its memory to the cap cannot push the other projects' warm instances out.
+//! its memory to the cap cannot push the other projects' warm instances out. A start over many
+//! projects' stored modules only lists them: each project's modules are loaded on its first
+//! request.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::support::builder::{Gateway, Started};
+use crate::support::builder::{Builder, Gateway, Started};
 use crate::support::call::{Answer, Call};
 use crate::support::fixture::Fixture;
 use crate::support::gateway::Process;
 use crate::support::metrics::metric;
-use crate::support::policy::{admin, b64, testing_cors};
-use crate::support::poll::poll;
+use crate::support::policy::{admin, b64, digest, testing_cors};
+use crate::support::poll::{poll, poll_every};
 
 /// Every project's instances together, in bytes: a few dozen testing CORS instances (their
 /// guest stack is 64 KiB), far fewer than the projects.
@@ -30,6 +33,11 @@ fn project_refs(n: usize) -> Vec<String> {
 /// the fixture's admin manages them), with `plugins` settings; a preflight names its project
 /// by its host, `<ref>.api.test`.
 fn gateway(refs: &[String], plugins: &str) -> Started {
+    builder(refs, plugins).binary()
+}
+
+/// [`gateway`] before it starts, for a test to add to (its folder, more records).
+fn builder(refs: &[String], plugins: &str) -> Builder<'static> {
     let fx = Fixture::new();
     let toml = format!(
         "[plugins]\n# Generous for a debug build on a loaded machine; deadlines have tests of their own.\ncall_deadline_ms = 2000\n{plugins}\n\n[data_plane]\nproject_host_suffix = \".api.test\"\n"
@@ -38,7 +46,6 @@ fn gateway(refs: &[String], plugins: &str) -> Started {
         .fixture(&fx)
         .records(fx.projects_of_a(refs))
         .toml(toml)
-        .binary()
 }
 
 /// A preflight of `project` from `origin`.
@@ -117,6 +124,41 @@ fn echoes_all(i: usize) -> bool {
     i.count_ones() % 2 == 1
 }
 
+/// Project `i`'s own configuration of the testing module: as [`echoes_all`] says, and naming
+/// `project` (a key the module ignores), so that every project's configuration differs.
+fn own_config(i: usize, project: &str) -> Value {
+    json!({ "echo_all": echoes_all(i), "project": project })
+}
+
+/// Stores the testing CORS module as the `cors` module of each of `refs`, as installs through
+/// other instances would have: its file once in `dir/modules` (next to the control file the
+/// gateway's folder `dir` holds), and one `[[project_policies]]` record per project with its
+/// [`own_config`]. Returns the records.
+fn stored_modules(dir: &Path, refs: &[String]) -> String {
+    let module = testing_cors();
+    let module_digest = digest(&module);
+    let modules = dir.join("modules");
+    std::fs::create_dir_all(&modules).expect("modules folder");
+    std::fs::write(modules.join(format!("{module_digest}.wasm")), &module).expect("module file");
+    refs.iter()
+        .enumerate()
+        .map(|(i, project)| {
+            // A literal string: the JSON text's quotes stay as they are.
+            let config = own_config(i, project);
+            format!(
+                "[[project_policies]]\nproject_ref = \"{project}\"\nstage = \"cors\"\ndigest = \"{module_digest}\"\nconfig = '{config}'\n\n"
+            )
+        })
+        .collect()
+}
+
+/// `aura_tenant_module_loads_total` of the modules loaded on their project's first request.
+async fn first_call_loads(gw: &Process) -> f64 {
+    let text = gw.metrics().await;
+    let labels = ["reason=\"first_call\"", "result=\"loaded\""];
+    metric(&text, "aura_tenant_module_loads_total", &labels)
+}
+
 /// The testing module denies a preflight from here unless it echoes every origin: it tries to
 /// read a file and the environment, and its sandbox has neither.
 const FILE_ORIGIN: &str = "https://file.test";
@@ -159,8 +201,7 @@ async fn more_projects_with_modules_than_the_operator_pool_has_slots_all_decide_
     let module = b64(&testing_cors());
     let mut installs = Vec::with_capacity(PROJECTS);
     for (i, project) in refs.iter().enumerate() {
-        let config = json!({ "echo_all": echoes_all(i), "project": project });
-        let body = json!({ "module": module, "config": config });
+        let body = json!({ "module": module, "config": own_config(i, project) });
         let started = Instant::now();
         let r = admin.of(project).put("cors", body).await;
         installs.push(started.elapsed());
@@ -262,4 +303,101 @@ async fn a_project_whose_module_grows_its_memory_cannot_keep_other_projects_inst
         "the other projects' warm instances were pushed out: {warm:?} → {after:?}"
     );
     assert!(after.bytes <= after.budget, "{after:?}");
+}
+
+/// A start over 300 projects' stored modules only lists them: nothing is loaded and no instance
+/// made until a project's first request, which waits for its project's modules and is then
+/// answered by them, each with its own configuration; its next requests find them loaded (one
+/// load per project, however many requests). A project with no stored module keeps the plane's
+/// module and loads nothing. The start, the cold first requests and the warm ones are timed
+/// (printed, not asserted).
+#[tokio::test]
+async fn a_start_with_stored_modules_lists_them_and_loads_each_project_on_its_first_request() {
+    const PROJECTS: usize = 300;
+    /// The project asked first, twice.
+    const PROBE: usize = 7;
+    /// The projects asked again once every project was.
+    const WARM: usize = 50;
+    let refs = project_refs(PROJECTS);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let records = stored_modules(dir.path(), &refs);
+    // The run's compile cache is filled before the clock starts (the first gateway of a run
+    // fills it).
+    crate::support::config::compile_cache();
+    let spawned = Instant::now();
+    let Started { gw, .. } = builder(&refs, "").keep_dir(dir).records(records).binary();
+    let healthy = poll_every(
+        Duration::from_secs(30),
+        Duration::from_millis(5),
+        async || {
+            let health = Call::get(gw.data_url("/health")).status().await;
+            (health == StatusCode::OK).then_some(spawned.elapsed())
+        },
+    )
+    .await;
+    let healthy = healthy.unwrap_or_else(|| panic!("no /health; log:\n{}", gw.log_text()));
+    eprintln!(
+        "{PROJECTS} projects with stored modules: /health answered {healthy:?} after spawning"
+    );
+
+    // Listed, not loaded: no module loaded, no instance.
+    assert_eq!(first_call_loads(&gw).await, 0.0, "loaded at start");
+    let at_start = Instances::of(&gw).await;
+    assert_eq!(at_start.alive, 0.0, "{at_start:?}");
+
+    // The first request of a project loads its module, once.
+    let probe = &refs[PROBE];
+    let started = Instant::now();
+    let r = preflight(&gw, probe, FILE_ORIGIN).await;
+    let cold = started.elapsed();
+    assert_own(&r, PROBE, probe);
+    assert_eq!(first_call_loads(&gw).await, 1.0, "{probe}'s module loaded");
+    let started = Instant::now();
+    let r = preflight(&gw, probe, FILE_ORIGIN).await;
+    let warm = started.elapsed();
+    assert_own(&r, PROBE, probe);
+    let loads = first_call_loads(&gw).await;
+    assert_eq!(loads, 1.0, "{probe}'s module loaded once");
+    eprintln!("{probe}: first preflight {cold:?}, second {warm:?}");
+
+    // Every project's first request loads its own module (the probe's is loaded already).
+    let mut firsts = Vec::with_capacity(PROJECTS);
+    for (i, project) in refs.iter().enumerate() {
+        let started = Instant::now();
+        let r = preflight(&gw, project, FILE_ORIGIN).await;
+        if i != PROBE {
+            firsts.push(started.elapsed());
+        }
+        assert_own(&r, i, project);
+    }
+    let loads = first_call_loads(&gw).await;
+    assert_eq!(loads, PROJECTS as f64, "one load per project");
+    let mut again = Vec::with_capacity(WARM);
+    for (i, project) in refs.iter().enumerate().take(WARM) {
+        let started = Instant::now();
+        let r = preflight(&gw, project, FILE_ORIGIN).await;
+        again.push(started.elapsed());
+        assert_own(&r, i, project);
+    }
+    eprintln!(
+        "first preflights of {} projects: p50 {:?}, p99 {:?}; again, the first {WARM}: p50 {:?}, \
+         p99 {:?}",
+        firsts.len(),
+        quantile(&firsts, 0.5),
+        quantile(&firsts, 0.99),
+        quantile(&again, 0.5),
+        quantile(&again, 0.99)
+    );
+
+    // A project with no stored module: the plane's module answers (`*`), nothing is loaded.
+    let before = first_call_loads(&gw).await;
+    let r = preflight(&gw, "nosuch", FILE_ORIGIN).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let allowed = r.header("access-control-allow-origin");
+    assert_eq!(allowed, "*", "the plane's module");
+    let after = first_call_loads(&gw).await;
+    assert_eq!(
+        after, before,
+        "nothing loaded for a project without modules"
+    );
 }

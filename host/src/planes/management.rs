@@ -109,7 +109,7 @@ async fn ready(
         "nats": up(report.nats_up),
         "control_store": up(report.store_up),
         "redis": redis,
-        "tenant_modules": if report.tenant_modules_loaded { "loaded" } else { "loading" },
+        "tenant_modules": if report.tenant_modules_listed { "listed" } else { "listing" },
         "draining": report.draining,
     });
     match report.reason() {

@@ -13,7 +13,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use super::history::{Action, Queued};
 use super::rollout::{OPERATOR_SCOPE, Trial, on_canary};
 use super::runtime::isolation::Gate;
-use super::slot::{Candidate, StageCall};
+use super::slot::{Candidate, Slot, StageCall};
 use super::stages::{AnyModule, Decided, Module, PolicyStage};
 use super::tenants::{CallError, TenantPolicies};
 use super::{PluginError, Policies, PolicyEngine, Stage};
@@ -304,6 +304,24 @@ impl PolicyRegistry {
         GatewayError::policy_failed(error.stage().map(|s| s.key()).unwrap_or("unknown"))
     }
 
+    /// `project`'s slot for stage `S` with its gate, when it installed a module for it; its
+    /// stored modules are loaded first when this is its first request on this instance. A
+    /// project whose modules cannot be loaded now fails the request closed (`503 policy_busy`):
+    /// the plane's module never decides in place of a project's.
+    async fn tenant_slot<S: PolicyStage>(
+        &self,
+        project: &str,
+    ) -> Result<Option<(Arc<Slot<S>>, Gate)>, GatewayError> {
+        if let Some(slot) = self.tenants.slot_for::<S>(project) {
+            return Ok(Some(slot));
+        }
+        if let Err(reason) = self.tenants.ensure(&self.store, project).await {
+            tracing::warn!(project, stage = %S::STAGE, %reason, "a project's modules cannot be loaded now; its request fails closed");
+            return Err(GatewayError::policy_busy());
+        }
+        Ok(self.tenants.slot_for::<S>(project))
+    }
+
     /// The decision of stage `S` for one request: the one algorithm every stage's decision
     /// goes through, the same for the project's slot and the plane's.
     ///
@@ -323,9 +341,13 @@ impl PolicyRegistry {
         input: S::Input<'_>,
     ) -> Result<(Decided<S>, Owner), GatewayError> {
         let plane = call.plane;
-        let tenant = call
-            .tenant_project::<S>()
-            .and_then(|project| Some((project, self.tenants.slot_for::<S>(project)?)));
+        let tenant = match call.tenant_project::<S>() {
+            Some(project) => self
+                .tenant_slot::<S>(project)
+                .await?
+                .map(|slot| (project, slot)),
+            None => None,
+        };
         let operator = call.pinned.plane(plane).slot::<S>().ok_or_else(|| {
             GatewayError::internal(format!("the {plane} plane has no {} stage", S::STAGE))
         })?;

@@ -8,12 +8,19 @@
 //! - **calls**: on the tenant thread pool under the project's concurrency cap
 //!   ([`super::runtime::isolation`]), never on the request workers; same memory and time limits as every
 //!   module;
-//! - **refresh**: every `plugins.tenant_refresh_secs` each instance brings its modules in line
-//!   with the control store, off the request path; a module refused there is remembered (by
-//!   digest, stage and configuration) and not loaded again for
-//!   `plugins.tenant_refused_retry_secs`; a `PUT` or `DELETE` made on this instance while a
-//!   refresh runs is never reverted by it (changes are sequenced, and a refresh only decides for
-//!   the modules nobody changed since it started).
+//! - **loading follows traffic**: every `plugins.tenant_refresh_secs` (and when a change event
+//!   asks) each instance lists the stored modules of every project — records only, nothing is
+//!   loaded — and a project's modules are loaded on its first request on this instance (one load
+//!   per project at a time; its requests wait for it). A project loaded here is kept in line by
+//!   the refreshes, which load only the records that changed. A start with ten thousand stored
+//!   project modules is ready once they are listed;
+//! - **refusals**: a module refused when loaded is remembered (by digest, stage and
+//!   configuration) and not loaded again for `plugins.tenant_refused_retry_secs` (the project
+//!   then uses the plane's module for that stage); a module that cannot be loaded now (the store
+//!   or the compiler unavailable) fails its project's requests closed (`503 policy_busy`);
+//! - **order**: a `PUT` or `DELETE` made on this instance while a refresh or a first load runs
+//!   is never reverted by it (changes are sequenced, and a refresh or a load only decides for the
+//!   modules nobody changed since the listing it loads from was made).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -221,8 +228,12 @@ impl ProjectModules {
         self.parts[stage.index()][role.index()].as_ref()
     }
 
-    fn set(&mut self, stage: Stage, role: Role, part: Shared) {
-        self.parts[stage.index()][role.index()] = Some(part);
+    fn set(&mut self, stage: Stage, role: Role, part: Option<Shared>) {
+        self.parts[stage.index()][role.index()] = part;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.parts.iter().flatten().all(Option::is_none)
     }
 
     /// Makes each stage's slot of its two parts.
@@ -255,6 +266,55 @@ fn loaded_from(part: &dyn AnySlot) -> Option<(&str, &str, Option<Trial>)> {
 
 type Key = (String, Stage, Role);
 
+/// One stored module of a project, as the control store lists it.
+#[derive(Debug, Clone, PartialEq)]
+struct Stored {
+    stage: Stage,
+    role: Role,
+    digest: String,
+    config: String,
+    trial: Option<Trial>,
+}
+
+/// A project's stored modules, and whether they are loaded on this instance.
+#[derive(Debug)]
+struct StoredProject {
+    modules: Vec<Stored>,
+    /// Loaded here (on its first request, or kept by the refreshes since).
+    loaded: std::sync::atomic::AtomicBool,
+}
+
+impl StoredProject {
+    fn loaded(&self) -> bool {
+        self.loaded.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// The stored modules of every project, as the last refresh listed them.
+#[derive(Debug, Default)]
+struct Listing {
+    /// The change sequence number when the listing was asked for: a change made here after it
+    /// is newer than what it says.
+    seq: u64,
+    projects: HashMap<String, Arc<StoredProject>>,
+}
+
+/// Why a module was loaded, for `aura_tenant_module_loads_total`.
+#[derive(Debug, Clone, Copy)]
+enum LoadReason {
+    FirstCall,
+    Changed,
+}
+
+impl LoadReason {
+    fn label(self) -> &'static str {
+        match self {
+            LoadReason::FirstCall => "first_call",
+            LoadReason::Changed => "changed",
+        }
+    }
+}
+
 /// Changes made on this instance, in order.
 #[derive(Debug, Default)]
 struct Changes {
@@ -267,7 +327,12 @@ struct Changes {
 /// The tenant modules in force, by project and stage.
 #[derive(Debug)]
 pub struct TenantPolicies {
+    /// The modules loaded, by project.
     map: ArcSwap<HashMap<String, Arc<ProjectModules>>>,
+    /// The modules stored, by project: what a project's first request loads.
+    listing: ArcSwap<Listing>,
+    /// First loads in progress, one per project.
+    loading: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<()>>>>,
     changes: Mutex<Changes>,
     /// Serialises the store write and the local change of a `PUT` or `DELETE`.
     writes: tokio::sync::Mutex<()>,
@@ -304,6 +369,8 @@ impl TenantPolicies {
     ) -> Self {
         Self {
             map: ArcSwap::from_pointee(HashMap::new()),
+            listing: ArcSwap::from_pointee(Listing::default()),
+            loading: Mutex::new(HashMap::new()),
             changes: Mutex::new(Changes::default()),
             writes: tokio::sync::Mutex::new(()),
             refreshing: tokio::sync::Mutex::new(()),
@@ -497,20 +564,208 @@ impl TenantPolicies {
         }
         let digest = super::digest_of(bytes);
         let (component, compile) = self.compiler.compile(&digest, bytes).await?;
+        let (installed, report) = self
+            .check(project, stage, &digest, component, config)
+            .await?;
+        Ok(Prepared {
+            digest,
+            installed,
+            report,
+            compile,
+        })
+    }
+
+    /// Loads a compiled module for `stage` of `project` and runs its conformance vectors, off
+    /// the async workers.
+    async fn check(
+        &self,
+        project: &str,
+        stage: Stage,
+        digest: &str,
+        component: Component,
+        config: &str,
+    ) -> Result<(Checked, StageReport), PrepareError> {
         let runtime = self.runtime.clone();
-        let (project, config, loaded) = (project.to_owned(), config.to_owned(), digest.clone());
-        let checked = tokio::task::spawn_blocking(move || {
-            prepare_compiled(&runtime, &project, stage, loaded, component, &config)
+        let (project, config, digest) = (project.to_owned(), config.to_owned(), digest.to_owned());
+        tokio::task::spawn_blocking(move || {
+            prepare_compiled(&runtime, &project, stage, digest, component, &config)
         })
         .await
         .map_err(|e| PrepareError::Unavailable(format!("module check: {e}")))?
-        .map_err(PrepareError::Refused)?;
-        Ok(Prepared {
-            digest,
-            installed: checked.0,
-            report: checked.1,
-            compile,
-        })
+        .map_err(PrepareError::Refused)
+    }
+
+    /// Loads one stored module of `project`: compiled already when another project or an
+    /// earlier load used its digest, else read from the store and compiled. `Ok(None)`: refused
+    /// (remembered) or missing from the store, logged; `Err`: cannot be loaded now.
+    async fn load_stored(
+        &self,
+        store: &Arc<dyn ControlStore>,
+        project: &str,
+        stored: &Stored,
+        reason: LoadReason,
+    ) -> Result<Option<Shared>, String> {
+        let refusal = refusal_key(&stored.digest, stored.stage, &stored.config);
+        if self.refused.contains_key(&refusal) {
+            return Ok(None);
+        }
+        let count = |result: &str| {
+            self.metrics
+                .tenant_module_loads
+                .with_label_values(&[reason.label(), result])
+                .inc();
+        };
+        let (stage, digest, config) = (stored.stage, &stored.digest, &stored.config);
+        let checked = match self.compiler.cached(digest) {
+            Some((component, _)) => self.check(project, stage, digest, component, config).await,
+            None => match store.module(digest).await {
+                Ok(Some(bytes)) if super::digest_of(&bytes) == *digest => {
+                    let prepared = self.prepare(project, stage, &bytes, config).await;
+                    prepared.map(|p| (p.installed, p.report))
+                }
+                Ok(Some(_)) => Err(PrepareError::Refused(
+                    "the stored module's bytes do not match its digest".to_owned(),
+                )),
+                Ok(None) => {
+                    tracing::error!(project, %digest, "tenant module missing from the store");
+                    count("refused");
+                    return Ok(None);
+                }
+                Err(e) => Err(PrepareError::Unavailable(format!("the control store: {e}"))),
+            },
+        };
+        match checked {
+            Ok((installed, _)) => {
+                count("loaded");
+                Ok(Some(match stored.trial {
+                    None => installed,
+                    Some(trial) => installed.tried_as(
+                        trial,
+                        Some(self.shadow_metrics.series(Plane::Data, stage, project)),
+                    ),
+                }))
+            }
+            Err(PrepareError::Unavailable(reason)) => {
+                count("unavailable");
+                tracing::warn!(project, %stage, %reason, "tenant module not loaded now");
+                Err(reason)
+            }
+            Err(reason) => {
+                count("refused");
+                tracing::error!(project, %stage, %digest, %reason, "tenant module refused; remembered");
+                self.refused.insert(refusal, reason.to_string());
+                Ok(None)
+            }
+        }
+    }
+
+    /// Loads `project`'s stored modules when this is its first request on this instance; its
+    /// other requests meanwhile wait for the same load. `Err`: a module cannot be loaded now
+    /// (the request fails closed; the next one tries again).
+    pub async fn ensure(&self, store: &Arc<dyn ControlStore>, project: &str) -> Result<(), String> {
+        let listing = self.listing.load_full();
+        let Some(stored) = listing.projects.get(project) else {
+            return Ok(());
+        };
+        if stored.loaded() {
+            return Ok(());
+        }
+        let cell = {
+            let mut loading = self.loading.lock().unwrap_or_else(|p| p.into_inner());
+            loading.entry(project.to_owned()).or_default().clone()
+        };
+        let loaded = cell
+            .get_or_try_init(|| self.load_project(store, project, &listing, stored))
+            .await
+            .map(|_| ());
+        let mut loading = self.loading.lock().unwrap_or_else(|p| p.into_inner());
+        if loading.get(project).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+            loading.remove(project);
+        }
+        loaded
+    }
+
+    /// Loads `stored`, `project`'s modules as `listing` lists them, and puts them in force
+    /// unless changed here since the listing was made.
+    async fn load_project(
+        &self,
+        store: &Arc<dyn ControlStore>,
+        project: &str,
+        listing: &Listing,
+        stored: &StoredProject,
+    ) -> Result<(), String> {
+        if stored.loaded() {
+            return Ok(());
+        }
+        let current = self.map.load_full();
+        let mut parts = Vec::new();
+        for module in &stored.modules {
+            let existing = current
+                .get(project)
+                .and_then(|m| m.get(module.stage, module.role));
+            let from = (module.digest.as_str(), module.config.as_str(), module.trial);
+            if existing.is_some_and(|e| loaded_from(&**e) == Some(from)) {
+                continue;
+            }
+            let part = self
+                .load_stored(store, project, module, LoadReason::FirstCall)
+                .await?;
+            parts.push((module.stage, module.role, part));
+        }
+        let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        changes.seq += 1;
+        let seq = changes.seq;
+        let current = self.map.load_full();
+        let next = self.put_project(&current, project, |modules| {
+            for (stage, role, part) in parts {
+                let key = (project.to_owned(), stage, role);
+                if changes
+                    .touched
+                    .get(&key)
+                    .is_some_and(|at| *at > listing.seq)
+                {
+                    continue;
+                }
+                changes.touched.insert(key, seq);
+                modules.set(stage, role, part);
+            }
+        });
+        self.map.store(Arc::new(next));
+        stored
+            .loaded
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// `current` with `project`'s modules changed by `edit` (and regrouped into slots); a
+    /// project left with no module is removed.
+    fn put_project(
+        &self,
+        current: &HashMap<String, Arc<ProjectModules>>,
+        project: &str,
+        edit: impl FnOnce(&mut ProjectModules),
+    ) -> HashMap<String, Arc<ProjectModules>> {
+        let mut modules = match current.get(project) {
+            Some(m) => ProjectModules {
+                parts: m.parts.clone(),
+                slots: Default::default(),
+                gate: m.gate.clone(),
+            },
+            None => ProjectModules {
+                parts: Default::default(),
+                slots: Default::default(),
+                gate: self.pool.project_gate(),
+            },
+        };
+        edit(&mut modules);
+        modules.join();
+        let mut next = current.clone();
+        if modules.is_empty() {
+            next.remove(project);
+        } else {
+            next.insert(project.to_owned(), Arc::new(modules));
+        }
+        next
     }
 
     /// Holds the write lock of `PUT` and `DELETE`: the store write and the local change happen
@@ -573,19 +828,16 @@ impl TenantPolicies {
     ) -> bool {
         let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.map.load_full();
-        let mut flat = flatten(&current);
-        let key = (project.to_owned(), stage, role);
-        if !only_if(flat.get(&key)) {
+        if !only_if(current.get(project).and_then(|m| m.get(stage, role))) {
             return false;
         }
         changes.seq += 1;
         let seq = changes.seq;
-        changes.touched.insert(key.clone(), seq);
-        match part {
-            Some(p) => flat.insert(key, p),
-            None => flat.remove(&key),
-        };
-        self.map.store(Arc::new(self.group(&current, flat)));
+        changes
+            .touched
+            .insert((project.to_owned(), stage, role), seq);
+        let next = self.put_project(&current, project, |m| m.set(stage, role, part));
+        self.map.store(Arc::new(next));
         true
     }
 
@@ -607,7 +859,7 @@ impl TenantPolicies {
                         .map(|m| m.gate.clone())
                         .unwrap_or_else(|| self.pool.project_gate()),
                 });
-            entry.set(stage, role, part);
+            entry.set(stage, role, Some(part));
         }
         grouped
             .into_iter()
@@ -618,10 +870,11 @@ impl TenantPolicies {
             .collect()
     }
 
-    /// Brings the modules in force in line with the store: loads new or changed ones (off the
-    /// request path), drops removed ones. A module that no longer loads is dropped with an
-    /// error log (the project then uses the plane's module) and remembered. Returns whether
-    /// the store answered (every project's modules were then decided).
+    /// Lists every project's stored modules (what a project's first request loads) and brings
+    /// the projects loaded here in line with the store: loads their new or changed modules (off
+    /// the request path), drops removed ones. A module that no longer loads is dropped with an
+    /// error log (the project then uses the plane's module) and remembered. Returns whether the
+    /// store answered.
     pub async fn refresh(&self, store: &Arc<dyn ControlStore>) -> bool {
         let _one_at_a_time = self.refreshing.lock().await;
         let started_at = self.changes.lock().unwrap_or_else(|p| p.into_inner()).seq;
@@ -639,77 +892,67 @@ impl TenantPolicies {
                 return false;
             }
         };
-        let wanted = records
-            .into_iter()
-            .map(|p| {
-                (
-                    p.project_ref,
-                    p.stage,
-                    Role::Enforced,
-                    p.digest,
-                    p.config,
-                    None,
-                )
-            })
-            .chain(candidates.into_iter().filter_map(|c| {
-                // A record another version wrote with a trial this one does not know is skipped.
-                let trial = Trial::parse(&c.mode, Some(c.percent).filter(|p| *p > 0))
-                    .ok()
-                    .flatten()?;
-                Some((
-                    c.project_ref,
-                    c.stage,
-                    Role::Candidate,
-                    c.digest,
-                    c.config,
-                    Some(trial),
-                ))
-            }));
-        let current = self.map.load_full();
-        let current_flat = flatten(&current);
-        let mut loaded: HashMap<Key, Shared> = HashMap::new();
-        for (project_ref, stage, role, digest, config, trial) in wanted {
+        let mut projects: HashMap<String, Vec<Stored>> = HashMap::new();
+        let enforced = records.into_iter().map(|p| {
+            let module = (p.stage, Role::Enforced, p.digest, p.config, None);
+            (p.project_ref, module)
+        });
+        let tried = candidates.into_iter().filter_map(|c| {
+            // A record another version wrote with a trial this one does not know is skipped.
+            let trial = Trial::parse(&c.mode, Some(c.percent).filter(|p| *p > 0))
+                .ok()
+                .flatten()?;
+            let module = (c.stage, Role::Candidate, c.digest, c.config, Some(trial));
+            Some((c.project_ref, module))
+        });
+        for (project, (stage, role, digest, config, trial)) in enforced.chain(tried) {
             let Some(stage) = Stage::parse_tenant(&stage) else {
                 continue;
             };
-            let key = (project_ref.clone(), stage, role);
-            if let Some(existing) = current_flat.get(&key)
-                && loaded_from(&**existing) == Some((digest.as_str(), config.as_str(), trial))
-            {
-                loaded.insert(key, existing.clone());
+            let stored = Stored {
+                stage,
+                role,
+                digest,
+                config,
+                trial,
+            };
+            projects.entry(project).or_default().push(stored);
+        }
+        let previous = self.listing.load_full();
+        let current = self.map.load_full();
+        // The projects loaded here are kept in line now; the others load on their first request.
+        let mut kept: HashSet<String> = HashSet::new();
+        let mut loaded: HashMap<Key, Shared> = HashMap::new();
+        for (project, modules) in &projects {
+            let here = current.get(project);
+            if here.is_none() && !previous.projects.get(project).is_some_and(|p| p.loaded()) {
                 continue;
             }
-            let refusal = refusal_key(&digest, stage, &config);
-            if self.refused.contains_key(&refusal) {
-                continue;
-            }
-            let bytes = match store.module(&digest).await {
-                Ok(Some(bytes)) => bytes,
-                other => {
-                    tracing::error!(project = %project_ref, %digest, ?other, "tenant module missing from the store");
+            kept.insert(project.clone());
+            for module in modules {
+                let key = (project.clone(), module.stage, module.role);
+                let existing = here.and_then(|m| m.get(module.stage, module.role));
+                let from = (module.digest.as_str(), module.config.as_str(), module.trial);
+                if let Some(existing) = existing
+                    && loaded_from(&**existing) == Some(from)
+                {
+                    loaded.insert(key, existing.clone());
                     continue;
                 }
-            };
-            match self.prepare(&project_ref, stage, &bytes, &config).await {
-                Ok(prepared) => {
-                    let part = match trial {
-                        None => prepared.installed,
-                        Some(trial) => prepared.installed.tried_as(
-                            trial,
-                            Some(self.shadow_metrics.series(Plane::Data, stage, &project_ref)),
-                        ),
-                    };
-                    loaded.insert(key, part);
-                }
-                Err(PrepareError::Unavailable(reason)) => {
-                    tracing::warn!(project = %project_ref, stage = %stage, %reason, "tenant module not checked now; kept as it was");
-                    if let Some(existing) = current_flat.get(&key) {
-                        loaded.insert(key, existing.clone());
+                match self
+                    .load_stored(store, project, module, LoadReason::Changed)
+                    .await
+                {
+                    Ok(Some(part)) => {
+                        loaded.insert(key, part);
                     }
-                }
-                Err(reason) => {
-                    tracing::error!(project = %project_ref, stage = %stage, %digest, %reason, "tenant module refused; remembered");
-                    self.refused.insert(refusal, reason.to_string());
+                    Ok(None) => {}
+                    // Not loaded now: what was in force stays.
+                    Err(_) => {
+                        if let Some(existing) = existing {
+                            loaded.insert(key, existing.clone());
+                        }
+                    }
                 }
             }
         }
@@ -718,7 +961,7 @@ impl TenantPolicies {
         let mut next = flatten(&current);
         let keys: HashSet<Key> = next.keys().chain(loaded.keys()).cloned().collect();
         for key in keys {
-            // Changed here since this refresh started: that change stands.
+            // Changed here since this refresh started (a `PUT`, a first load): that stands.
             if changes
                 .touched
                 .get(&key)
@@ -733,6 +976,17 @@ impl TenantPolicies {
         }
         self.map.store(Arc::new(self.group(&current, next)));
         changes.touched.retain(|_, seq| *seq > started_at);
+        let projects = projects
+            .into_iter()
+            .map(|(project, modules)| {
+                let loaded = std::sync::atomic::AtomicBool::new(kept.contains(&project));
+                (project, Arc::new(StoredProject { modules, loaded }))
+            })
+            .collect();
+        self.listing.store(Arc::new(Listing {
+            seq: started_at,
+            projects,
+        }));
         true
     }
 }

@@ -186,7 +186,7 @@ impl Compiler {
     }
 
     /// The compiled component of `digest` from the cache, counted as such.
-    fn cached(&self, digest: &str) -> Option<(Component, CompileReport)> {
+    pub fn cached(&self, digest: &str) -> Option<(Component, CompileReport)> {
         let component = self.cache.get(digest)?;
         self.count("cached");
         Some((

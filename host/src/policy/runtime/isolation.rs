@@ -34,7 +34,13 @@ const POOL_NICE: i32 = 10;
 /// within the queue timeout anyway, and each waiting call holds its input.
 const QUEUED_PER_PLACE: usize = 16;
 
-type Job = Box<dyn FnOnce() + Send + 'static>;
+/// A call: runs on a tenant thread and gives back how to answer its caller, which the thread
+/// does once the call's place and time are accounted (a caller never sees its place still
+/// taken after its answer).
+type Job = Box<dyn FnOnce() -> Answer + Send + 'static>;
+
+/// Answers a call's caller.
+type Answer = Box<dyn FnOnce() + Send + 'static>;
 
 /// The call was not run: the project's places or the threads stayed taken for the queue
 /// timeout, or its queue was full.
@@ -60,6 +66,8 @@ const ABANDONED: u8 = 2;
 struct Queued {
     job: Job,
     state: Arc<AtomicU8>,
+    /// Told when the call starts (a waiting caller's queue timeout ends there).
+    started: Option<oneshot::Sender<()>>,
     shadow: bool,
 }
 
@@ -121,6 +129,10 @@ impl Schedule {
             }
             project.running += 1;
             self.offer(id, per_project);
+            let mut queued = queued;
+            if let Some(started) = queued.started.take() {
+                let _ = started.send(());
+            }
             return Some((id, queued));
         }
     }
@@ -211,14 +223,18 @@ impl TenantPool {
         self.shared.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues `job` for `gate`'s project, unless its queue is full.
-    fn enqueue(&self, gate: &Gate, queued: Queued) -> Result<(), Busy> {
+    /// Queues `job` for `gate`'s project, unless its queue is full. Whether it found a place at
+    /// once: its project had a place free and nothing waiting, and a thread was free beyond one
+    /// for each project whose calls wait.
+    fn enqueue(&self, gate: &Gate, queued: Queued) -> Result<bool, Busy> {
         let mut schedule = self.lock();
         let clock = schedule.clock;
+        let free_thread = schedule.idle_threads > schedule.ready.len();
         let project = schedule.projects.entry(gate.id).or_default();
         if project.queue.len() >= self.per_project * QUEUED_PER_PLACE {
             return Err(Busy);
         }
+        let placed = free_thread && project.queue.is_empty() && project.running < self.per_project;
         if project.queue.is_empty() && project.running == 0 {
             // Starting to call again: from the clock, never from credit saved while idle.
             project.used = project.used.max(clock);
@@ -227,7 +243,7 @@ impl TenantPool {
         schedule.offer(gate.id, self.per_project);
         drop(schedule);
         self.shared.1.notify_one();
-        Ok(())
+        Ok(placed)
     }
 
     /// Runs `call` on the pool in `gate`'s project's turn, or answers [`Busy`] when it has not
@@ -237,29 +253,37 @@ impl TenantPool {
         gate: &Gate,
         call: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Busy> {
-        let (tx, mut rx) = oneshot::channel();
+        let (tx, rx) = oneshot::channel();
         let state = Arc::new(AtomicU8::new(WAITING));
         let job: Job = Box::new(move || {
-            let _ = tx.send(call());
+            let result = call();
+            Box::new(move || {
+                let _ = tx.send(result);
+            })
         });
+        let (started, mut starting) = oneshot::channel();
         let queued = Queued {
             job,
             state: state.clone(),
+            started: Some(started),
             shadow: false,
         };
-        self.enqueue(gate, queued)?;
-        if let Ok(result) = tokio::time::timeout(self.queue_timeout, &mut rx).await {
-            return result.map_err(|_| Busy);
+        // A call that found a place is answered when it ends (its deadline bounds it); one that
+        // waits is given up if it has not started within the queue timeout.
+        if !self.enqueue(gate, queued)?
+            && tokio::time::timeout(self.queue_timeout, &mut starting)
+                .await
+                .is_err()
+            && state
+                .compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            return Err(Busy);
         }
-        // Not answered within the queue timeout: given up if it has not started; a call that
-        // started runs to its end (bounded by its deadline) and is answered.
-        match state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => Err(Busy),
-            Err(_) => rx.await.map_err(|_| Busy),
-        }
+        rx.await.map_err(|_| Busy)
     }
 
-    /// Runs `call` on the pool now when a thread is free with no call waiting for it, a shadow
+    /// Runs `call` on the pool now when a thread is free beyond the calls waiting, a shadow
     /// place is free and `gate`'s project (a project's shadow) has a place free, without waiting
     /// for any ([`Busy`] otherwise): a shadow run must never hold up a request, and a project's
     /// shadows count against its own places and time like its calls. The caller does not wait
@@ -270,10 +294,8 @@ impl TenantPool {
         call: impl FnOnce() + Send + 'static,
     ) -> Result<(), Busy> {
         let mut schedule = self.lock();
-        if schedule.shadows >= self.max_shadows
-            || schedule.idle_threads == 0
-            || !schedule.ready.is_empty()
-        {
+        // A thread free now beyond one for each project whose calls wait.
+        if schedule.shadows >= self.max_shadows || schedule.idle_threads <= schedule.ready.len() {
             return Err(Busy);
         }
         // The operator's shadows have a project of their own in the schedule.
@@ -288,8 +310,12 @@ impl TenantPool {
             project.used = project.used.max(clock);
         }
         project.queue.push_back(Queued {
-            job: Box::new(call),
+            job: Box::new(move || {
+                call();
+                Box::new(|| {})
+            }),
             state: Arc::new(AtomicU8::new(WAITING)),
+            started: None,
             shadow: true,
         });
         schedule.shadows += 1;
@@ -348,7 +374,8 @@ fn worker(shared: &(Mutex<Schedule>, Condvar), per_project: usize) {
         let started = Instant::now();
         // A call catches the host's panics itself (a failed call); one that escaped must not
         // take the thread with it.
-        if std::panic::catch_unwind(AssertUnwindSafe(queued.job)).is_err() {
+        let answer = std::panic::catch_unwind(AssertUnwindSafe(queued.job));
+        if answer.is_err() {
             tracing::error!("a tenant module job panicked in the host");
         }
         let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -368,6 +395,11 @@ fn worker(shared: &(Mutex<Schedule>, Condvar), per_project: usize) {
             schedule.offer(id, per_project);
             schedule.forget_if_idle(id);
         }
+        drop(schedule);
+        if let Ok(answer) = answer {
+            answer();
+        }
+        schedule = relock();
     }
 }
 
