@@ -82,10 +82,10 @@ pub async fn apply(state: &AppState, change: &Change, source: &'static str) {
         }
         Change::Project { project_ref } => state.auth.forget_project(project_ref).await,
         Change::Membership { .. } => {}
-        Change::TenantModules { .. } => state.request_tenant_refresh(),
+        Change::TenantModules { project_ref } => state.request_tenant_refresh(Some(project_ref)),
         Change::Everything => {
             state.auth.forget_all();
-            state.request_tenant_refresh();
+            state.request_tenant_refresh(None);
         }
         Change::OperatorReload => state.fleet.operator_reload.ask(),
     }
@@ -150,19 +150,31 @@ impl crate::policy::registry::Announce for FleetAnnouncer {
 }
 
 /// Keeps the projects' modules in line with the control store: every
-/// `plugins.tenant_refresh_secs`, and sooner when a change event asks for it (at most once per
-/// `control.change_min_interval_ms`).
+/// `plugins.tenant_refresh_secs` every project's are listed, and sooner when a change event asks
+/// for it (at most once per `control.change_min_interval_ms`) only the projects the events named
+/// are read again.
 fn spawn_tenant_refresh(state: &AppState) {
     let weak = state.downgrade();
     let fleet = state.fleet.clone();
     let every = Duration::from_secs(state.config.plugins.tenant_refresh_secs.max(1));
     tokio::spawn(async move {
+        // The first refresh lists every project's modules.
+        let mut named: Option<std::collections::HashSet<String>> = None;
         loop {
             let started = tokio::time::Instant::now();
             let Some(state) = weak.upgrade() else { break };
-            if state.policies.refresh_tenants().await {
-                state.readiness.store_answered();
-                state.readiness.tenant_modules_listed();
+            match named.take() {
+                None => {
+                    if state.policies.refresh_tenants().await {
+                        state.readiness.store_answered();
+                        state.readiness.tenant_modules_listed();
+                    }
+                }
+                Some(projects) => {
+                    for project in projects {
+                        state.policies.refresh_tenant_project(&project).await;
+                    }
+                }
             }
             drop(state);
             // The period, or sooner when a change event asks for it — but never sooner
@@ -174,6 +186,7 @@ fn spawn_tenant_refresh(state: &AppState) {
                         break;
                     }
                     tokio::time::sleep_until(started + fleet.tenant_refresh.every()).await;
+                    named = fleet.take_named_projects();
                 }
             }
         }

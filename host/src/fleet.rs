@@ -9,7 +9,7 @@
 //! and their sequence is past the last one seen from their origin (no replay). Refusals are
 //! counted in `aura_change_events_refused_total{source, reason}`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -180,10 +180,17 @@ pub struct Fleet {
     seen: Mutex<HashMap<String, (u64, Instant)>>,
     /// Refreshes of the projects' modules asked for by events.
     pub tenant_refresh: Coalesced,
+    /// The projects events named since the last refresh started; `None`: every project's
+    /// (a change of everything, or more projects than [`MAX_NAMED_PROJECTS`]).
+    named_projects: Mutex<Option<HashSet<String>>>,
     /// Reloads of the plugin sections asked for by events.
     pub operator_reload: Coalesced,
     refused: prometheus::IntCounterVec,
 }
+
+/// Projects named by events waiting for one refresh at most; past it, every project's modules
+/// are listed instead.
+pub const MAX_NAMED_PROJECTS: usize = 1024;
 
 /// Origins remembered at most (older ones are forgotten first; a forgotten origin's old events
 /// are still refused by their age).
@@ -203,9 +210,39 @@ impl Fleet {
             seq: AtomicU64::new(0),
             seen: Mutex::new(HashMap::new()),
             tenant_refresh: Coalesced::new("tenant_refresh", every, metrics),
+            named_projects: Mutex::new(Some(HashSet::new())),
             operator_reload: Coalesced::new("operator_reload", every, metrics),
             refused: metrics.change_events_refused.clone(),
         }
+    }
+
+    /// Asks for a refresh of `project`'s modules (`None`: of every project's).
+    pub fn ask_tenant_refresh(&self, project: Option<&str>) {
+        {
+            let mut named = self
+                .named_projects
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match (named.as_mut(), project) {
+                (Some(set), Some(project))
+                    if set.len() < MAX_NAMED_PROJECTS || set.contains(project) =>
+                {
+                    set.insert(project.to_owned());
+                }
+                _ => *named = None,
+            }
+        }
+        self.tenant_refresh.ask();
+    }
+
+    /// The projects named since the last call (`None`: every project's modules are to be
+    /// listed).
+    pub fn take_named_projects(&self) -> Option<HashSet<String>> {
+        let mut named = self
+            .named_projects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut *named, Some(HashSet::new()))
     }
 
     /// Whether events go over NATS (`nats.fleet_secret` is set).

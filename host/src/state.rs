@@ -136,10 +136,11 @@ impl AppState {
     }
 
     /// Refreshes the projects' modules soon rather than at the end of the period (a change
-    /// event): asks made before the refresh starts are one refresh, and refreshes asked for
-    /// this way start at most once per `control.change_min_interval_ms`.
-    pub fn request_tenant_refresh(&self) {
-        self.fleet.tenant_refresh.ask();
+    /// event): `project`'s alone when one is named, else every project's. Asks made before the
+    /// refresh starts are one refresh, and refreshes asked for this way start at most once per
+    /// `control.change_min_interval_ms`.
+    pub fn request_tenant_refresh(&self, project: Option<&str>) {
+        self.fleet.ask_tenant_refresh(project);
     }
 
     /// The per-IP limiter of `plane`.

@@ -141,6 +141,23 @@ async fn a_tenant_module_installed_on_one_instance_is_in_force_on_all_within_a_s
         "took {took:?}, compile {compile:?}"
     );
     told(&gws[2], "nats", "tenant_modules").await;
+    // The event named alpha: the others read alpha's records again, and alpha's next request
+    // loaded its one module — nothing else was loaded anywhere.
+    for gw in &gws[1..] {
+        let text = gw.metrics().await;
+        let loads = |reason: &str| {
+            let labels = [
+                format!("reason=\"{reason}\""),
+                "result=\"loaded\"".to_owned(),
+            ];
+            metric(
+                &text,
+                "aura_tenant_module_loads_total",
+                &[&labels[0], &labels[1]],
+            )
+        };
+        assert_eq!((loads("first_call"), loads("changed")), (1.0, 0.0));
+    }
     // And removed everywhere.
     assert_eq!(on(1).delete("cors").await.status, StatusCode::NO_CONTENT);
     let gone = async |gw: &Process| !alphas_module_answers(gw, &fx).await;

@@ -134,6 +134,17 @@ pub trait ControlStore: Send + Sync + std::fmt::Debug {
     ) -> Result<bool, StoreError>;
     /// Every project policy.
     async fn project_policies(&self) -> Result<Vec<ProjectPolicyRecord>, StoreError>;
+    /// `project_ref`'s project policies, every stage (a change event named the project).
+    async fn project_policies_of(
+        &self,
+        project_ref: &str,
+    ) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
+        let all = self.project_policies().await?;
+        Ok(all
+            .into_iter()
+            .filter(|p| p.project_ref == project_ref)
+            .collect())
+    }
     /// Sets (or replaces) a project's candidate module for a stage (shadow or canary).
     async fn set_policy_candidate(
         &self,
@@ -153,6 +164,17 @@ pub trait ControlStore: Send + Sync + std::fmt::Debug {
     ) -> Result<bool, StoreError>;
     /// Every candidate module.
     async fn policy_candidates(&self) -> Result<Vec<PolicyCandidateRecord>, StoreError>;
+    /// `project_ref`'s candidate modules, every stage.
+    async fn policy_candidates_of(
+        &self,
+        project_ref: &str,
+    ) -> Result<Vec<PolicyCandidateRecord>, StoreError> {
+        let all = self.policy_candidates().await?;
+        Ok(all
+            .into_iter()
+            .filter(|c| c.project_ref == project_ref)
+            .collect())
+    }
     /// Appends one change of a module in force to the history. The history of one project (or
     /// the operator's) and stage keeps its newest [`HISTORY_KEPT`] events; older ones are
     /// removed, never another project's or stage's.

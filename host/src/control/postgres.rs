@@ -558,6 +558,44 @@ impl ControlStore for PostgresStore {
             .collect())
     }
 
+    async fn project_policies_of(
+        &self,
+        project_ref: &str,
+    ) -> Result<Vec<ProjectPolicyRecord>, StoreError> {
+        let rows: Vec<(String, String, String, String)> = sqlx::query_as(
+            "SELECT project_ref, stage, digest, config FROM aura_control.project_policies \
+             WHERE project_ref = $1",
+        )
+        .bind(project_ref)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(rows
+            .into_iter()
+            .map(|(project_ref, stage, digest, config)| ProjectPolicyRecord {
+                project_ref,
+                stage,
+                digest,
+                config,
+            })
+            .collect())
+    }
+
+    async fn policy_candidates_of(
+        &self,
+        project_ref: &str,
+    ) -> Result<Vec<PolicyCandidateRecord>, StoreError> {
+        let rows: Vec<CandidateRow> = sqlx::query_as(
+            "SELECT project_ref, stage, digest, config, mode, percent \
+             FROM aura_control.policy_candidates WHERE project_ref = $1",
+        )
+        .bind(project_ref)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(rows.into_iter().map(candidate_of).collect())
+    }
+
     async fn set_policy_candidate(
         &self,
         candidate: &PolicyCandidateRecord,

@@ -88,6 +88,12 @@ impl PolicyRegistry {
         self.tenants.refresh(&self.store).await
     }
 
+    /// Reads `project`'s modules again (a change event named it) and reloads what changed of
+    /// them, when the project is loaded here.
+    pub async fn refresh_tenant_project(&self, project: &str) -> bool {
+        self.tenants.refresh_project(&self.store, project).await
+    }
+
     /// Starts the registry's tasks: the history writer, and the stored-module collection every
     /// `gc_every` (`configured`: the digests the operator's configuration names).
     pub fn spawn_tasks(

@@ -892,32 +892,7 @@ impl TenantPolicies {
                 return false;
             }
         };
-        let mut projects: HashMap<String, Vec<Stored>> = HashMap::new();
-        let enforced = records.into_iter().map(|p| {
-            let module = (p.stage, Role::Enforced, p.digest, p.config, None);
-            (p.project_ref, module)
-        });
-        let tried = candidates.into_iter().filter_map(|c| {
-            // A record another version wrote with a trial this one does not know is skipped.
-            let trial = Trial::parse(&c.mode, Some(c.percent).filter(|p| *p > 0))
-                .ok()
-                .flatten()?;
-            let module = (c.stage, Role::Candidate, c.digest, c.config, Some(trial));
-            Some((c.project_ref, module))
-        });
-        for (project, (stage, role, digest, config, trial)) in enforced.chain(tried) {
-            let Some(stage) = Stage::parse_tenant(&stage) else {
-                continue;
-            };
-            let stored = Stored {
-                stage,
-                role,
-                digest,
-                config,
-                trial,
-            };
-            projects.entry(project).or_default().push(stored);
-        }
+        let projects = stored_of(records, candidates);
         let previous = self.listing.load_full();
         let current = self.map.load_full();
         // The projects loaded here are kept in line now; the others load on their first request.
@@ -929,31 +904,11 @@ impl TenantPolicies {
                 continue;
             }
             kept.insert(project.clone());
-            for module in modules {
-                let key = (project.clone(), module.stage, module.role);
-                let existing = here.and_then(|m| m.get(module.stage, module.role));
-                let from = (module.digest.as_str(), module.config.as_str(), module.trial);
-                if let Some(existing) = existing
-                    && loaded_from(&**existing) == Some(from)
-                {
-                    loaded.insert(key, existing.clone());
-                    continue;
-                }
-                match self
-                    .load_stored(store, project, module, LoadReason::Changed)
-                    .await
-                {
-                    Ok(Some(part)) => {
-                        loaded.insert(key, part);
-                    }
-                    Ok(None) => {}
-                    // Not loaded now: what was in force stays.
-                    Err(_) => {
-                        if let Some(existing) = existing {
-                            loaded.insert(key, existing.clone());
-                        }
-                    }
-                }
+            let parts = self
+                .in_line(store, project, modules, here.map(|m| &**m))
+                .await;
+            for ((stage, role), part) in parts {
+                loaded.insert((project.clone(), stage, role), part);
             }
         }
         let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
@@ -989,6 +944,141 @@ impl TenantPolicies {
         }));
         true
     }
+
+    /// `project`'s parts as `modules` lists them: the part in force where it is the same
+    /// module, configuration and trial, else a new load (a changed module); where one cannot
+    /// be loaded now, what was in force stays.
+    async fn in_line(
+        &self,
+        store: &Arc<dyn ControlStore>,
+        project: &str,
+        modules: &[Stored],
+        here: Option<&ProjectModules>,
+    ) -> HashMap<(Stage, Role), Shared> {
+        let mut parts = HashMap::new();
+        for module in modules {
+            let key = (module.stage, module.role);
+            let existing = here.and_then(|m| m.get(module.stage, module.role));
+            let from = (module.digest.as_str(), module.config.as_str(), module.trial);
+            if let Some(existing) = existing
+                && loaded_from(&**existing) == Some(from)
+            {
+                parts.insert(key, existing.clone());
+                continue;
+            }
+            match self
+                .load_stored(store, project, module, LoadReason::Changed)
+                .await
+            {
+                Ok(Some(part)) => {
+                    parts.insert(key, part);
+                }
+                Ok(None) => {}
+                Err(_) => {
+                    if let Some(existing) = existing {
+                        parts.insert(key, existing.clone());
+                    }
+                }
+            }
+        }
+        parts
+    }
+
+    /// Lists `project`'s stored modules again (a change event named it) and, when the project
+    /// is loaded here, brings it in line — nothing of any other project is read or loaded.
+    /// Returns whether the store answered.
+    pub async fn refresh_project(&self, store: &Arc<dyn ControlStore>, project: &str) -> bool {
+        let _one_at_a_time = self.refreshing.lock().await;
+        let started_at = self.changes.lock().unwrap_or_else(|p| p.into_inner()).seq;
+        let unavailable = |e: crate::control::StoreError| {
+            tracing::warn!(project, error = %e, "a project's modules: store unavailable; kept as they were");
+            false
+        };
+        let records = match store.project_policies_of(project).await {
+            Ok(records) => records,
+            Err(e) => return unavailable(e),
+        };
+        let candidates = match store.policy_candidates_of(project).await {
+            Ok(candidates) => candidates,
+            Err(e) => return unavailable(e),
+        };
+        let mut listed = stored_of(records, candidates);
+        let modules = listed.remove(project).unwrap_or_default();
+        let listing = self.listing.load_full();
+        let current = self.map.load_full();
+        let here = current.get(project);
+        let kept = here.is_some() || listing.projects.get(project).is_some_and(|p| p.loaded());
+        if kept {
+            let mut parts = self
+                .in_line(store, project, &modules, here.map(|m| &**m))
+                .await;
+            let changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+            let current = self.map.load_full();
+            let next = self.put_project(&current, project, |m| {
+                for stage in Stage::ALL.into_iter().filter(|s| s.info().tenant) {
+                    for role in [Role::Enforced, Role::Candidate] {
+                        let key = (project.to_owned(), stage, role);
+                        // Changed here since this refresh started: that stands.
+                        if changes.touched.get(&key).is_some_and(|at| *at > started_at) {
+                            continue;
+                        }
+                        m.set(stage, role, parts.remove(&(stage, role)));
+                    }
+                }
+            });
+            self.map.store(Arc::new(next));
+        }
+        let mut projects = listing.projects.clone();
+        if modules.is_empty() {
+            projects.remove(project);
+        } else {
+            let loaded = std::sync::atomic::AtomicBool::new(kept);
+            projects.insert(
+                project.to_owned(),
+                Arc::new(StoredProject { modules, loaded }),
+            );
+        }
+        self.listing.store(Arc::new(Listing {
+            seq: listing.seq,
+            projects,
+        }));
+        true
+    }
+}
+
+/// The stored modules of each project, from the store's records; a record of a stage no
+/// project may install, or with a trial this version does not know (another version wrote
+/// it), is skipped.
+fn stored_of(
+    records: Vec<crate::control::ProjectPolicyRecord>,
+    candidates: Vec<crate::control::PolicyCandidateRecord>,
+) -> HashMap<String, Vec<Stored>> {
+    let enforced = records.into_iter().map(|p| {
+        let module = (p.stage, Role::Enforced, p.digest, p.config, None);
+        (p.project_ref, module)
+    });
+    let tried = candidates.into_iter().filter_map(|c| {
+        let trial = Trial::parse(&c.mode, Some(c.percent).filter(|p| *p > 0))
+            .ok()
+            .flatten()?;
+        let module = (c.stage, Role::Candidate, c.digest, c.config, Some(trial));
+        Some((c.project_ref, module))
+    });
+    let mut projects: HashMap<String, Vec<Stored>> = HashMap::new();
+    for (project, (stage, role, digest, config, trial)) in enforced.chain(tried) {
+        let Some(stage) = Stage::parse_tenant(&stage) else {
+            continue;
+        };
+        let stored = Stored {
+            stage,
+            role,
+            digest,
+            config,
+            trial,
+        };
+        projects.entry(project).or_default().push(stored);
+    }
+    projects
 }
 
 fn flatten(map: &HashMap<String, Arc<ProjectModules>>) -> HashMap<Key, Shared> {
