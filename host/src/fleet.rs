@@ -242,7 +242,7 @@ impl Fleet {
             .named_projects
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        std::mem::replace(&mut *named, Some(HashSet::new()))
+        named.replace(HashSet::new())
     }
 
     /// Whether events go over NATS (`nats.fleet_secret` is set).

@@ -144,7 +144,7 @@ pub struct Metrics {
     /// its record changed) and result (`loaded`, `refused`, `unavailable`).
     pub tenant_module_loads: IntCounterVec,
     /// Compilations of uploaded modules by result (`ok`, `refused`, `timeout`, `memory`,
-    /// `busy`, `cached`, `remembered`).
+    /// `busy`, `cached`, `disk`: mapped from `plugins.compile_cache_dir`, `remembered`).
     pub tenant_compiles: IntCounterVec,
     /// Wall time of compilations of uploaded modules.
     pub tenant_compile_seconds: prometheus::Histogram,

@@ -40,12 +40,47 @@ fn gateway(refs: &[String], plugins: &str) -> Started {
 fn builder(refs: &[String], plugins: &str) -> Builder<'static> {
     let fx = Fixture::new();
     let toml = format!(
-        "[plugins]\n# Generous for a debug build on a loaded machine; deadlines have tests of their own.\ncall_deadline_ms = 2000\n{plugins}\n\n[data_plane]\nproject_host_suffix = \".api.test\"\n"
+        "[plugins]\n# Generous for a debug build on a loaded machine; deadlines have tests of their own.\ncall_deadline_ms = 2000\n{plugins}\n\n[data_plane]\nproject_host_suffix = \".api.test\"\n\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n"
     );
     Gateway::builder()
         .fixture(&fx)
         .records(fx.projects_of_a(refs))
         .toml(toml)
+}
+
+/// The bearer token of `/v1/admin/*`.
+const ADMIN_TOKEN: &str = "scale-admin-token-0123456789abcdef";
+
+/// Every project `GET /v1/admin/policies` reports, read `limit` at a time by following its
+/// `next_after`; and how many pages it took.
+async fn projects_reported(gw: &Process, limit: usize) -> (Vec<String>, usize) {
+    let (mut projects, mut pages, mut after) = (Vec::new(), 0, None::<String>);
+    loop {
+        let mut path = format!("/v1/admin/policies?limit={limit}");
+        if let Some(after) = &after {
+            path.push_str(&format!("&after={after}"));
+        }
+        let answer = Call::get(gw.mgmt_url(&path))
+            .bearer(ADMIN_TOKEN)
+            .read()
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+        let body = answer.json();
+        let page = body["projects"].as_object().expect("projects");
+        assert!(
+            page.len() <= limit,
+            "a page of {} for a limit of {limit}",
+            page.len()
+        );
+        let mut refs: Vec<String> = page.keys().cloned().collect();
+        refs.sort();
+        pages += 1;
+        projects.extend(refs);
+        match body["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return (projects, pages),
+        }
+    }
 }
 
 /// A preflight of `project` from `origin`.
@@ -192,7 +227,11 @@ async fn more_projects_with_modules_than_the_operator_pool_has_slots_all_decide_
     /// The projects asked again once every project was.
     const FIRST: usize = 20;
     let refs = project_refs(PROJECTS);
-    let plugins = format!("max_idle_instances = 1\ntenant_instance_budget_bytes = {BUDGET}\n");
+    // No room in the compiled-module cache: the digest's code is shared through the modules
+    // that use it, never compiled again for another project.
+    let plugins = format!(
+        "max_idle_instances = 1\ntenant_instance_budget_bytes = {BUDGET}\ncompiled_cache_bytes = 1\n"
+    );
     let Started { gw, fx, dir: _dir } = gateway(&refs, &plugins);
     let admin = admin(gw.mgmt_url(""), &fx);
 
@@ -218,6 +257,15 @@ async fn more_projects_with_modules_than_the_operator_pool_has_slots_all_decide_
     for (i, project) in refs.iter().enumerate() {
         assert_own(&preflight(&gw, project, FILE_ORIGIN).await, i, project);
     }
+    // The instance's report of the projects' modules, a page at a time: each once, in order.
+    let (reported, pages) = projects_reported(&gw, 64).await;
+    let mut scaled = reported;
+    scaled.retain(|p| p.starts_with("scale"));
+    assert_eq!(
+        scaled, refs,
+        "every project's module reported once, in order"
+    );
+    assert!(pages >= PROJECTS.div_ceil(64), "{pages} pages");
     let once = Instances::idle(&gw).await;
     eprintln!(
         "after one preflight of each of {PROJECTS} projects: {} instances, {} bytes \
@@ -229,6 +277,17 @@ async fn more_projects_with_modules_than_the_operator_pool_has_slots_all_decide_
         once.evictions
     );
     assert_eq!(once.budget, BUDGET as f64, "{once:?}");
+    let text = gw.metrics().await;
+    // Compiled, or mapped from the run's compile cache folder: once.
+    let compiled = |result: &str| {
+        let label = format!("result=\"{result}\"");
+        metric(&text, "aura_tenant_compiles_total", &[&label])
+    };
+    let once_in_all = compiled("ok") + compiled("disk");
+    assert_eq!(
+        once_in_all, 1.0,
+        "one digest, compiled once for {PROJECTS} projects"
+    );
     assert!(once.evictions > 0.0, "nothing was evicted: {once:?}");
     // Memory follows traffic: the warmest are kept, far fewer than the projects.
     assert!(once.alive >= 1.0, "{once:?}");

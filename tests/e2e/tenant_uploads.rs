@@ -419,3 +419,43 @@ fn the_confined_compile_worker_compiles_every_plugin() {
         assert!(artefact > 0, "{name}");
     }
 }
+
+/// A project's module compiled once is kept in `plugins.compile_cache_dir`: after a restart, the
+/// project's first request maps it from there instead of compiling it again.
+#[tokio::test]
+async fn a_projects_module_compiled_once_is_mapped_from_the_compile_cache_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = crate::support::records::stored_cors_module(dir.path(), "alpha", &testing_cors());
+    let start = || {
+        Gateway::builder()
+            .nats("nats://127.0.0.1:1")
+            .prefix("compiled")
+            .dir(dir.path())
+            .records(&record)
+            .toml("[plugins]\ncompile_cache_dir = \"compiled\"\n")
+            .binary()
+    };
+    // Alpha's first request on each start: alpha's own module answers (it exposes a header
+    // of its own), compiled on the first start and mapped from the folder on the second.
+    for (start_no, (compiled, mapped)) in [(1, (1.0, 0.0)), (2, (0.0, 1.0))] {
+        let Started { gw, fx, .. } = start();
+        let r = cors_probe(gw.data_url("/health"), &fx.anon_key).await;
+        assert_eq!(r.status, StatusCode::OK, "start {start_no}");
+        let exposed = r.headers.get("access-control-expose-headers");
+        let exposed = exposed.and_then(|v| v.to_str().ok()).unwrap_or_default();
+        assert!(
+            exposed.contains("x-testing-plugin"),
+            "start {start_no}: {exposed}"
+        );
+        let text = gw.metrics().await;
+        let compiles = |result: &str| {
+            let label = format!("result=\"{result}\"");
+            metric(&text, "aura_tenant_compiles_total", &[&label])
+        };
+        assert_eq!(
+            (compiles("ok"), compiles("disk")),
+            (compiled, mapped),
+            "start {start_no}"
+        );
+    }
+}

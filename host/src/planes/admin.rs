@@ -221,12 +221,27 @@ async fn policy_rollback(State(state): State<AppState>, headers: http::HeaderMap
     }
 }
 
-async fn policies(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
+/// `?after=<ref>&limit=N` of `GET /v1/admin/policies`: a page of the projects' modules, in
+/// the order of their refs (`limit` 1–1000, 100 by default).
+#[derive(Debug, serde::Deserialize)]
+struct ProjectsPage {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn policies(
+    State(state): State<AppState>,
+    headers: http::HeaderMap,
+    page: axum::extract::Query<ProjectsPage>,
+) -> Response {
     if let Err(error) = guard(&state, &headers) {
         return error.into_response();
     }
+    let limit = page.limit.unwrap_or(100).clamp(1, 1000);
+    let tenants = &state.policies.tenants;
+    let (reports, next) = tenants.reports_page(page.after.as_deref(), limit);
     let mut projects = serde_json::Map::new();
-    for (project, stage, report) in state.policies.tenants.reports() {
+    for (project, stage, report) in reports {
         let entry = projects
             .entry(project)
             .or_insert_with(|| Value::Object(serde_json::Map::new()));
@@ -239,6 +254,8 @@ async fn policies(State(state): State<AppState>, headers: http::HeaderMap) -> Re
         "candidates": candidates_json(&state.policies.snapshot()),
         "rollback_candidate": state.policies.rollback_candidate().map(|p| planes_json(&p)),
         "projects": projects,
+        "projects_loaded": tenants.loaded_projects(),
+        "next_after": next,
     }))
     .into_response()
 }

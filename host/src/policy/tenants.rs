@@ -663,13 +663,18 @@ impl TenantPolicies {
     /// other requests meanwhile wait for the same load. `Err`: a module cannot be loaded now
     /// (the request fails closed; the next one tries again).
     pub async fn ensure(&self, store: &Arc<dyn ControlStore>, project: &str) -> Result<(), String> {
+        {
+            // Every request of a project that installed a module for another stage comes here:
+            // a lookup, no reference counted.
+            let listing = self.listing.load();
+            if listing.projects.get(project).is_none_or(|p| p.loaded()) {
+                return Ok(());
+            }
+        }
         let listing = self.listing.load_full();
         let Some(stored) = listing.projects.get(project) else {
             return Ok(());
         };
-        if stored.loaded() {
-            return Ok(());
-        }
         let cell = {
             let mut loading = self.loading.lock().unwrap_or_else(|p| p.into_inner());
             loading.entry(project.to_owned()).or_default().clone()
@@ -785,16 +790,41 @@ impl TenantPolicies {
 
     /// Every project's modules in force: (project, stage, report), sorted.
     pub fn reports(&self) -> Vec<(String, Stage, super::runtime::stats::ModuleReport)> {
+        self.reports_page(None, usize::MAX).0
+    }
+
+    /// One page of [`Self::reports`]: the projects after `after` in the order of their refs, at
+    /// most `limit` of them, and the ref to ask after for the next page (none on the last).
+    #[allow(clippy::type_complexity, reason = "a page and its cursor")]
+    pub fn reports_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (
+        Vec<(String, Stage, super::runtime::stats::ModuleReport)>,
+        Option<String>,
+    ) {
+        let map = self.map.load();
+        let mut projects: Vec<&String> = map
+            .keys()
+            .filter(|p| after.is_none_or(|after| p.as_str() > after))
+            .collect();
+        projects.sort_unstable();
+        let next = (projects.len() > limit).then(|| projects[limit - 1].clone());
         let mut out = Vec::new();
-        for (project, modules) in self.map.load().iter() {
-            for (stage, role, part) in modules.all() {
+        for project in projects.into_iter().take(limit) {
+            for (stage, role, part) in map[project].all() {
                 if let (Role::Enforced, Some(module)) = (role, part.module()) {
                     out.push((project.clone(), stage, module.report()));
                 }
             }
         }
-        out.sort_by(|a, b| (&a.0, a.1.to_string()).cmp(&(&b.0, b.1.to_string())));
-        out
+        (out, next)
+    }
+
+    /// Projects with modules loaded on this instance.
+    pub fn loaded_projects(&self) -> usize {
+        self.map.load().len()
     }
 
     /// Puts a module in force for a project (`None` removes it), as a change of this instance.

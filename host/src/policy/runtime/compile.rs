@@ -186,8 +186,13 @@ impl Compiler {
     }
 
     /// The compiled component of `digest` from the cache, counted as such.
+    /// A digest a loaded project's module uses is shared with it; one recently used is in the
+    /// cache (`plugins.compiled_cache_bytes`).
     pub fn cached(&self, digest: &str) -> Option<(Component, CompileReport)> {
-        let component = self.cache.get(digest)?;
+        let component = self
+            .runtime
+            .compiled_in_use(digest)
+            .or_else(|| self.cache.get(digest))?;
         self.count("cached");
         Some((
             component,
@@ -212,6 +217,22 @@ impl Compiler {
             self.count("remembered");
             return Err(error);
         }
+        // Compiled before (by this instance or another sharing the folder), mapped from disk.
+        let engine = self.runtime.engine(Owner::Tenant);
+        if let Some(component) = self
+            .runtime
+            .compile_cache()
+            .and_then(|c| c.get(engine, digest))
+        {
+            self.count("disk");
+            self.cache.insert(digest.to_owned(), component.clone());
+            let report = CompileReport {
+                compile_ms: 0,
+                peak_rss_bytes: 0,
+                cached: true,
+            };
+            return Ok((component, report));
+        }
         let _permit = self
             .gate
             .acquire()
@@ -233,6 +254,9 @@ impl Compiler {
                     .tenant_compile_peak_bytes
                     .observe(report.peak_rss_bytes as f64);
                 self.cache.insert(digest.to_owned(), component.clone());
+                if let Some(disk) = self.runtime.compile_cache() {
+                    disk.put(engine, digest, &component);
+                }
                 Ok((component, report))
             }
             Err(error) => {

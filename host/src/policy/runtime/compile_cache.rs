@@ -1,6 +1,7 @@
 //! Compiled modules kept on disk (`plugins.compile_cache_dir`), so that a restart loads the
-//! modules named in the configuration instead of compiling them again — seconds per module for
-//! a component carrying a Python or JavaScript runtime.
+//! modules named in the configuration, and the projects' modules, instead of compiling them
+//! again — seconds per module for a component carrying a Python or JavaScript runtime. A file
+//! is mapped, not read: a digest no project calls costs disk, not memory.
 //!
 //! A file is named by the module's SHA-256 and a hash of the engine's compatibility settings;
 //! wasmtime checks the compatibility again when loading it, and a file that does not load is
@@ -56,6 +57,19 @@ impl CompileCache {
             .join(format!("{digest}-{:016x}.cwasm", hasher.finish()))
     }
 
+    /// The compiled module of `digest` for `engine`, when the folder has it.
+    pub fn get(&self, engine: &Engine, digest: &str) -> Option<Component> {
+        load(engine, &self.path(engine, digest))
+    }
+
+    /// Keeps `component` (compiled for `engine`, of `digest`) in the folder.
+    pub fn put(&self, engine: &Engine, digest: &str, component: &Component) {
+        let path = self.path(engine, digest);
+        if let Err(e) = store(&path, component) {
+            tracing::warn!(path = %path.display(), error = %e, "compiled module not kept in the compile cache");
+        }
+    }
+
     /// The compiled form of `bytes` (whose SHA-256 is `digest`): loaded from the folder, or
     /// compiled by `compile` and stored.
     pub fn get_or_compile(
@@ -70,9 +84,7 @@ impl CompileCache {
             return Ok(component);
         }
         let component = compile(bytes)?;
-        if let Err(e) = store(&path, &component) {
-            tracing::warn!(path = %path.display(), error = %e, "compiled module not kept in the compile cache");
-        }
+        self.put(engine, digest, &component);
         Ok(component)
     }
 }

@@ -99,6 +99,10 @@ pub struct PolicyEngine {
     /// Projects' modules: instances made on demand, within `tenant_instances`.
     tenant_engine: Engine,
     tenant_instances: Arc<super::instances::TenantInstances>,
+    /// Projects' compiled modules in use, by digest, with the count of loaded modules using
+    /// each: a digest's code is in memory once, however many projects and configurations use
+    /// it.
+    compiled_in_use: Mutex<std::collections::HashMap<String, (Component, usize)>>,
     settings: PluginRuntimeConfig,
     metrics: std::sync::OnceLock<crate::metrics::Metrics>,
     /// Advances the epoch while guest code runs.
@@ -137,6 +141,7 @@ impl PolicyEngine {
             tenant_instances: super::instances::TenantInstances::new(
                 settings.tenant_instance_budget_bytes,
             ),
+            compiled_in_use: Mutex::new(std::collections::HashMap::new()),
             settings: settings.clone(),
             metrics: std::sync::OnceLock::new(),
             ticker,
@@ -240,6 +245,37 @@ impl PolicyEngine {
             Owner::Operator => &self.engine,
             Owner::Tenant => &self.tenant_engine,
         }
+    }
+
+    /// The compiled module of `digest` a loaded project's module uses, if one does.
+    pub(crate) fn compiled_in_use(&self, digest: &str) -> Option<Component> {
+        let in_use = self.compiled_in_use.lock().ok()?;
+        in_use.get(digest).map(|(component, _)| component.clone())
+    }
+
+    fn hold_compiled(&self, digest: &str, component: &Component) {
+        if let Ok(mut in_use) = self.compiled_in_use.lock() {
+            let entry = in_use
+                .entry(digest.to_owned())
+                .or_insert_with(|| (component.clone(), 0));
+            entry.1 += 1;
+        }
+    }
+
+    fn release_compiled(&self, digest: &str) {
+        if let Ok(mut in_use) = self.compiled_in_use.lock()
+            && let Some(entry) = in_use.get_mut(digest)
+        {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                in_use.remove(digest);
+            }
+        }
+    }
+
+    /// `plugins.compile_cache_dir`, opened.
+    pub(crate) fn compile_cache(&self) -> Option<&super::compile_cache::CompileCache> {
+        self.compile_cache.as_ref()
     }
 
     /// The budget of projects' module instances.
@@ -701,7 +737,10 @@ impl<W: StageWorld> StageModule<W> {
             refuse(FailureKind::Refused, format!("configure answered {reason}"))
         })?;
         runtime.series_acquire(plane, W::STAGE, &digest);
-        let kept_as = (owner == Owner::Tenant).then(|| runtime.tenant_instances.module_id());
+        let kept_as = (owner == Owner::Tenant).then(|| {
+            runtime.hold_compiled(&digest, component);
+            runtime.tenant_instances.module_id()
+        });
         let module = Self {
             runtime,
             plane,
@@ -1042,6 +1081,7 @@ impl<W: StageWorld> Drop for StageModule<W> {
     fn drop(&mut self) {
         if let Some(module) = self.kept_as {
             self.runtime.tenant_instances.forget(module);
+            self.runtime.release_compiled(&self.digest);
         }
         self.runtime
             .series_release(self.plane, W::STAGE, &self.digest);
