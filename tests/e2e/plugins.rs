@@ -25,7 +25,7 @@ use crate::support::config::{METRICS_TOKEN, write_config};
 use crate::support::edge::Edge;
 use crate::support::gateway::Process;
 use crate::support::metrics::metric;
-use crate::support::poll::poll_tries;
+use crate::support::poll::{eventually, poll_tries};
 
 fn load(config: &Config) -> Result<Policies, PluginError> {
     let runtime = PolicyEngine::new(&config.plugins).expect("engine");
@@ -760,9 +760,12 @@ async fn a_plugin_logs_within_bounds_and_nothing_in_its_wasi_reaches_out() {
         let next = get("https://ok.test").status().await;
         assert_eq!(next, StatusCode::OK, "served after {origin}");
     }
-    let log = gw.log_text();
-    assert!(log.contains("a plugin may not wait"), "{log}");
-    assert!(log.contains("is not granted to plugins"), "{log}");
+    // The log is written off the request's path: read once both lines are in.
+    let logged = |log: &str| {
+        log.contains("a plugin may not wait") && log.contains("is not granted to plugins")
+    };
+    let both = eventually(Duration::from_secs(5), async || logged(&gw.log_text())).await;
+    assert!(both, "{}", gw.log_text());
 }
 
 /// The compile cache holds native code: a folder others may write to is refused with its key,

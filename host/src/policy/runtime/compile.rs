@@ -253,10 +253,17 @@ impl Compiler {
                 self.metrics
                     .tenant_compile_peak_bytes
                     .observe(report.peak_rss_bytes as f64);
+                // With a cache folder the module runs from its file, mapped: its code and its
+                // memory image are pages of the file, read when used and given back to the
+                // kernel when not, instead of a private copy of all of it per digest.
+                let component = match self.runtime.compile_cache() {
+                    Some(disk) => {
+                        disk.put(engine, digest, &component);
+                        disk.get(engine, digest).unwrap_or(component)
+                    }
+                    None => component,
+                };
                 self.cache.insert(digest.to_owned(), component.clone());
-                if let Some(disk) = self.runtime.compile_cache() {
-                    disk.put(engine, digest, &component);
-                }
                 Ok((component, report))
             }
             Err(error) => {
