@@ -80,6 +80,13 @@ pub struct Metrics {
     pub tenant_instance_budget_bytes: IntGauge,
     /// Idle instances of projects' modules dropped, coldest first, to stay within the budget.
     pub tenant_instance_evictions: IntCounter,
+    /// Bytes charged to the projects' compiled modules in use (each digest once).
+    pub tenant_code_bytes: IntGauge,
+    /// `plugins.tenant_code_budget_bytes`: past it the coldest projects' modules are unloaded.
+    pub tenant_code_budget_bytes: IntGauge,
+    /// Projects whose modules were unloaded (coldest first, to stay within the code budget;
+    /// loaded again on their next request).
+    pub tenant_projects_unloaded: IntCounter,
     /// Decision cache entries given back to the instance's ceiling, by reason (`ceiling`:
     /// evicted to make room under it, from the caches furthest over their share; `idle`: a
     /// shard no request looked up for `plugins.decision_cache.idle_secs`).
@@ -271,6 +278,21 @@ impl Metrics {
         let tenant_instance_evictions = IntCounter::new(
             "tenant_instance_evictions_total",
             "Idle instances of projects' modules dropped, coldest first, to stay within plugins.tenant_instance_budget_bytes",
+        )
+        .expect("valid metric");
+        let tenant_code_bytes = IntGauge::new(
+            "tenant_code_bytes",
+            "Bytes charged to the projects' compiled modules in use, each digest once (image and runtime state, estimated)",
+        )
+        .expect("valid metric");
+        let tenant_code_budget_bytes = IntGauge::new(
+            "tenant_code_budget_bytes",
+            "The ceiling of aura_tenant_code_bytes (plugins.tenant_code_budget_bytes)",
+        )
+        .expect("valid metric");
+        let tenant_projects_unloaded = IntCounter::new(
+            "tenant_projects_unloaded_total",
+            "Projects whose modules were unloaded, least recently called first, to stay within plugins.tenant_code_budget_bytes (loaded again on their next request)",
         )
         .expect("valid metric");
         let decision_cache_reclaimed = IntCounterVec::new(
@@ -570,6 +592,9 @@ impl Metrics {
             Box::new(tenant_instance_bytes.clone()),
             Box::new(tenant_instance_budget_bytes.clone()),
             Box::new(tenant_instance_evictions.clone()),
+            Box::new(tenant_code_bytes.clone()),
+            Box::new(tenant_code_budget_bytes.clone()),
+            Box::new(tenant_projects_unloaded.clone()),
             Box::new(decision_cache_reclaimed.clone()),
             Box::new(plugin_log_dropped.clone()),
             Box::new(shadow_disagreements.clone()),
@@ -617,6 +642,9 @@ impl Metrics {
             tenant_instance_bytes,
             tenant_instance_budget_bytes,
             tenant_instance_evictions,
+            tenant_code_bytes,
+            tenant_code_budget_bytes,
+            tenant_projects_unloaded,
             decision_cache_reclaimed,
             plugin_log_dropped,
             shadow_disagreements,

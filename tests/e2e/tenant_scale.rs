@@ -38,9 +38,15 @@ fn gateway(refs: &[String], plugins: &str) -> Started {
 
 /// [`gateway`] before it starts, for a test to add to (its folder, more records).
 fn builder(refs: &[String], plugins: &str) -> Builder<'static> {
+    // Generous for a debug build on a loaded machine; deadlines have tests of their own.
+    builder_with_deadline(refs, plugins, 2000)
+}
+
+/// [`builder`] with a call deadline of `deadline_ms`.
+fn builder_with_deadline(refs: &[String], plugins: &str, deadline_ms: u64) -> Builder<'static> {
     let fx = Fixture::new();
     let toml = format!(
-        "[plugins]\n# Generous for a debug build on a loaded machine; deadlines have tests of their own.\ncall_deadline_ms = 2000\n{plugins}\n\n[data_plane]\nproject_host_suffix = \".api.test\"\n\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n"
+        "[plugins]\ncall_deadline_ms = {deadline_ms}\n{plugins}\n\n[data_plane]\nproject_host_suffix = \".api.test\"\n\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n"
     );
     Gateway::builder()
         .fixture(&fx)
@@ -182,6 +188,42 @@ fn stored_modules(dir: &Path, refs: &[String]) -> String {
             let config = own_config(i, project);
             format!(
                 "[[project_policies]]\nproject_ref = \"{project}\"\nstage = \"cors\"\ndigest = \"{module_digest}\"\nconfig = '{config}'\n\n"
+            )
+        })
+        .collect()
+}
+
+/// The testing module as a distinct module (digest) per `variant`: the same component with a
+/// component-level custom section `aura-test` holding the variant's number.
+fn variant_of(module: &[u8], variant: usize) -> Vec<u8> {
+    let name = b"aura-test";
+    let payload = variant.to_le_bytes();
+    let size = 1 + name.len() + payload.len();
+    let mut out = module.to_vec();
+    // Section 0 (custom): its size (one LEB128 byte), the name's length and name, the payload.
+    out.push(0);
+    out.push(u8::try_from(size).expect("a short section"));
+    out.push(u8::try_from(name.len()).expect("a short name"));
+    out.extend_from_slice(name);
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Like [`stored_modules`], each project with a module of its own digest ([`variant_of`]).
+fn stored_variants(dir: &Path, refs: &[String]) -> String {
+    let module = testing_cors();
+    let modules = dir.join("modules");
+    std::fs::create_dir_all(&modules).expect("modules folder");
+    refs.iter()
+        .enumerate()
+        .map(|(i, project)| {
+            let variant = variant_of(&module, i);
+            let variant_digest = digest(&variant);
+            let file = modules.join(format!("{variant_digest}.wasm"));
+            std::fs::write(file, &variant).expect("module file");
+            let config = own_config(i, project);
+            format!(
+                "[[project_policies]]\nproject_ref = \"{project}\"\nstage = \"cors\"\ndigest = \"{variant_digest}\"\nconfig = '{config}'\n\n"
             )
         })
         .collect()
@@ -459,4 +501,158 @@ async fn a_start_with_stored_modules_lists_them_and_loads_each_project_on_its_fi
         after, before,
         "nothing loaded for a project without modules"
     );
+}
+
+/// Past `plugins.tenant_code_budget_bytes` (its least, 1 MiB: less than one digest of the
+/// testing module here) the modules of the projects called least recently are unloaded, their
+/// digests' compiled modules with them, and a project's next request loads its modules again,
+/// which then decide with the project's own configuration. A project called all along is never
+/// unloaded (no load of its own past its first).
+#[tokio::test]
+async fn past_the_code_budget_the_least_recently_called_projects_are_unloaded_and_load_again_on_their_next_request()
+ {
+    const PROJECTS: usize = 12;
+    /// The project called all along.
+    const HOT: usize = 0;
+    let refs = project_refs(PROJECTS);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let records = stored_variants(dir.path(), &refs);
+    let plugins = format!("tenant_code_budget_bytes = {}\n", 1 << 20);
+    let Started { gw, .. } = builder(&refs, &plugins)
+        .keep_dir(dir)
+        .records(records)
+        .binary();
+    let read = async |name: &str| metric(&gw.metrics().await, name, &[]);
+
+    // Every project is called once, the hot one between each two.
+    let hot = &refs[HOT];
+    for (i, project) in refs.iter().enumerate() {
+        assert_own(&preflight(&gw, project, FILE_ORIGIN).await, i, project);
+        assert_own(&preflight(&gw, hot, FILE_ORIGIN).await, HOT, hot);
+    }
+    assert_eq!(first_call_loads(&gw).await, PROJECTS as f64);
+    let budget = read("aura_tenant_code_budget_bytes").await;
+    assert_eq!(budget, f64::from(1 << 20));
+
+    // The hot project keeps calling; every other one is unloaded within a few sweeps.
+    let unloaded = poll_every(
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        async || {
+            assert_own(&preflight(&gw, hot, FILE_ORIGIN).await, HOT, hot);
+            let unloaded = read("aura_tenant_projects_unloaded_total").await;
+            (unloaded >= (PROJECTS - 1) as f64).then_some(unloaded)
+        },
+    )
+    .await;
+    let unloaded = unloaded.unwrap_or_else(|| panic!("not unloaded; log:\n{}", gw.log_text()));
+    assert_eq!(unloaded, (PROJECTS - 1) as f64, "the hot project stays");
+    let answer = Call::get(gw.mgmt_url("/v1/admin/policies"))
+        .bearer(ADMIN_TOKEN)
+        .read()
+        .await;
+    let body = answer.json();
+    assert_eq!(body["projects_loaded"], 1, "{body}");
+    assert!(body["projects"].get(hot.as_str()).is_some(), "{body}");
+    let charged = read("aura_tenant_code_bytes").await;
+    eprintln!("one digest in use is charged {charged} bytes");
+    assert!(charged > 0.0);
+    assert_eq!(
+        first_call_loads(&gw).await,
+        PROJECTS as f64,
+        "the hot project was never loaded again"
+    );
+
+    // Each unloaded project's next request loads its own module again, which decides as it did.
+    for (i, project) in refs.iter().enumerate().filter(|(i, _)| *i != HOT) {
+        assert_own(&preflight(&gw, project, FILE_ORIGIN).await, i, project);
+    }
+    assert_eq!(
+        first_call_loads(&gw).await,
+        (2 * PROJECTS - 1) as f64,
+        "each unloaded project loaded once more"
+    );
+}
+
+/// Projects whose modules spin to their deadline on every call run on threads of their own once
+/// a call of theirs took a quarter of the deadline: with every tenant thread a spinning call
+/// could take, a project whose module is quick keeps its threads and is answered by it every
+/// time, never `503 policy_busy` (sharing the threads, its call would wait for a spinning call
+/// to end, far past the queue timeout).
+#[tokio::test]
+async fn projects_spinning_at_their_deadline_never_take_the_threads_of_a_quick_project() {
+    const SPINNERS: usize = 6;
+    const QUIET: &str = "quiet";
+    const LOOP: &str = "https://loop.test";
+    let mut refs = project_refs(SPINNERS);
+    refs.push(QUIET.to_owned());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let module = testing_cors();
+    let module_digest = digest(&module);
+    let modules = dir.path().join("modules");
+    std::fs::create_dir_all(&modules).expect("modules folder");
+    std::fs::write(modules.join(format!("{module_digest}.wasm")), &module).expect("module");
+    // The spinners' modules loop on `loop.test`; the quiet one echoes every origin at once.
+    let records: String = refs
+        .iter()
+        .map(|project| {
+            let config = if project == QUIET { r#"{"echo_all":true}"# } else { "{}" };
+            format!(
+                "[[project_policies]]\nproject_ref = \"{project}\"\nstage = \"cors\"\ndigest = \"{module_digest}\"\nconfig = '{config}'\n\n"
+            )
+        })
+        .collect();
+    let plugins = "tenant_threads = 2\ntenant_max_concurrent_calls = 1\n";
+    let builder = builder_with_deadline(&refs, plugins, 400);
+    let Started { gw, .. } = builder.keep_dir(dir).records(records).binary();
+
+    // Each spinner's first call spins to the deadline: its project is heavy from then on.
+    for project in &refs[..SPINNERS] {
+        let r = preflight(&gw, project, LOOP).await;
+        let (status, code) = r.status_and_code();
+        assert_eq!(
+            status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{project}: {}",
+            r.text()
+        );
+        assert_eq!(code, "policy_failed", "{project}");
+    }
+    // Two clients per spinner keep its place (and every thread it could take) busy.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for project in refs[..SPINNERS].iter().chain(&refs[..SPINNERS]) {
+        let (stop, url) = (stop.clone(), gw.data_url("/v1/db/todos"));
+        let host = format!("{project}.api.test");
+        load.push(tokio::spawn(async move {
+            let mut spun = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = Call::preflight(url.clone(), LOOP)
+                    .host(host.clone())
+                    .read()
+                    .await;
+                spun += usize::from(r.status == StatusCode::INTERNAL_SERVER_ERROR);
+            }
+            spun
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut times = Vec::new();
+    for _ in 0..30 {
+        let started = Instant::now();
+        let r = preflight(&gw, QUIET, FILE_ORIGIN).await;
+        times.push(started.elapsed());
+        assert_echoed(&r, QUIET, FILE_ORIGIN);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut spun = 0;
+    for client in load {
+        spun += client.await.expect("client");
+    }
+    eprintln!(
+        "quick project under {SPINNERS} spinning projects: p50 {:?}, max {:?}; {spun} calls spun to the deadline meanwhile",
+        quantile(&times, 0.5),
+        quantile(&times, 1.0)
+    );
+    assert!(spun >= 2, "the spinners' calls ran meanwhile ({spun})");
 }

@@ -90,10 +90,19 @@ pub struct PluginRuntimeConfig {
     /// dropped (made again on the next call). Operator modules have their own instances and
     /// never count against it.
     pub tenant_instance_budget_bytes: usize,
+    /// The memory the projects' compiled modules in use may hold together, in bytes: each
+    /// digest once (its compiled image and what the runtime builds for it, estimated). Past it
+    /// the modules of the projects called least recently are unloaded (loaded again, from the
+    /// compile cache, on their next request); a project called in the last second is never
+    /// unloaded.
+    pub tenant_code_budget_bytes: usize,
     /// Threads running projects' module calls (off the request workers).
     pub tenant_threads: usize,
     /// Calls of one project's modules in progress at once (below `tenant_threads`).
     pub tenant_max_concurrent_calls: usize,
+    /// The share of one core the calls of heavy projects (whose last call ran for a quarter of
+    /// `call_deadline_ms` or more) may use together, on their threads of their own.
+    pub tenant_heavy_cpu_share: f64,
     /// How long a tenant module call may wait for a place before its request fails closed
     /// (`503 policy_busy`), in milliseconds.
     pub tenant_queue_timeout_ms: u64,
@@ -215,8 +224,10 @@ impl Default for PluginRuntimeConfig {
             compile_cache_dir: None,
             tenant_refused_retry_secs: 3_600,
             tenant_instance_budget_bytes: 256 << 20,
+            tenant_code_budget_bytes: 256 << 20,
             tenant_threads: 4,
             tenant_max_concurrent_calls: 2,
+            tenant_heavy_cpu_share: 0.5,
             tenant_queue_timeout_ms: 100,
             module_gc_interval_secs: 3_600,
             module_gc_grace_secs: 7 * 24 * 3_600,
@@ -259,6 +270,18 @@ impl PluginRuntimeConfig {
         at_least(
             "tenant_instance_budget_bytes",
             self.tenant_instance_budget_bytes as u64,
+            1 << 20,
+        )
+        .map_err(super::noted("1 MiB"))?;
+        if !(0.01..=64.0).contains(&self.tenant_heavy_cpu_share) {
+            return Err(problem(
+                &format!("{key}.tenant_heavy_cpu_share"),
+                "must be between 0.01 and 64 (a share of one core)",
+            ));
+        }
+        at_least(
+            "tenant_code_budget_bytes",
+            self.tenant_code_budget_bytes as u64,
             1 << 20,
         )
         .map_err(super::noted("1 MiB"))?;

@@ -295,7 +295,10 @@ pub struct FileStore {
     path: Option<PathBuf>,
     snapshot: ArcSwap<Snapshot>,
     stamp: std::sync::Mutex<Option<Stamp>>,
-    writing: tokio::sync::Mutex<()>,
+    /// Serialises edits; holds the document the last edit wrote, with the file's stamp then: the
+    /// next edit starts from it when the file was not changed since (a large file is not
+    /// parsed again for every change).
+    writing: tokio::sync::Mutex<Option<(Option<Stamp>, toml_edit::DocumentMut)>>,
     /// Bumped on every reload of the file.
     reloads: tokio::sync::watch::Sender<u64>,
     /// The policy history: files beside the control file, or memory without one.
@@ -309,7 +312,7 @@ impl FileStore {
             path: None,
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             stamp: std::sync::Mutex::new(None),
-            writing: tokio::sync::Mutex::new(()),
+            writing: tokio::sync::Mutex::new(None),
             reloads: tokio::sync::watch::Sender::new(0),
             history: super::file_history::PolicyHistory::open(None),
         }
@@ -323,7 +326,7 @@ impl FileStore {
             path: Some(path.to_path_buf()),
             snapshot: ArcSwap::from_pointee(snapshot),
             stamp: std::sync::Mutex::new(stamp),
-            writing: tokio::sync::Mutex::new(()),
+            writing: tokio::sync::Mutex::new(None),
             reloads: tokio::sync::watch::Sender::new(0),
             history: super::file_history::PolicyHistory::open(Some(
                 path.parent().unwrap_or_else(|| Path::new(".")),
@@ -404,23 +407,38 @@ impl FileStore {
         let path = self.path.as_ref().ok_or_else(|| {
             StoreError::Invalid("no control file is configured (control.file)".into())
         })?;
-        let _guard = self.writing.lock().await;
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))?;
-        let mut doc: toml_edit::DocumentMut = text
-            .parse()
-            .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))?;
+        let mut written = self.writing.lock().await;
+        let before = stamp(path);
+        // The document the last edit wrote, unless the file changed since (or that edit failed:
+        // nothing is kept then).
+        let kept = written
+            .take()
+            .filter(|(at, _)| at.is_some() && *at == before);
+        let mut doc = match kept {
+            Some((_, doc)) => doc,
+            None => std::fs::read_to_string(path)
+                .map_err(|e| e.to_string())
+                .and_then(|text| {
+                    text.parse::<toml_edit::DocumentMut>()
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(|e| {
+                    StoreError::Invalid(format!("control file {}: {e}", path.display()))
+                })?,
+        };
         edit(&mut doc)?;
         let new_text = doc.to_string();
-        ControlFile::parse(&new_text).map_err(StoreError::Invalid)?;
+        let parsed = ControlFile::parse(&new_text).map_err(StoreError::Invalid)?;
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, &new_text)
             .and_then(|()| std::fs::rename(&tmp, path))
             .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))?;
-        self.snapshot.store(Arc::new(Self::read(path)?));
+        self.snapshot.store(Arc::new(parsed.index()));
+        let now = stamp(path);
         if let Ok(mut last) = self.stamp.lock() {
-            *last = stamp(path);
+            *last = now;
         }
+        *written = Some((now, doc));
         Ok(())
     }
 }

@@ -114,6 +114,19 @@ impl PolicyRegistry {
                 tokio::time::sleep(gc_every).await;
             }
         });
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(super::tenants::SWEEP_PERIOD);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let Some(registry) = weak.upgrade() else {
+                    break;
+                };
+                // Off the request workers: over the budget it walks every loaded project.
+                let _ = tokio::task::spawn_blocking(move || registry.tenants.sweep()).await;
+            }
+        });
     }
 
     /// Records the operator's policy changes (reloads, automatic rollbacks) in the control

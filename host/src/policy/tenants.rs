@@ -23,6 +23,7 @@
 //!   modules nobody changed since the listing it loads from was made).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +44,15 @@ use crate::control::ControlStore;
 use crate::metrics::Metrics;
 use crate::plane::Plane;
 use crate::stage::STAGES;
+
+/// How often [`TenantPolicies::sweep`] runs: a project called within the last one or two of
+/// these is never unloaded.
+pub const SWEEP_PERIOD: Duration = Duration::from_secs(1);
+
+/// A project whose last module call ran for this share of the call deadline or more is heavy:
+/// its calls run on threads of their own, with the CPU nobody else wants
+/// ([`super::runtime::isolation`]).
+const HEAVY_SHARE: u32 = 4;
 
 /// A checked module of any stage, ready to put in force: a project's slot with only a module
 /// in force ([`AnySlot::tried_as`] makes it a candidate).
@@ -212,6 +222,8 @@ struct ProjectModules {
     parts: [[Option<Shared>; 2]; STAGES.len()],
     slots: [Option<Shared>; STAGES.len()],
     gate: Gate,
+    /// The sweep period of the project's last call here ([`TenantPolicies::sweep`]).
+    used: AtomicU64,
 }
 
 impl Role {
@@ -244,6 +256,38 @@ impl ProjectModules {
                 (part, None) | (None, part) => part.clone(),
             };
         }
+    }
+
+    /// Stamps the period now as the project's last use (a load and a store of one word when the
+    /// period changed, a load otherwise).
+    fn touch(&self, period: &AtomicU64) {
+        let now = period.load(Ordering::Relaxed);
+        if self.used.load(Ordering::Relaxed) != now {
+            self.used.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether these are the modules `listed` lists, each with its configuration and trial.
+    fn as_listed(&self, listed: &[Stored]) -> bool {
+        let here: Vec<_> = self.all().collect();
+        here.len() == listed.len()
+            && here.iter().all(|(stage, role, part)| {
+                let from = loaded_from(&***part);
+                listed.iter().any(|s| {
+                    s.stage == *stage
+                        && s.role == *role
+                        && from == Some((s.digest.as_str(), s.config.as_str(), s.trial))
+                })
+            })
+    }
+
+    /// The digests of the project's modules, in force and on trial.
+    fn digests(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().flatten().flatten().filter_map(|part| {
+            part.module()
+                .or_else(|| part.candidate().map(|(module, _)| module))
+                .map(|m| m.digest())
+        })
     }
 
     fn all(&self) -> impl Iterator<Item = (Stage, Role, &Shared)> {
@@ -322,6 +366,22 @@ struct Changes {
     /// The last change of each module, by sequence number; dropped once a refresh started after
     /// it has applied.
     touched: HashMap<Key, u64>,
+    /// Projects unloaded ([`TenantPolicies::sweep`]), by sequence number; dropped like
+    /// `touched`. A refresh that started before does not bring their modules back (a first
+    /// load does).
+    unloaded: HashMap<String, u64>,
+}
+
+impl Changes {
+    /// Whether `project` was unloaded after `seq` and is not loaded again in `map`.
+    fn unloaded_since(
+        &self,
+        project: &str,
+        seq: u64,
+        map: &HashMap<String, Arc<ProjectModules>>,
+    ) -> bool {
+        self.unloaded.get(project).is_some_and(|at| *at > seq) && !map.contains_key(project)
+    }
 }
 
 /// The tenant modules in force, by project and stage.
@@ -351,6 +411,11 @@ pub struct TenantPolicies {
     max_config_bytes: usize,
     /// Load refusals by digest, stage and configuration.
     refused: moka::sync::Cache<String, String>,
+    /// The sweep period now: advanced by every [`Self::sweep`], stamped on a project's modules
+    /// by its calls.
+    period: AtomicU64,
+    /// `plugins.tenant_code_budget_bytes`.
+    code_budget: usize,
     metrics: Metrics,
     /// The shadows' metric series.
     pub shadow_metrics: Arc<ShadowMetrics>,
@@ -380,7 +445,9 @@ impl TenantPolicies {
                 settings.tenant_threads,
                 settings.tenant_max_concurrent_calls,
                 Duration::from_millis(settings.tenant_queue_timeout_ms),
-            ),
+            )
+            .heavy_after(Duration::from_millis(settings.call_deadline_ms) / HEAVY_SHARE)
+            .heavy_cpu_share(settings.tenant_heavy_cpu_share),
             uploads: Arc::new(Semaphore::new(settings.tenant_max_concurrent_uploads)),
             uploads_by_org: Arc::new(Mutex::new(HashMap::new())),
             uploads_per_org: settings.tenant_max_concurrent_uploads_per_org.max(1),
@@ -390,6 +457,13 @@ impl TenantPolicies {
                 .max_capacity(10_000)
                 .time_to_live(Duration::from_secs(settings.tenant_refused_retry_secs))
                 .build(),
+            period: AtomicU64::new(0),
+            code_budget: {
+                metrics
+                    .tenant_code_budget_bytes
+                    .set(settings.tenant_code_budget_bytes as i64);
+                settings.tenant_code_budget_bytes
+            },
             shadow_metrics: ShadowMetrics::new(metrics.clone()),
             metrics,
         }
@@ -412,6 +486,7 @@ impl TenantPolicies {
             return None;
         }
         let modules = map.get(project)?;
+        modules.touch(&self.period);
         Some((
             typed::<S>(modules.slots[S::STAGE.index()].as_ref()?)?,
             modules.gate.clone(),
@@ -755,11 +830,13 @@ impl TenantPolicies {
                 parts: m.parts.clone(),
                 slots: Default::default(),
                 gate: m.gate.clone(),
+                used: AtomicU64::new(m.used.load(Ordering::Relaxed)),
             },
             None => ProjectModules {
                 parts: Default::default(),
                 slots: Default::default(),
                 gate: self.pool.project_gate(),
+                used: AtomicU64::new(self.period.load(Ordering::Relaxed)),
             },
         };
         edit(&mut modules);
@@ -771,6 +848,100 @@ impl TenantPolicies {
             next.insert(project.to_owned(), Arc::new(modules));
         }
         next
+    }
+
+    /// Starts a new sweep period and, while the projects' compiled modules in use are charged
+    /// more than `plugins.tenant_code_budget_bytes`, unloads the modules of the projects called
+    /// least recently here: a digest's compiled module leaves memory with the last loaded
+    /// module using it, and the project's next request loads its modules again (from the
+    /// compile cache, like a first request). Never unloaded: a project called in this period or
+    /// the last, and one whose modules here differ from its listed ones (changed here since
+    /// the listing; a reload would bring back the older ones). Returns the projects unloaded.
+    pub fn sweep(&self) -> usize {
+        let period = self.period.fetch_add(1, Ordering::Relaxed) + 1;
+        let cold = |modules: &ProjectModules| modules.used.load(Ordering::Relaxed) + 1 < period;
+        let mut charged = self.runtime.compiled_bytes();
+        self.metrics.tenant_code_bytes.set(charged as i64);
+        if charged <= self.code_budget {
+            return 0;
+        }
+        let weights = self.runtime.compiled_weights();
+        let map = self.map.load_full();
+        let listing = self.listing.load_full();
+        let mut users: HashMap<&str, usize> = HashMap::new();
+        for modules in map.values() {
+            for digest in modules.digests() {
+                *users.entry(digest).or_default() += 1;
+            }
+        }
+        let mut coldest: Vec<(u64, &String, &Arc<ProjectModules>)> = map
+            .iter()
+            .filter(|(project, modules)| {
+                cold(modules)
+                    && listing
+                        .projects
+                        .get(*project)
+                        .is_some_and(|stored| modules.as_listed(&stored.modules))
+            })
+            .map(|(project, modules)| (modules.used.load(Ordering::Relaxed), project, modules))
+            .collect();
+        coldest.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let mut victims = Vec::new();
+        for (_, project, modules) in coldest {
+            if charged <= self.code_budget {
+                break;
+            }
+            for digest in modules.digests() {
+                if let Some(count) = users.get_mut(digest) {
+                    *count -= 1;
+                    if *count == 0 {
+                        charged = charged.saturating_sub(weights.get(digest).copied().unwrap_or(0));
+                    }
+                }
+            }
+            victims.push((project.as_str(), modules));
+        }
+        if victims.is_empty() {
+            return 0;
+        }
+        let unloaded = {
+            let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+            changes.seq += 1;
+            let seq = changes.seq;
+            let current = self.map.load_full();
+            let mut next = (*current).clone();
+            let mut unloaded = 0;
+            for (project, modules) in victims {
+                // Changed or called since it was chosen: it stays.
+                if !current
+                    .get(project)
+                    .is_some_and(|now| Arc::ptr_eq(now, modules) && cold(now))
+                {
+                    continue;
+                }
+                next.remove(project);
+                changes.unloaded.insert(project.to_owned(), seq);
+                // Its modules were the listed ones: what marked them changed here (their load)
+                // must not keep the listing's from being loaded again.
+                for (stage, role, _) in modules.all() {
+                    changes.touched.remove(&(project.to_owned(), stage, role));
+                }
+                if let Some(stored) = self.listing.load().projects.get(project) {
+                    stored.loaded.store(false, Ordering::Release);
+                }
+                unloaded += 1;
+            }
+            self.map.store(Arc::new(next));
+            unloaded
+        };
+        drop(map);
+        self.metrics
+            .tenant_projects_unloaded
+            .inc_by(unloaded as u64);
+        self.metrics
+            .tenant_code_bytes
+            .set(self.runtime.compiled_bytes() as i64);
+        unloaded
     }
 
     /// Holds the write lock of `PUT` and `DELETE`: the store write and the local change happen
@@ -879,16 +1050,20 @@ impl TenantPolicies {
     ) -> HashMap<String, Arc<ProjectModules>> {
         let mut grouped: HashMap<String, ProjectModules> = HashMap::new();
         for ((project, stage, role), part) in flat {
-            let entry = grouped
-                .entry(project.clone())
-                .or_insert_with(|| ProjectModules {
+            let entry = grouped.entry(project.clone()).or_insert_with(|| {
+                let before = current.get(&project);
+                ProjectModules {
                     parts: Default::default(),
                     slots: Default::default(),
-                    gate: current
-                        .get(&project)
+                    gate: before
                         .map(|m| m.gate.clone())
                         .unwrap_or_else(|| self.pool.project_gate()),
-                });
+                    used: AtomicU64::new(before.map_or_else(
+                        || self.period.load(Ordering::Relaxed),
+                        |m| m.used.load(Ordering::Relaxed),
+                    )),
+                }
+            });
             entry.set(stage, role, Some(part));
         }
         grouped
@@ -926,14 +1101,12 @@ impl TenantPolicies {
         let previous = self.listing.load_full();
         let current = self.map.load_full();
         // The projects loaded here are kept in line now; the others load on their first request.
-        let mut kept: HashSet<String> = HashSet::new();
         let mut loaded: HashMap<Key, Shared> = HashMap::new();
         for (project, modules) in &projects {
             let here = current.get(project);
             if here.is_none() && !previous.projects.get(project).is_some_and(|p| p.loaded()) {
                 continue;
             }
-            kept.insert(project.clone());
             let parts = self
                 .in_line(store, project, modules, here.map(|m| &**m))
                 .await;
@@ -946,11 +1119,13 @@ impl TenantPolicies {
         let mut next = flatten(&current);
         let keys: HashSet<Key> = next.keys().chain(loaded.keys()).cloned().collect();
         for key in keys {
-            // Changed here since this refresh started (a `PUT`, a first load): that stands.
+            // Changed here since this refresh started (a `PUT`, a first load): that stands; and
+            // a project unloaded meanwhile stays unloaded.
             if changes
                 .touched
                 .get(&key)
                 .is_some_and(|seq| *seq > started_at)
+                || changes.unloaded_since(&key.0, started_at, &current)
             {
                 continue;
             }
@@ -959,15 +1134,20 @@ impl TenantPolicies {
                 None => next.remove(&key),
             };
         }
-        self.map.store(Arc::new(self.group(&current, next)));
+        let grouped = self.group(&current, next);
         changes.touched.retain(|_, seq| *seq > started_at);
+        changes.unloaded.retain(|_, seq| *seq > started_at);
+        // Loaded: what is in force now (a project unloaded or changed meanwhile is as that
+        // left it, whatever this refresh found).
         let projects = projects
             .into_iter()
             .map(|(project, modules)| {
-                let loaded = std::sync::atomic::AtomicBool::new(kept.contains(&project));
+                let here = grouped.contains_key(&project);
+                let loaded = std::sync::atomic::AtomicBool::new(here);
                 (project, Arc::new(StoredProject { modules, loaded }))
             })
             .collect();
+        self.map.store(Arc::new(grouped));
         self.listing.store(Arc::new(Listing {
             seq: started_at,
             projects,
@@ -1038,12 +1218,16 @@ impl TenantPolicies {
         let current = self.map.load_full();
         let here = current.get(project);
         let kept = here.is_some() || listing.projects.get(project).is_some_and(|p| p.loaded());
-        if kept {
+        let changes = if kept {
             let mut parts = self
                 .in_line(store, project, &modules, here.map(|m| &**m))
                 .await;
             let changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
             let current = self.map.load_full();
+            if changes.unloaded_since(project, started_at, &current) {
+                // Unloaded meanwhile: it stays so (its next request loads the listing's).
+                return self.relist(project, modules, changes);
+            }
             let next = self.put_project(&current, project, |m| {
                 for stage in Stage::ALL.into_iter().filter(|s| s.info().tenant) {
                     for role in [Role::Enforced, Role::Candidate] {
@@ -1057,12 +1241,28 @@ impl TenantPolicies {
                 }
             });
             self.map.store(Arc::new(next));
-        }
+            changes
+        } else {
+            self.changes.lock().unwrap_or_else(|p| p.into_inner())
+        };
+        self.relist(project, modules, changes)
+    }
+
+    /// Puts `modules` in the listing as `project`'s stored modules (loaded when they are in
+    /// force here now), under the change lock `changes`. Returns true.
+    fn relist(
+        &self,
+        project: &str,
+        modules: Vec<Stored>,
+        changes: std::sync::MutexGuard<'_, Changes>,
+    ) -> bool {
+        let here = self.map.load().contains_key(project);
+        let listing = self.listing.load_full();
         let mut projects = listing.projects.clone();
         if modules.is_empty() {
             projects.remove(project);
         } else {
-            let loaded = std::sync::atomic::AtomicBool::new(kept);
+            let loaded = std::sync::atomic::AtomicBool::new(here);
             projects.insert(
                 project.to_owned(),
                 Arc::new(StoredProject { modules, loaded }),
@@ -1072,6 +1272,7 @@ impl TenantPolicies {
             seq: listing.seq,
             projects,
         }));
+        drop(changes);
         true
     }
 }

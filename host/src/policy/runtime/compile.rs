@@ -221,7 +221,7 @@ impl Compiler {
         let engine = self.runtime.engine(Owner::Tenant);
         if let Some(component) = self
             .runtime
-            .compile_cache()
+            .tenant_disk()
             .and_then(|c| c.get(engine, digest))
         {
             self.count("disk");
@@ -256,7 +256,7 @@ impl Compiler {
                 // With a cache folder the module runs from its file, mapped: its code and its
                 // memory image are pages of the file, read when used and given back to the
                 // kernel when not, instead of a private copy of all of it per digest.
-                let component = match self.runtime.compile_cache() {
+                let component = match self.runtime.tenant_disk() {
                     Some(disk) => {
                         disk.put(engine, digest, &component);
                         disk.get(engine, digest).unwrap_or(component)

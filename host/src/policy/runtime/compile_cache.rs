@@ -10,7 +10,7 @@
 //! 0700 and refused otherwise.
 
 use std::hash::{Hash, Hasher};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use wasmtime::Engine;
@@ -20,7 +20,22 @@ use wasmtime::component::Component;
 #[derive(Debug, Clone)]
 pub struct CompileCache {
     dir: PathBuf,
+    /// A folder of this process's own, removed with the last copy of it.
+    _own: Option<std::sync::Arc<OwnFolder>>,
 }
+
+/// Removes its folder when dropped.
+#[derive(Debug)]
+struct OwnFolder(PathBuf);
+
+impl Drop for OwnFolder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The prefix of [`CompileCache::of_this_process`]'s folders: `<prefix><pid>-<nanoseconds>`.
+const OWN_PREFIX: &str = "aura-gateway-compiled-";
 
 /// Whether `meta` belongs to this process's user and is writable by no one else.
 fn private(meta: &std::fs::Metadata) -> bool {
@@ -47,7 +62,31 @@ impl CompileCache {
         }
         Ok(Self {
             dir: dir.to_path_buf(),
+            _own: None,
         })
+    }
+
+    /// A folder of this process's own in `parent` (the system's temporary folder), removed when
+    /// the last copy of the cache is dropped; the folders a process that is gone left there
+    /// are removed first.
+    pub fn of_this_process(parent: &Path) -> Result<Self, String> {
+        remove_left_behind(parent);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = parent.join(format!("{OWN_PREFIX}{}-{nanos}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut cache = Self::open(&dir)?;
+        cache._own = Some(std::sync::Arc::new(OwnFolder(dir)));
+        Ok(cache)
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     fn path(&self, engine: &Engine, digest: &str) -> PathBuf {
@@ -86,6 +125,29 @@ impl CompileCache {
         let component = compile(bytes)?;
         self.put(engine, digest, &component);
         Ok(component)
+    }
+}
+
+/// Removes the folders [`CompileCache::of_this_process`] made in `parent` for processes that
+/// are gone (killed before they could remove them).
+fn remove_left_behind(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(OWN_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let mine = entry.metadata().is_ok_and(|meta| private(&meta));
+        if mine && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -132,6 +194,39 @@ fn load(engine: &Engine, path: &Path) -> Option<Component> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_folder_of_the_process_own_is_removed_with_it_and_one_left_behind_at_the_next_start() {
+        let parent = tempfile::tempdir().expect("tempdir");
+        let cache = CompileCache::of_this_process(parent.path()).expect("made");
+        let dir = cache.dir().to_path_buf();
+        assert!(dir.is_dir());
+        let meta = std::fs::metadata(&dir).expect("meta");
+        assert_eq!(meta.mode() & 0o777, 0o700);
+        let copy = cache.clone();
+        drop(cache);
+        assert!(dir.is_dir(), "a copy still uses it");
+        drop(copy);
+        assert!(!dir.exists(), "removed with its last copy");
+        // A process that is gone (no such pid) left its folder; this process's other one stays.
+        let gone = parent.path().join(format!("{OWN_PREFIX}4294967295-1"));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&gone)
+            .expect("made");
+        let kept = CompileCache::of_this_process(parent.path()).expect("made");
+        let ours = parent
+            .path()
+            .join(format!("{OWN_PREFIX}{}-1", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&ours)
+            .expect("made");
+        let again = CompileCache::of_this_process(parent.path()).expect("made");
+        assert!(!gone.exists(), "a gone process's folder is removed");
+        assert!(ours.exists(), "a live process's folder stays");
+        drop((kept, again));
+    }
 
     #[test]
     fn a_folder_others_may_write_to_is_refused() {

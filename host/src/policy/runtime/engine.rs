@@ -51,6 +51,11 @@ pub const TENANT_SETUP_FACTOR: u64 = 2;
 /// The longest text kept of a module's refusal or of a panic's message, in bytes.
 const MAX_REASON_BYTES: usize = 1024;
 
+/// What a compiled module in use is charged beside its image (see [`compiled_weight`]): what
+/// the runtime builds for it (types, function tables, its instances' memory image), measured
+/// at about 210 KiB for a small Rust component (`bench/tenants`).
+pub const COMPILED_OVERHEAD_BYTES: usize = 256 * 1024;
+
 /// `text` cleaned of control characters and cut to [`MAX_REASON_BYTES`]: a module writes it.
 fn bounded_reason(text: &str) -> String {
     let mut end = text.len().min(MAX_REASON_BYTES);
@@ -91,6 +96,23 @@ pub const CURRENT_VERSIONS: &[&str] = &["0.5.0", "0.4.0", "0.3.0"];
 /// The versions called through a stage's legacy types (string methods, no declaration).
 pub const LEGACY_VERSIONS: &[&str] = &["0.2.0", "0.1.0"];
 
+/// A project's compiled module in use: the modules using it and what it is charged.
+#[derive(Debug)]
+struct InUse {
+    component: Component,
+    modules: usize,
+    bytes: usize,
+}
+
+/// What a compiled module in use is charged against `plugins.tenant_code_budget_bytes`: its
+/// compiled image (code and data; mapped from its file, whose pages loading reads, or copied)
+/// and [`COMPILED_OVERHEAD_BYTES`].
+pub(crate) fn compiled_weight(component: &Component) -> usize {
+    let range = component.image_range();
+    let image = (range.end as usize).saturating_sub(range.start as usize);
+    image.saturating_add(COMPILED_OVERHEAD_BYTES)
+}
+
 /// The shared wasmtime engine and the runtime limits of every plugin call.
 #[derive(Debug)]
 pub struct PolicyEngine {
@@ -102,7 +124,9 @@ pub struct PolicyEngine {
     /// Projects' compiled modules in use, by digest, with the count of loaded modules using
     /// each: a digest's code is in memory once, however many projects and configurations use
     /// it.
-    compiled_in_use: Mutex<std::collections::HashMap<String, (Component, usize)>>,
+    compiled_in_use: Mutex<std::collections::HashMap<String, InUse>>,
+    /// The bytes [`compiled_weight`] charges the digests in `compiled_in_use`.
+    compiled_bytes: std::sync::atomic::AtomicUsize,
     settings: PluginRuntimeConfig,
     metrics: std::sync::OnceLock<crate::metrics::Metrics>,
     /// Advances the epoch while guest code runs.
@@ -112,6 +136,9 @@ pub struct PolicyEngine {
     series: Mutex<std::collections::HashMap<(Plane, Stage, String), usize>>,
     /// `plugins.compile_cache_dir`, opened.
     compile_cache: Option<super::compile_cache::CompileCache>,
+    /// Where projects' compiled modules are kept and mapped from: `compile_cache`, else a
+    /// folder of this process's own in the system's temporary folder (made on first use).
+    tenant_disk: std::sync::OnceLock<Option<super::compile_cache::CompileCache>>,
     /// The bytes every module's decision cache may keep together.
     cache_budget: Arc<super::cache_budget::CacheBudget>,
 }
@@ -142,11 +169,13 @@ impl PolicyEngine {
                 settings.tenant_instance_budget_bytes,
             ),
             compiled_in_use: Mutex::new(std::collections::HashMap::new()),
+            compiled_bytes: std::sync::atomic::AtomicUsize::new(0),
             settings: settings.clone(),
             metrics: std::sync::OnceLock::new(),
             ticker,
             series: Mutex::new(std::collections::HashMap::new()),
             compile_cache,
+            tenant_disk: std::sync::OnceLock::new(),
             cache_budget: super::cache_budget::CacheBudget::new(&settings.decision_cache),
         }))
     }
@@ -250,32 +279,75 @@ impl PolicyEngine {
     /// The compiled module of `digest` a loaded project's module uses, if one does.
     pub(crate) fn compiled_in_use(&self, digest: &str) -> Option<Component> {
         let in_use = self.compiled_in_use.lock().ok()?;
-        in_use.get(digest).map(|(component, _)| component.clone())
+        in_use.get(digest).map(|held| held.component.clone())
     }
 
     fn hold_compiled(&self, digest: &str, component: &Component) {
         if let Ok(mut in_use) = self.compiled_in_use.lock() {
-            let entry = in_use
-                .entry(digest.to_owned())
-                .or_insert_with(|| (component.clone(), 0));
-            entry.1 += 1;
+            let held = in_use.entry(digest.to_owned()).or_insert_with(|| {
+                let bytes = compiled_weight(component);
+                self.compiled_bytes
+                    .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+                InUse {
+                    component: component.clone(),
+                    modules: 0,
+                    bytes,
+                }
+            });
+            held.modules += 1;
         }
     }
 
     fn release_compiled(&self, digest: &str) {
         if let Ok(mut in_use) = self.compiled_in_use.lock()
-            && let Some(entry) = in_use.get_mut(digest)
+            && let Some(held) = in_use.get_mut(digest)
         {
-            entry.1 -= 1;
-            if entry.1 == 0 {
+            held.modules -= 1;
+            if held.modules == 0 {
+                self.compiled_bytes
+                    .fetch_sub(held.bytes, std::sync::atomic::Ordering::Relaxed);
                 in_use.remove(digest);
             }
         }
     }
 
-    /// `plugins.compile_cache_dir`, opened.
-    pub(crate) fn compile_cache(&self) -> Option<&super::compile_cache::CompileCache> {
-        self.compile_cache.as_ref()
+    /// The bytes charged to the projects' compiled modules in use ([`compiled_weight`] of each
+    /// digest once).
+    pub fn compiled_bytes(&self) -> usize {
+        self.compiled_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// What each digest in use is charged, by digest.
+    pub(crate) fn compiled_weights(&self) -> std::collections::HashMap<String, usize> {
+        self.compiled_in_use
+            .lock()
+            .map(|in_use| {
+                in_use
+                    .iter()
+                    .map(|(d, held)| (d.clone(), held.bytes))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Where projects' compiled modules are kept, and run from, mapped:
+    /// `plugins.compile_cache_dir`, else a folder of this process's own in the system's
+    /// temporary folder, removed at exit (none when it cannot be made: they are then kept in
+    /// memory only).
+    pub(crate) fn tenant_disk(&self) -> Option<&super::compile_cache::CompileCache> {
+        self.tenant_disk
+            .get_or_init(|| {
+                self.compile_cache.clone().or_else(|| {
+                    let parent = std::env::temp_dir();
+                    super::compile_cache::CompileCache::of_this_process(&parent)
+                        .inspect_err(|e| {
+                            tracing::warn!(error = %e, "no folder for projects' compiled modules: they stay in memory while loaded, and a project loaded again after it was unloaded may be compiled again");
+                        })
+                        .ok()
+                })
+            })
+            .as_ref()
     }
 
     /// The budget of projects' module instances.

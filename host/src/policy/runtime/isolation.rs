@@ -15,6 +15,16 @@
 //! spinning at their deadline share the threads among themselves, and a project with one call
 //! in a second waits at most for one thread to come free, never behind their queues.
 //!
+//! A project whose last call ran for a quarter of the call deadline or more is *heavy*, and its
+//! calls run on threads of their own (as many), at the kernel's idle scheduling class: they get
+//! only the CPU nothing else wants, the request workers and the other projects' calls take it
+//! from them at once, and they never take a thread of the others. However many projects spin
+//! at their deadline, a project whose calls are quick finds the threads it had before; a heavy
+//! project whose call is quick again is light from its next call. Heavy calls together may
+//! also use at most `plugins.tenant_heavy_cpu_share` of one core (their thread time is credited
+//! at that rate; a heavy thread waits for credit before it starts a call), so that the CPU they
+//! leave is free when a request worker wakes, not merely theirs to take back.
+//!
 //! Each project may also have at most `plugins.tenant_max_concurrent_calls` calls running at
 //! once. A call that has not started within `plugins.tenant_queue_timeout_ms` is not run: its
 //! request fails closed with `503 policy_busy`. Operator modules (trusted) keep running inline.
@@ -29,6 +39,10 @@ use tokio::sync::oneshot;
 
 /// Niceness of the pool's threads: the request workers win the CPU when both want it.
 const POOL_NICE: i32 = 10;
+
+/// The threads of light calls, and those of heavy calls.
+const LIGHT: usize = 0;
+const HEAVY: usize = 1;
 
 /// Calls one project may have waiting, per call it may run at once: more could not start
 /// within the queue timeout anyway, and each waiting call holds its input.
@@ -53,6 +67,19 @@ pub struct Busy;
 #[derive(Debug)]
 pub struct ProjectGate {
     id: u64,
+    /// The project's last call ran for the pool's `heavy_after` or longer.
+    heavy: std::sync::atomic::AtomicBool,
+}
+
+impl ProjectGate {
+    /// [`LIGHT`] or [`HEAVY`]: whose threads run the project's next call.
+    fn class(&self) -> usize {
+        if self.heavy.load(Ordering::Relaxed) {
+            HEAVY
+        } else {
+            LIGHT
+        }
+    }
 }
 
 /// A project's gate, shared by its slots.
@@ -78,23 +105,68 @@ struct Project {
     used: u64,
     running: usize,
     queue: VecDeque<Queued>,
+    /// The project's gate (none: the operator's shadows, always light).
+    gate: Option<Gate>,
+}
+
+impl Project {
+    fn class(&self) -> usize {
+        self.gate.as_ref().map_or(LIGHT, |g| g.class())
+    }
 }
 
 /// What the threads share.
 struct Schedule {
     /// Projects with calls waiting or running.
     projects: HashMap<u64, Project>,
-    /// Projects with a call waiting and a place free, least thread time first.
-    ready: BTreeSet<(u64, u64)>,
+    /// Projects with a call waiting and a place free, least thread time first: the light ones
+    /// and the heavy ones.
+    ready: [BTreeSet<(u64, u64)>; 2],
     /// The thread time of the project served last: where a project that starts calling again
     /// starts.
     clock: u64,
-    /// Threads not running a call.
-    idle_threads: usize,
+    /// Threads not running a call, light and heavy.
+    idle_threads: [usize; 2],
     /// Shadow runs waiting or running.
     shadows: usize,
     /// The pool was dropped: the threads end.
     stop: bool,
+    /// The thread time heavy calls may still use.
+    heavy_budget: HeavyBudget,
+}
+
+/// Thread time for heavy calls, credited at `rate` (thread nanoseconds per nanosecond) up to
+/// [`HEAVY_BURST`] of it ahead; a call's time is charged when it ends (so credit may go below
+/// zero by one call).
+struct HeavyBudget {
+    credit_ns: f64,
+    at: Instant,
+    rate: f64,
+}
+
+/// How far ahead heavy calls' credit may build up, in wall time at its rate.
+const HEAVY_BURST: Duration = Duration::from_millis(100);
+
+impl HeavyBudget {
+    fn refill(&mut self, now: Instant) {
+        if !self.rate.is_finite() {
+            self.credit_ns = f64::INFINITY;
+            return;
+        }
+        let elapsed = now.saturating_duration_since(self.at).as_nanos() as f64;
+        self.at = now;
+        let most = HEAVY_BURST.as_nanos() as f64 * self.rate;
+        self.credit_ns = (self.credit_ns + elapsed * self.rate).min(most);
+    }
+
+    /// How long until there is credit again (none: there is now).
+    fn wait(&self) -> Option<Duration> {
+        if self.credit_ns > 0.0 {
+            return None;
+        }
+        let nanos = (1.0 - self.credit_ns) / self.rate.max(f64::MIN_POSITIVE);
+        Some(Duration::from_nanos(nanos.min(1e12) as u64))
+    }
 }
 
 impl Schedule {
@@ -104,14 +176,28 @@ impl Schedule {
             && !p.queue.is_empty()
             && p.running < per_project
         {
-            self.ready.insert((p.used, id));
+            self.ready[p.class()].insert((p.used, id));
         }
     }
 
-    /// The next call to run: the waiting call of the ready project with the least thread time.
-    fn next(&mut self, per_project: usize) -> Option<(u64, Queued)> {
+    /// Takes `id` (whose thread time was `used`) out of the ready sets.
+    fn unready(&mut self, used: u64, id: u64) {
+        for ready in &mut self.ready {
+            ready.remove(&(used, id));
+        }
+    }
+
+    /// Whether a thread of `class` is free beyond one for each project of that class whose
+    /// calls wait.
+    fn free_thread(&self, class: usize) -> bool {
+        self.idle_threads[class] > self.ready[class].len()
+    }
+
+    /// The next call for a thread of `class`: the waiting call of the ready project of that
+    /// class with the least thread time.
+    fn next(&mut self, class: usize, per_project: usize) -> Option<(u64, Queued)> {
         loop {
-            let (_, id) = self.ready.pop_first()?;
+            let (_, id) = self.ready[class].pop_first()?;
             let project = self.projects.get_mut(&id)?;
             let Some(queued) = project.queue.pop_front() else {
                 continue;
@@ -150,10 +236,21 @@ impl Schedule {
     }
 }
 
+/// What the pool and its threads share.
+struct Shared {
+    schedule: Mutex<Schedule>,
+    /// Wakes a thread of each class ([`LIGHT`], [`HEAVY`]).
+    wake: [Condvar; 2],
+}
+
 /// The tenant call pool.
 pub struct TenantPool {
-    shared: Arc<(Mutex<Schedule>, Condvar)>,
+    /// The schedule, and the wake-ups of the light and the heavy threads.
+    shared: Arc<Shared>,
     threads: usize,
+    /// A call this long or longer makes its project heavy, in nanoseconds (shared with the
+    /// threads).
+    heavy_after: Arc<AtomicU64>,
     /// Shadow runs at once: half the threads, so that shadows never take them all.
     max_shadows: usize,
     per_project: usize,
@@ -171,40 +268,49 @@ impl std::fmt::Debug for TenantPool {
 }
 
 impl TenantPool {
-    /// Starts `threads` threads.
+    /// Starts `threads` threads for light calls and as many for heavy ones.
     pub fn new(threads: usize, per_project: usize, queue_timeout: Duration) -> Self {
         let threads = threads.max(1);
         let per_project = per_project.max(1);
-        let shared = Arc::new((
-            Mutex::new(Schedule {
+        let shared = Arc::new(Shared {
+            schedule: Mutex::new(Schedule {
                 projects: HashMap::new(),
-                ready: BTreeSet::new(),
+                ready: [BTreeSet::new(), BTreeSet::new()],
                 clock: 0,
-                idle_threads: 0,
+                idle_threads: [0, 0],
                 shadows: 0,
                 stop: false,
+                heavy_budget: HeavyBudget {
+                    credit_ns: 0.0,
+                    at: Instant::now(),
+                    rate: f64::INFINITY,
+                },
             }),
-            Condvar::new(),
-        ));
-        let mut started = 0;
-        for i in 0..threads {
-            let shared = shared.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("aura-tenant-{i}"))
-                .spawn(move || worker(&shared, per_project));
-            match spawned {
-                Ok(_) => started += 1,
-                Err(e) => tracing::error!(error = %e, "cannot start a tenant module thread"),
+            wake: [Condvar::new(), Condvar::new()],
+        });
+        let heavy_after = Arc::new(AtomicU64::new(u64::MAX));
+        let mut started = [0, 0];
+        for (class, name) in [(LIGHT, "aura-tenant"), (HEAVY, "aura-tenant-heavy")] {
+            for i in 0..threads {
+                let (shared, heavy_after) = (shared.clone(), heavy_after.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(format!("{name}-{i}"))
+                    .spawn(move || worker(&shared, class, per_project, &heavy_after));
+                match spawned {
+                    Ok(_) => started[class] += 1,
+                    Err(e) => tracing::error!(error = %e, "cannot start a tenant module thread"),
+                }
             }
         }
         shared
-            .0
+            .schedule
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .idle_threads = started;
         Self {
             shared,
             threads,
+            heavy_after,
             max_shadows: (threads / 2).max(1),
             per_project,
             queue_timeout,
@@ -212,15 +318,37 @@ impl TenantPool {
         }
     }
 
+    /// Makes a project heavy once one of its calls ran for `after` or longer (never, unless
+    /// set).
+    pub fn heavy_after(self, after: Duration) -> Self {
+        let nanos = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
+        self.heavy_after.store(nanos, Ordering::Relaxed);
+        self
+    }
+
+    /// Lets heavy calls together use at most `share` of one core's time (every core's, unless
+    /// set).
+    pub fn heavy_cpu_share(self, share: f64) -> Self {
+        let mut schedule = self.lock();
+        schedule.heavy_budget.rate = share.max(0.0);
+        schedule.heavy_budget.credit_ns = HEAVY_BURST.as_nanos() as f64 * share.max(0.0);
+        drop(schedule);
+        self
+    }
+
     /// A gate for one project.
     pub fn project_gate(&self) -> Gate {
         Arc::new(ProjectGate {
             id: self.gates.fetch_add(1, Ordering::Relaxed),
+            heavy: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Schedule> {
-        self.shared.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared
+            .schedule
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Queues `job` for `gate`'s project, unless its queue is full. Whether it found a place at
@@ -229,8 +357,10 @@ impl TenantPool {
     fn enqueue(&self, gate: &Gate, queued: Queued) -> Result<bool, Busy> {
         let mut schedule = self.lock();
         let clock = schedule.clock;
-        let free_thread = schedule.idle_threads > schedule.ready.len();
+        let class = gate.class();
+        let free_thread = schedule.free_thread(class);
         let project = schedule.projects.entry(gate.id).or_default();
+        project.gate.get_or_insert_with(|| gate.clone());
         if project.queue.len() >= self.per_project * QUEUED_PER_PLACE {
             return Err(Busy);
         }
@@ -242,7 +372,7 @@ impl TenantPool {
         project.queue.push_back(queued);
         schedule.offer(gate.id, self.per_project);
         drop(schedule);
-        self.shared.1.notify_one();
+        self.shared.wake[class].notify_one();
         Ok(placed)
     }
 
@@ -294,14 +424,18 @@ impl TenantPool {
         call: impl FnOnce() + Send + 'static,
     ) -> Result<(), Busy> {
         let mut schedule = self.lock();
+        let class = gate.map_or(LIGHT, |g| g.class());
         // A thread free now beyond one for each project whose calls wait.
-        if schedule.shadows >= self.max_shadows || schedule.idle_threads <= schedule.ready.len() {
+        if schedule.shadows >= self.max_shadows || !schedule.free_thread(class) {
             return Err(Busy);
         }
         // The operator's shadows have a project of their own in the schedule.
         let id = gate.map_or(u64::MAX, |g| g.id);
         let clock = schedule.clock;
         let project = schedule.projects.entry(id).or_default();
+        if project.gate.is_none() {
+            project.gate = gate.cloned();
+        }
         if project.running >= self.per_project && gate.is_some() {
             schedule.forget_if_idle(id);
             return Err(Busy);
@@ -322,9 +456,9 @@ impl TenantPool {
         // Ready at once, whatever its place count (the operator's shadows have no cap but the
         // shadow places).
         let used = schedule.projects[&id].used;
-        schedule.ready.insert((used, id));
+        schedule.ready[class].insert((used, id));
         drop(schedule);
-        self.shared.1.notify_one();
+        self.shared.wake[class].notify_one();
         Ok(())
     }
 }
@@ -334,16 +468,41 @@ impl Drop for TenantPool {
         // Each thread ends after its call in progress; calls still waiting are answered busy
         // when the schedule is dropped with the last thread.
         self.lock().stop = true;
-        self.shared.1.notify_all();
+        for wake in &self.shared.wake {
+            wake.notify_all();
+        }
     }
 }
 
 /// The least thread time a call is charged, in nanoseconds: no call is free.
 const LEAST_CHARGE_NS: u64 = 1_000;
 
-fn worker(shared: &(Mutex<Schedule>, Condvar), per_project: usize) {
-    if let Err(e) = rustix::process::setpriority_process(None, POOL_NICE) {
-        tracing::debug!(error = %e, "tenant module thread keeps the default priority");
+/// Puts the calling thread in the kernel's idle scheduling class (`SCHED_IDLE`): it runs only
+/// on CPU no other thread wants, and any other thread waking up takes the CPU from it at once.
+#[expect(
+    unsafe_code,
+    reason = "sched_setscheduler through libc; rustix has no wrapper for it"
+)]
+fn idle_class() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid, initialised `sched_param` that outlives the call, and pid 0
+    // names the calling thread; the call reads it and changes only this thread's policy.
+    let done = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn worker(shared: &Shared, class: usize, per_project: usize, heavy_after: &AtomicU64) {
+    let lowered = if class == HEAVY {
+        idle_class()
+    } else {
+        rustix::process::setpriority_process(None, POOL_NICE).map_err(std::io::Error::from)
+    };
+    if let Err(e) = lowered {
+        tracing::debug!(error = %e, class, "tenant module thread keeps the default priority");
     }
     // A runtime context of its own, never driven: a module's WASI call that would wait (a
     // clock's pollable, a sleep) registers its timer here, is found not ready at once, and
@@ -358,18 +517,27 @@ fn worker(shared: &(Mutex<Schedule>, Condvar), per_project: usize) {
             None
         }
     };
-    let (lock, wake) = shared;
-    let relock = || lock.lock().unwrap_or_else(|p| p.into_inner());
+    let wake = &shared.wake[class];
+    let relock = || shared.schedule.lock().unwrap_or_else(|p| p.into_inner());
     let mut schedule = relock();
     loop {
         if schedule.stop {
             return;
         }
-        let Some((id, queued)) = schedule.next(per_project) else {
+        if class == HEAVY && !schedule.ready[HEAVY].is_empty() {
+            schedule.heavy_budget.refill(Instant::now());
+            if let Some(wait) = schedule.heavy_budget.wait() {
+                schedule = wake
+                    .wait_timeout(schedule, wait)
+                    .map_or_else(|p| p.into_inner().0, |(s, _)| s);
+                continue;
+            }
+        }
+        let Some((id, queued)) = schedule.next(class, per_project) else {
             schedule = wake.wait(schedule).unwrap_or_else(|p| p.into_inner());
             continue;
         };
-        schedule.idle_threads -= 1;
+        schedule.idle_threads[class] -= 1;
         drop(schedule);
         let started = Instant::now();
         // A call catches the host's panics itself (a failed call); one that escaped must not
@@ -379,8 +547,12 @@ fn worker(shared: &(Mutex<Schedule>, Condvar), per_project: usize) {
             tracing::error!("a tenant module job panicked in the host");
         }
         let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let heavy = took >= heavy_after.load(Ordering::Relaxed);
         schedule = relock();
-        schedule.idle_threads += 1;
+        schedule.idle_threads[class] += 1;
+        if class == HEAVY {
+            schedule.heavy_budget.credit_ns -= took as f64;
+        }
         if queued.shadow {
             schedule.shadows -= 1;
         }
@@ -388,14 +560,25 @@ fn worker(shared: &(Mutex<Schedule>, Condvar), per_project: usize) {
             let before = project.used;
             project.running -= 1;
             project.used = before.saturating_add(took.max(LEAST_CHARGE_NS));
-            before
+            let was = project.class();
+            if let Some(gate) = &project.gate {
+                gate.heavy.store(heavy, Ordering::Relaxed);
+            }
+            (before, was != project.class())
         });
-        if let Some(before) = before {
-            schedule.ready.remove(&(before, id));
+        let moved = if let Some((before, moved)) = before {
+            schedule.unready(before, id);
             schedule.offer(id, per_project);
             schedule.forget_if_idle(id);
-        }
+            moved
+        } else {
+            false
+        };
         drop(schedule);
+        // The project's waiting calls now wait for the other class's threads.
+        if moved {
+            shared.wake[1 - class].notify_one();
+        }
         if let Ok(answer) = answer {
             answer();
         }
@@ -591,6 +774,129 @@ mod tests {
         );
         for call in spinning {
             call.await.expect("task").expect("ran");
+        }
+    }
+
+    #[tokio::test]
+    async fn heavy_projects_run_on_threads_of_their_own_never_the_others() {
+        // Two threads of each class; a call of 5 ms or more makes its project heavy.
+        let pool = Arc::new(
+            TenantPool::new(2, 2, Duration::from_secs(2)).heavy_after(Duration::from_millis(5)),
+        );
+        let held = Arc::new((Mutex::new(true), Condvar::new()));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        // A spinning call: runs until the test lets every one go.
+        let spin = || {
+            let (held, running, most) = (held.clone(), running.clone(), most.clone());
+            move || {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                let (lock, let_go) = &*held;
+                let mut holding = lock.lock().expect("held");
+                while *holding {
+                    holding = let_go.wait(holding).expect("held");
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
+            }
+        };
+        // Eight projects whose one call of 10 ms makes them heavy...
+        let spinners: Vec<Gate> = (0..8).map(|_| pool.project_gate()).collect();
+        for gate in &spinners {
+            let call = || std::thread::sleep(Duration::from_millis(10));
+            pool.run(gate, call).await.expect("ran");
+        }
+        // ... then fill their places with calls that run until let go.
+        let mut load = Vec::new();
+        for gate in &spinners {
+            for _ in 0..2 {
+                let (pool, gate, call) = (pool.clone(), gate.clone(), spin());
+                load.push(tokio::spawn(async move { pool.run(&gate, call).await }));
+            }
+        }
+        while running.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Both heavy threads hold spinning calls; a quick project's calls run on the light
+        // threads at once (on shared threads they would wait out the queue timeout, busy).
+        let quick = pool.project_gate();
+        for i in 0..20 {
+            assert_eq!(pool.run(&quick, move || i).await, Ok(i));
+        }
+        let quick_thread = pool
+            .run(&quick, || std::thread::current().name().map(str::to_owned))
+            .await;
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            2,
+            "spinning calls on the two heavy threads"
+        );
+        assert!(
+            quick_thread
+                .as_ref()
+                .is_ok_and(|n| n.as_deref().is_some_and(|n| !n.contains("heavy"))),
+            "{quick_thread:?}"
+        );
+        // Let go: the heavy calls waiting run two at a time (the others waited out the queue
+        // timeout: busy, as a spinning project's calls past its share are).
+        *held.0.lock().expect("held") = false;
+        held.1.notify_all();
+        for call in load {
+            let _ = call.await.expect("task");
+        }
+        assert_eq!(most.load(Ordering::SeqCst), 2);
+        // A heavy project whose call was quick is light again.
+        let gate = &spinners[0];
+        pool.run(gate, || ()).await.expect("ran");
+        let name = pool
+            .run(gate, || std::thread::current().name().map(str::to_owned))
+            .await;
+        assert!(
+            name.as_ref()
+                .is_ok_and(|n| n.as_deref().is_some_and(|n| !n.contains("heavy"))),
+            "{name:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn heavy_calls_together_use_at_most_their_share_of_a_core() {
+        // Heavy calls may use a twentieth of a core: 50 ms of thread time a second (5 ms ahead
+        // at most), and each takes 5 ms.
+        let pool = Arc::new(
+            TenantPool::new(2, 2, Duration::from_secs(5))
+                .heavy_after(Duration::from_millis(1))
+                .heavy_cpu_share(0.05),
+        );
+        let gates: Vec<Gate> = (0..2).map(|_| pool.project_gate()).collect();
+        for gate in &gates {
+            let call = || std::thread::sleep(Duration::from_millis(2));
+            pool.run(gate, call).await.expect("ran");
+        }
+        let done = Arc::new(AtomicUsize::new(0));
+        let started = std::time::Instant::now();
+        let mut calls = Vec::new();
+        for gate in gates.iter().chain(&gates).cycle().take(40) {
+            let (pool, gate, done) = (pool.clone(), gate.clone(), done.clone());
+            calls.push(tokio::spawn(async move {
+                pool.run(&gate, move || {
+                    std::thread::sleep(Duration::from_millis(5));
+                    done.fetch_add(1, Ordering::SeqCst);
+                })
+                .await
+            }));
+        }
+        // A light project meanwhile runs at once.
+        let quick = pool.project_gate();
+        assert_eq!(pool.run(&quick, || 1).await, Ok(1));
+        tokio::time::sleep(Duration::from_secs(1).saturating_sub(started.elapsed())).await;
+        let in_a_second = done.load(Ordering::SeqCst);
+        // 55 ms of credit in the second: about 11 calls (and those in progress), never all 40.
+        assert!(
+            (2..=16).contains(&in_a_second),
+            "{in_a_second} heavy calls of 5 ms ran in a second at a twentieth of a core"
+        );
+        for call in calls {
+            let _ = call.await.expect("task");
         }
     }
 
