@@ -188,9 +188,11 @@ impl Schedule {
     }
 
     /// Whether a thread of `class` is free beyond one for each project of that class whose
-    /// calls wait.
+    /// calls wait. For heavy calls, credit must be left too (as last counted): a call that would wait for
+    /// credit is not placed, so its queue timeout bounds the wait.
     fn free_thread(&self, class: usize) -> bool {
         self.idle_threads[class] > self.ready[class].len()
+            && (class == LIGHT || self.heavy_budget.credit_ns > 0.0)
     }
 
     /// The next call for a thread of `class`: the waiting call of the ready project of that
@@ -898,6 +900,28 @@ mod tests {
         for call in calls {
             let _ = call.await.expect("task");
         }
+    }
+
+    #[tokio::test]
+    async fn a_heavy_call_waiting_for_credit_is_refused_at_the_queue_timeout() {
+        // A hundredth of a core: a heavy call of 20 ms leaves the credit 19 ms short, about two
+        // seconds to make up.
+        let pool = TenantPool::new(1, 1, Duration::from_millis(100))
+            .heavy_after(Duration::from_millis(1))
+            .heavy_cpu_share(0.01);
+        let gate = pool.project_gate();
+        let call = || std::thread::sleep(Duration::from_millis(20));
+        pool.run(&gate, call).await.expect("ran light");
+        pool.run(&gate, call)
+            .await
+            .expect("ran heavy on the credit ahead");
+        let started = std::time::Instant::now();
+        assert_eq!(pool.run(&gate, || ()).await, Err(Busy));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited {:?} for credit past the queue timeout",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]
