@@ -159,6 +159,9 @@ pub struct Metrics {
     pub tenant_compile_peak_bytes: prometheus::Histogram,
     /// Unused stored modules collected.
     pub modules_collected: prometheus::IntCounter,
+    /// Files of the compile cache folder removed (their modules collected, or compiled for an
+    /// engine this gateway no longer runs).
+    pub compiled_files_collected: prometheus::IntCounter,
     /// Log lines dropped because the log writer could not keep up.
     pub log_lines_dropped: prometheus::IntCounter,
     /// Control change events acted on, by source (`nats`, `postgres`, `file`) and kind
@@ -480,6 +483,12 @@ impl Metrics {
             "Stored policy modules removed because no project or instance used them",
         )
         .expect("valid metric");
+        let compiled_files_collected = prometheus::IntCounter::new(
+            "compile_cache_files_collected_total",
+            "Compile cache files removed: their modules were collected, or they were compiled \
+             for an engine this gateway no longer runs",
+        )
+        .expect("valid metric");
         let log_lines_dropped = prometheus::IntCounter::new(
             "log_lines_dropped_total",
             "Log lines dropped because the log writer could not keep up (log.buffer_lines)",
@@ -572,6 +581,7 @@ impl Metrics {
             Box::new(tenant_compile_seconds.clone()),
             Box::new(tenant_compile_peak_bytes.clone()),
             Box::new(modules_collected.clone()),
+            Box::new(compiled_files_collected.clone()),
             Box::new(ratelimit_decisions.clone()),
             Box::new(requests_shed.clone()),
             Box::new(errors.clone()),
@@ -675,6 +685,7 @@ impl Metrics {
             tenant_compile_seconds,
             tenant_compile_peak_bytes,
             modules_collected,
+            compiled_files_collected,
         }
     }
 

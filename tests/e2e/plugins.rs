@@ -683,6 +683,85 @@ async fn a_trapping_or_looping_plugin_fails_its_request_closed_and_the_next_is_s
     assert!(named, "the log names the plugin: {log}");
 }
 
+/// A module failing on every request does not write a line per request into the gateway's
+/// log: at most a burst of five and one a second, the rest counted, and the next line written
+/// says how many were left out. Every failure is still counted and answered.
+#[tokio::test]
+async fn a_module_failing_on_every_request_writes_a_few_lines_and_counts_the_rest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let metrics = format!("[metrics]\ntoken = {METRICS_TOKEN:?}\n");
+    let gw = with_testing_cors(dir.path(), &metrics, "call_deadline_ms = 1000");
+    let client = reqwest::Client::new();
+    let trap = || {
+        client
+            .get(gw.data_url("/health"))
+            .call()
+            .origin("https://trap.test")
+    };
+    const TRAPS: usize = 60;
+    let started = Instant::now();
+    for _ in 0..TRAPS {
+        let r = trap().read().await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(r.code(), "policy_failed");
+    }
+    let seconds = started.elapsed().as_secs() as usize;
+    let failure_lines = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("policy plugin failed"))
+            .count()
+    };
+    let metrics = gw.metrics().await;
+    let failures = metric(&metrics, "aura_plugin_failures_total", &["kind=\"trap\""]);
+    assert_eq!(
+        failures, TRAPS as f64,
+        "every failure is counted: {metrics}"
+    );
+    let left_out = metric(
+        &metrics,
+        "aura_plugin_log_dropped_total",
+        &["reason=\"failures\""],
+    );
+    // The log is written by a thread of its own: wait for the lines admitted.
+    let _ = poll_tries(50, Duration::from_millis(100), async || {
+        (failure_lines(&gw.log_text()) + left_out as usize >= TRAPS).then_some(())
+    })
+    .await;
+    let written = failure_lines(&gw.log_text());
+    assert!(
+        written >= 5 && written <= 5 + seconds + 1,
+        "{written} lines for {TRAPS} failures in {seconds} s"
+    );
+    assert_eq!(
+        written + left_out as usize,
+        TRAPS,
+        "each failure written or counted"
+    );
+
+    // A second later, the next failure is written and says how many were left out.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let r = trap().read().await;
+    assert_eq!(r.code(), "policy_failed");
+    let (text, json) = (
+        format!("left_out={left_out}"),
+        format!("\"left_out\":{left_out}"),
+    );
+    let says = |log: &str| log.contains(&text) || log.contains(&json);
+    let log = poll_tries(50, Duration::from_millis(100), async || {
+        let log = gw.log_text();
+        says(&log).then_some(log)
+    })
+    .await
+    .unwrap_or_else(|| gw.log_text());
+    assert!(says(&log), "no line says {text}: {log}");
+    // Other requests are served meanwhile.
+    let ok = client
+        .get(gw.data_url("/health"))
+        .call()
+        .origin("https://ok.test");
+    assert_eq!(ok.status().await, StatusCode::OK);
+}
+
 /// What a plugin writes is bounded and attributed; the WASI it gets reaches nothing outside;
 /// a plugin that tries to wait, to take a socket or to make the host allocate for it fails
 /// its own request and nothing else.

@@ -26,9 +26,13 @@ const OTHER: &str = "https://other.test";
 
 /// A gateway binary over `fx`'s records (`toml`: a `[control]` table of its own, or nothing for
 /// the control file), its tenant refresh out of the way, `plugins` ending its `[plugins]`
-/// table; it answers functions over NATS.
+/// table; it answers functions over NATS. A canary spinning on half its calls runs them all
+/// (a core for heavy calls), so that each fails at its deadline rather than waiting for CPU
+/// credit: what the canary's health counts.
 async fn gateway(fx: &Fixture, toml: &str, plugins: &str) -> (Started, Responder) {
-    let plugins = format!("{toml}\n[plugins]\ntenant_refresh_secs = 3600\n{plugins}\n");
+    let plugins = format!(
+        "{toml}\n[plugins]\ntenant_refresh_secs = 3600\ntenant_heavy_cpu_share = 1\n{plugins}\n"
+    );
     let started = Gateway::builder().fixture(fx).toml(plugins).binary();
     let bus = started.gw.bus.clone();
     let responder = bus.respond("functions", |_| reply(200, &[], b"ok")).await;

@@ -179,9 +179,26 @@ async fn a_module_refused_at_refresh_is_compiled_once_not_every_refresh() {
 async fn unused_module_files_and_their_metric_series_are_collected() {
     let Started { gw, fx, dir } = offline(
         "gc",
-        "[plugins]\nmodule_gc_interval_secs = 1\nmodule_gc_grace_secs = 1\n",
+        "[plugins]\nmodule_gc_interval_secs = 1\nmodule_gc_grace_secs = 1\n\
+         compile_cache_dir = \"compiled\"\n",
     );
     let admin = admin(gw.mgmt_url(""), &fx);
+    // The compile cache folder's files of a digest (one per engine it was compiled for).
+    let compiled = |digest: &str| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir.path().join("compiled"))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with(digest) && n.ends_with(".cwasm"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     let first = testing_cors();
     let first_digest = digest(&first);
     assert_eq!(
@@ -190,6 +207,10 @@ async fn unused_module_files_and_their_metric_series_are_collected() {
     );
     let file = dir.path().join(format!("modules/{first_digest}.wasm"));
     assert!(file.is_file());
+    assert!(
+        !compiled(&first_digest).is_empty(),
+        "compiled into the folder"
+    );
     let series = gw.metrics().await.contains(&first_digest);
     assert!(series, "the module's series exist");
     // Replaced by another module: the first is no longer used by anyone.
@@ -209,11 +230,25 @@ async fn unused_module_files_and_their_metric_series_are_collected() {
     .await;
     let kept = dir.path().join(format!("modules/{second_digest}.wasm"));
     assert!(kept.is_file());
+    // Its compiled files go with it; the module in use keeps its own.
+    let files_gone = async || compiled(&first_digest).is_empty();
+    wait_until(
+        "the collected module's compiled files removed",
+        Duration::from_secs(10),
+        files_gone,
+    )
+    .await;
+    assert!(
+        !compiled(&second_digest).is_empty(),
+        "the module in use stays compiled"
+    );
     let text = gw.metrics().await;
     let gone = !text.contains(&first_digest);
     assert!(gone, "the replaced module's series are gone");
     assert!(text.contains(&second_digest));
     assert!(metric(&text, "aura_modules_collected_total", &[]) >= 1.0);
+    let files = metric(&text, "aura_compile_cache_files_collected_total", &[]);
+    assert!(files >= 1.0, "{text}");
 }
 
 #[tokio::test]

@@ -43,6 +43,13 @@
 //!
 //! A file that fails to parse or validate on reload is refused with an error log and the
 //! previous records keep serving.
+//!
+//! The gateway's own changes (an API key made, a project's module installed, …) are edits of the
+//! file, comments and layout kept, written whole and renamed into place, off the request workers.
+//! A change of a project's module or candidate is applied to the records in memory and checked
+//! against them, record by record, rather than by parsing the written file again: with ten
+//! thousand projects that parse is most of the time an install takes. The first edit after a
+//! start, or after the file changed under the gateway, parses it in full.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -88,15 +95,70 @@ pub struct ControlFile {
     pub project_issuers: Vec<IssuerRecord>,
 }
 
-/// The records, indexed.
-#[derive(Debug, Default)]
+/// The records, indexed. Each index is shared: an edit of one copies that one only.
+#[derive(Debug, Default, Clone)]
 struct Snapshot {
-    keys: HashMap<String, ApiKeyRecord>,
-    projects: HashMap<String, ProjectRecord>,
-    organizations: HashSet<Uuid>,
-    members: HashMap<(Uuid, Uuid), OrgRole>,
-    policies: HashMap<(String, String), ProjectPolicyRecord>,
-    candidates: HashMap<(String, String), PolicyCandidateRecord>,
+    keys: Arc<HashMap<String, ApiKeyRecord>>,
+    projects: Arc<HashMap<String, ProjectRecord>>,
+    organizations: Arc<HashSet<Uuid>>,
+    members: Arc<HashMap<(Uuid, Uuid), OrgRole>>,
+    policies: Arc<HashMap<(String, String), ProjectPolicyRecord>>,
+    candidates: Arc<HashMap<(String, String), PolicyCandidateRecord>>,
+}
+
+/// An edit of the records in memory, checked against them (a message naming the record when
+/// refused).
+type ApplyEdit = Box<dyn FnOnce(&mut Snapshot) -> Result<(), String> + Send>;
+
+/// How an edit's records in memory follow the written file.
+enum Records {
+    /// The written file is parsed and checked again, whole.
+    Parse,
+    /// The edit applied to the records in memory and checked against them (a message naming
+    /// the record when refused).
+    Apply(ApplyEdit),
+}
+
+impl Records {
+    fn apply(edit: impl FnOnce(&mut Snapshot) -> Result<(), String> + Send + 'static) -> Self {
+        Records::Apply(Box::new(edit))
+    }
+}
+
+/// A project's module record's own constraints; `project_exists`: whether its project does.
+fn check_policy(p: &ProjectPolicyRecord, project_exists: bool) -> Result<(), String> {
+    if !project_exists {
+        return Err(format!(
+            "project_policies: project {:?} does not exist",
+            p.project_ref
+        ));
+    }
+    if !is_sha256_hex(&p.digest) {
+        return Err(format!(
+            "project_policies.{}: digest must be 64 lower-case hex digits",
+            p.project_ref
+        ));
+    }
+    Ok(())
+}
+
+/// A candidate record's own constraints; `project_exists`: whether its project does.
+fn check_candidate(c: &PolicyCandidateRecord, project_exists: bool) -> Result<(), String> {
+    let name = format!("policy_candidates.{}.{}", c.project_ref, c.stage);
+    if !project_exists {
+        return Err(format!("{name}: project does not exist"));
+    }
+    if !is_sha256_hex(&c.digest) {
+        return Err(format!("{name}: digest must be 64 lower-case hex digits"));
+    }
+    match (c.mode.as_str(), c.percent) {
+        ("shadow", 0) | ("canary", 1..=100) => Ok(()),
+        ("shadow", _) => Err(format!("{name}: a shadow has no percent")),
+        ("canary", _) => Err(format!("{name}: percent must be 1 to 100")),
+        (other, _) => Err(format!(
+            "{name}: mode {other:?} is not one of shadow, canary"
+        )),
+    }
 }
 
 impl ControlFile {
@@ -170,18 +232,7 @@ impl ControlFile {
         }
         let mut policies = HashSet::new();
         for p in &self.project_policies {
-            if !projects.contains(p.project_ref.as_str()) {
-                return Err(format!(
-                    "project_policies: project {:?} does not exist",
-                    p.project_ref
-                ));
-            }
-            if !is_sha256_hex(&p.digest) {
-                return Err(format!(
-                    "project_policies.{}: digest must be 64 lower-case hex digits",
-                    p.project_ref
-                ));
-            }
+            check_policy(p, projects.contains(p.project_ref.as_str()))?;
             if !policies.insert((p.project_ref.as_str(), p.stage.as_str())) {
                 return Err(format!(
                     "project_policies: {} has two modules for {}",
@@ -191,25 +242,12 @@ impl ControlFile {
         }
         let mut candidates = HashSet::new();
         for c in &self.policy_candidates {
-            let name = format!("policy_candidates.{}.{}", c.project_ref, c.stage);
-            if !projects.contains(c.project_ref.as_str()) {
-                return Err(format!("{name}: project does not exist"));
-            }
-            if !is_sha256_hex(&c.digest) {
-                return Err(format!("{name}: digest must be 64 lower-case hex digits"));
-            }
-            match (c.mode.as_str(), c.percent) {
-                ("shadow", 0) | ("canary", 1..=100) => {}
-                ("shadow", _) => return Err(format!("{name}: a shadow has no percent")),
-                ("canary", _) => return Err(format!("{name}: percent must be 1 to 100")),
-                (other, _) => {
-                    return Err(format!(
-                        "{name}: mode {other:?} is not one of shadow, canary"
-                    ));
-                }
-            }
+            check_candidate(c, projects.contains(c.project_ref.as_str()))?;
             if !candidates.insert((c.project_ref.as_str(), c.stage.as_str())) {
-                return Err(format!("{name}: appears twice"));
+                return Err(format!(
+                    "policy_candidates.{}.{}: appears twice",
+                    c.project_ref, c.stage
+                ));
             }
         }
         let mut issuer_ids = HashSet::new();
@@ -259,32 +297,37 @@ impl ControlFile {
             }
         }
         Snapshot {
-            organizations: self.organizations.iter().map(|o| o.id).collect(),
-            members: self
-                .organization_members
-                .iter()
-                .map(|m| ((m.organization_id, m.user_id), m.role))
-                .collect(),
-            projects: self
-                .projects
-                .into_iter()
-                .map(|p| (p.project_ref.clone(), p))
-                .collect(),
-            keys: self
-                .api_keys
-                .into_iter()
-                .map(|k| (k.key_sha256.clone(), k))
-                .collect(),
-            policies: self
-                .project_policies
-                .into_iter()
-                .map(|p| ((p.project_ref.clone(), p.stage.clone()), p))
-                .collect(),
-            candidates: self
-                .policy_candidates
-                .into_iter()
-                .map(|c| ((c.project_ref.clone(), c.stage.clone()), c))
-                .collect(),
+            organizations: Arc::new(self.organizations.iter().map(|o| o.id).collect()),
+            members: Arc::new(
+                self.organization_members
+                    .iter()
+                    .map(|m| ((m.organization_id, m.user_id), m.role))
+                    .collect(),
+            ),
+            projects: Arc::new(
+                self.projects
+                    .into_iter()
+                    .map(|p| (p.project_ref.clone(), p))
+                    .collect(),
+            ),
+            keys: Arc::new(
+                self.api_keys
+                    .into_iter()
+                    .map(|k| (k.key_sha256.clone(), k))
+                    .collect(),
+            ),
+            policies: Arc::new(
+                self.project_policies
+                    .into_iter()
+                    .map(|p| ((p.project_ref.clone(), p.stage.clone()), p))
+                    .collect(),
+            ),
+            candidates: Arc::new(
+                self.policy_candidates
+                    .into_iter()
+                    .map(|c| ((c.project_ref.clone(), c.stage.clone()), c))
+                    .collect(),
+            ),
         }
     }
 }
@@ -399,48 +442,85 @@ impl FileStore {
             .join("modules"))
     }
 
-    /// Edits the file with `edit` (comments and layout kept), then reloads it.
+    /// Edits the file with `edit` (comments and layout kept) and writes it; the records in
+    /// memory then follow as `records` says — or by parsing the written file, when the edit did
+    /// not start from the document the last edit wrote (the first edit, or the file changed
+    /// since). The document is read, written and checked on a blocking thread.
     async fn edit(
         &self,
         edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), StoreError>,
+        records: Records,
     ) -> Result<(), StoreError> {
-        let path = self.path.as_ref().ok_or_else(|| {
+        let path = self.path.clone().ok_or_else(|| {
             StoreError::Invalid("no control file is configured (control.file)".into())
         })?;
         let mut written = self.writing.lock().await;
-        let before = stamp(path);
+        let before = stamp(&path);
         // The document the last edit wrote, unless the file changed since (or that edit failed:
         // nothing is kept then).
         let kept = written
             .take()
-            .filter(|(at, _)| at.is_some() && *at == before);
-        let mut doc = match kept {
-            Some((_, doc)) => doc,
-            None => std::fs::read_to_string(path)
-                .map_err(|e| e.to_string())
-                .and_then(|text| {
-                    text.parse::<toml_edit::DocumentMut>()
-                        .map_err(|e| e.to_string())
-                })
-                .map_err(|e| {
-                    StoreError::Invalid(format!("control file {}: {e}", path.display()))
-                })?,
+            .filter(|(at, _)| at.is_some() && *at == before)
+            .map(|(_, doc)| doc);
+        let (mut doc, records) = match kept {
+            Some(doc) => (doc, records),
+            None => {
+                let from = path.clone();
+                let doc = blocking(move || read_document(&from)).await??;
+                (doc, Records::Parse)
+            }
         };
         edit(&mut doc)?;
-        let new_text = doc.to_string();
-        let parsed = ControlFile::parse(&new_text).map_err(StoreError::Invalid)?;
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, &new_text)
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))?;
-        self.snapshot.store(Arc::new(parsed.index()));
-        let now = stamp(path);
+        let current = self.snapshot.load_full();
+        let (doc, snapshot, now) = blocking(move || {
+            let new_text = doc.to_string();
+            let snapshot = match records {
+                Records::Parse => ControlFile::parse(&new_text)
+                    .map_err(StoreError::Invalid)?
+                    .index(),
+                Records::Apply(apply) => {
+                    let mut snapshot = Snapshot::clone(&current);
+                    apply(&mut snapshot).map_err(StoreError::Invalid)?;
+                    snapshot
+                }
+            };
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, &new_text)
+                .and_then(|()| std::fs::rename(&tmp, &path))
+                .map_err(|e| {
+                    StoreError::Invalid(format!("control file {}: {e}", path.display()))
+                })?;
+            Ok::<_, StoreError>((doc, snapshot, stamp(&path)))
+        })
+        .await??;
+        self.snapshot.store(Arc::new(snapshot));
         if let Ok(mut last) = self.stamp.lock() {
             *last = now;
         }
         *written = Some((now, doc));
         Ok(())
     }
+}
+
+/// Runs `work` on a blocking thread: reading, writing and parsing a large control file never
+/// holds a request worker.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| StoreError::Invalid(format!("control file edit: {e}")))
+}
+
+/// The control file as an editable document.
+fn read_document(path: &Path) -> Result<toml_edit::DocumentMut, StoreError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| {
+            text.parse::<toml_edit::DocumentMut>()
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e| StoreError::Invalid(format!("control file {}: {e}", path.display())))
 }
 
 #[async_trait]
@@ -487,22 +567,27 @@ impl ControlStore for FileStore {
             revoked_at: None,
         };
         let r = record.clone();
-        self.edit(move |doc| {
-            let mut table = toml_edit::Table::new();
-            table["id"] = toml_edit::value(r.id.to_string());
-            table["project_ref"] = toml_edit::value(r.project_ref.clone());
-            table["role"] = toml_edit::value(r.role.as_str());
-            table["key_sha256"] = toml_edit::value(r.key_sha256.clone());
-            let keys = doc
-                .entry("api_keys")
-                .or_insert(toml_edit::Item::ArrayOfTables(
-                    toml_edit::ArrayOfTables::new(),
-                ));
-            keys.as_array_of_tables_mut()
-                .ok_or_else(|| StoreError::Invalid("api_keys must be an array of tables".into()))?
-                .push(table);
-            Ok(())
-        })
+        self.edit(
+            move |doc| {
+                let mut table = toml_edit::Table::new();
+                table["id"] = toml_edit::value(r.id.to_string());
+                table["project_ref"] = toml_edit::value(r.project_ref.clone());
+                table["role"] = toml_edit::value(r.role.as_str());
+                table["key_sha256"] = toml_edit::value(r.key_sha256.clone());
+                let keys = doc
+                    .entry("api_keys")
+                    .or_insert(toml_edit::Item::ArrayOfTables(
+                        toml_edit::ArrayOfTables::new(),
+                    ));
+                keys.as_array_of_tables_mut()
+                    .ok_or_else(|| {
+                        StoreError::Invalid("api_keys must be an array of tables".into())
+                    })?
+                    .push(table);
+                Ok(())
+            },
+            Records::Parse,
+        )
         .await?;
         Ok(record)
     }
@@ -511,27 +596,31 @@ impl ControlStore for FileStore {
         let now = Utc::now();
         let mut found = false;
         let mut changed = false;
-        self.edit(|doc| {
-            if let Some(keys) = doc
-                .get_mut("api_keys")
-                .and_then(|k| k.as_array_of_tables_mut())
-            {
-                for table in keys.iter_mut() {
-                    if table.get("id").and_then(|v| v.as_str()) == Some(id.to_string().as_str()) {
-                        found = true;
-                        if table.get("revoked_at").is_none() {
-                            table["revoked_at"] = toml_edit::value(now.to_rfc3339());
-                            changed = true;
+        self.edit(
+            |doc| {
+                if let Some(keys) = doc
+                    .get_mut("api_keys")
+                    .and_then(|k| k.as_array_of_tables_mut())
+                {
+                    for table in keys.iter_mut() {
+                        if table.get("id").and_then(|v| v.as_str()) == Some(id.to_string().as_str())
+                        {
+                            found = true;
+                            if table.get("revoked_at").is_none() {
+                                table["revoked_at"] = toml_edit::value(now.to_rfc3339());
+                                changed = true;
+                            }
                         }
                     }
                 }
-            }
-            if found {
-                Ok(())
-            } else {
-                Err(StoreError::NotFound(format!("api key {id}")))
-            }
-        })
+                if found {
+                    Ok(())
+                } else {
+                    Err(StoreError::NotFound(format!("api key {id}")))
+                }
+            },
+            Records::Parse,
+        )
         .await?;
         Ok(changed)
     }
@@ -541,40 +630,43 @@ impl ControlStore for FileStore {
         project_ref: &str,
         allowed: bool,
     ) -> Result<(), StoreError> {
-        self.edit(|doc| {
-            let set = |table: &mut dyn toml_edit::TableLike| {
-                if table.get("ref").and_then(|v| v.as_str()) != Some(project_ref) {
-                    return false;
-                }
-                if allowed {
-                    table.insert("browser_secret_keys", toml_edit::value(true));
-                } else {
-                    table.remove("browser_secret_keys");
-                }
-                true
-            };
-            let mut found = false;
-            match doc.get_mut("projects") {
-                Some(toml_edit::Item::ArrayOfTables(projects)) => {
-                    for table in projects.iter_mut() {
-                        found |= set(table);
+        self.edit(
+            |doc| {
+                let set = |table: &mut dyn toml_edit::TableLike| {
+                    if table.get("ref").and_then(|v| v.as_str()) != Some(project_ref) {
+                        return false;
                     }
-                }
-                Some(toml_edit::Item::Value(toml_edit::Value::Array(projects))) => {
-                    for value in projects.iter_mut() {
-                        if let Some(table) = value.as_inline_table_mut() {
+                    if allowed {
+                        table.insert("browser_secret_keys", toml_edit::value(true));
+                    } else {
+                        table.remove("browser_secret_keys");
+                    }
+                    true
+                };
+                let mut found = false;
+                match doc.get_mut("projects") {
+                    Some(toml_edit::Item::ArrayOfTables(projects)) => {
+                        for table in projects.iter_mut() {
                             found |= set(table);
                         }
                     }
+                    Some(toml_edit::Item::Value(toml_edit::Value::Array(projects))) => {
+                        for value in projects.iter_mut() {
+                            if let Some(table) = value.as_inline_table_mut() {
+                                found |= set(table);
+                            }
+                        }
+                    }
+                    _ => {}
                 }
-                _ => {}
-            }
-            if found {
-                Ok(())
-            } else {
-                Err(StoreError::NotFound(format!("project {project_ref:?}")))
-            }
-        })
+                if found {
+                    Ok(())
+                } else {
+                    Err(StoreError::NotFound(format!("project {project_ref:?}")))
+                }
+            },
+            Records::Parse,
+        )
         .await
     }
 
@@ -594,36 +686,38 @@ impl ControlStore for FileStore {
             )));
         }
         let record = issuer.clone();
-        self.edit(move |doc| {
-            let list = doc
-                .entry("project_issuers")
-                .or_insert(toml_edit::Item::ArrayOfTables(
-                    toml_edit::ArrayOfTables::new(),
-                ))
-                .as_array_of_tables_mut()
-                .ok_or_else(|| {
-                    StoreError::Invalid("project_issuers must be an array of tables".into())
-                })?;
-            // Checked against the file itself, under the write lock: no other writer races.
-            let of_project = list
-                .iter()
-                .filter(|t| {
-                    t.get("project_ref").and_then(|v| v.as_str())
-                        == Some(record.project_ref.as_str())
-                })
-                .collect::<Vec<_>>();
-            if of_project
-                .iter()
-                .any(|t| t.get("issuer").and_then(|v| v.as_str()) == Some(record.issuer.as_str()))
-            {
-                return Err(StoreError::issuer_exists());
-            }
-            if of_project.len() >= MAX_ISSUERS {
-                return Err(StoreError::too_many_issuers());
-            }
-            list.push(issuer_table(&record));
-            Ok(())
-        })
+        self.edit(
+            move |doc| {
+                let list = doc
+                    .entry("project_issuers")
+                    .or_insert(toml_edit::Item::ArrayOfTables(
+                        toml_edit::ArrayOfTables::new(),
+                    ))
+                    .as_array_of_tables_mut()
+                    .ok_or_else(|| {
+                        StoreError::Invalid("project_issuers must be an array of tables".into())
+                    })?;
+                // Checked against the file itself, under the write lock: no other writer races.
+                let of_project = list
+                    .iter()
+                    .filter(|t| {
+                        t.get("project_ref").and_then(|v| v.as_str())
+                            == Some(record.project_ref.as_str())
+                    })
+                    .collect::<Vec<_>>();
+                if of_project.iter().any(|t| {
+                    t.get("issuer").and_then(|v| v.as_str()) == Some(record.issuer.as_str())
+                }) {
+                    return Err(StoreError::issuer_exists());
+                }
+                if of_project.len() >= MAX_ISSUERS {
+                    return Err(StoreError::too_many_issuers());
+                }
+                list.push(issuer_table(&record));
+                Ok(())
+            },
+            Records::Parse,
+        )
         .await
     }
 
@@ -631,25 +725,29 @@ impl ControlStore for FileStore {
         let mut removed = false;
         let id = id.to_string();
         let result = self
-            .edit(|doc| {
-                if let Some(list) = doc
-                    .get_mut("project_issuers")
-                    .and_then(|i| i.as_array_of_tables_mut())
-                {
-                    let before = list.len();
-                    list.retain(|t| {
-                        !(t.get("id").and_then(|v| v.as_str()) == Some(id.as_str())
-                            && t.get("project_ref").and_then(|v| v.as_str()) == Some(project_ref))
-                    });
-                    removed = list.len() < before;
-                }
-                if removed {
-                    Ok(())
-                } else {
-                    // Nothing to write.
-                    Err(StoreError::NotFound(String::new()))
-                }
-            })
+            .edit(
+                |doc| {
+                    if let Some(list) = doc
+                        .get_mut("project_issuers")
+                        .and_then(|i| i.as_array_of_tables_mut())
+                    {
+                        let before = list.len();
+                        list.retain(|t| {
+                            !(t.get("id").and_then(|v| v.as_str()) == Some(id.as_str())
+                                && t.get("project_ref").and_then(|v| v.as_str())
+                                    == Some(project_ref))
+                        });
+                        removed = list.len() < before;
+                    }
+                    if removed {
+                        Ok(())
+                    } else {
+                        // Nothing to write.
+                        Err(StoreError::NotFound(String::new()))
+                    }
+                },
+                Records::Parse,
+            )
             .await;
         match result {
             Ok(()) => Ok(true),
@@ -710,36 +808,46 @@ impl ControlStore for FileStore {
 
     async fn set_project_policy(&self, policy: &ProjectPolicyRecord) -> Result<(), StoreError> {
         let p = policy.clone();
-        self.edit(move |doc| {
-            let list = doc
-                .entry("project_policies")
-                .or_insert(toml_edit::Item::ArrayOfTables(
-                    toml_edit::ArrayOfTables::new(),
-                ))
-                .as_array_of_tables_mut()
-                .ok_or_else(|| {
-                    StoreError::Invalid("project_policies must be an array of tables".into())
-                })?;
-            let existing = list.iter_mut().find(|t| {
-                t.get("project_ref").and_then(|v| v.as_str()) == Some(p.project_ref.as_str())
-                    && t.get("stage").and_then(|v| v.as_str()) == Some(p.stage.as_str())
-            });
-            match existing {
-                Some(table) => {
-                    table["digest"] = toml_edit::value(p.digest.clone());
-                    table["config"] = toml_edit::value(p.config.clone());
+        let policy = policy.clone();
+        self.edit(
+            move |doc| {
+                let list = doc
+                    .entry("project_policies")
+                    .or_insert(toml_edit::Item::ArrayOfTables(
+                        toml_edit::ArrayOfTables::new(),
+                    ))
+                    .as_array_of_tables_mut()
+                    .ok_or_else(|| {
+                        StoreError::Invalid("project_policies must be an array of tables".into())
+                    })?;
+                let existing = list.iter_mut().find(|t| {
+                    t.get("project_ref").and_then(|v| v.as_str()) == Some(p.project_ref.as_str())
+                        && t.get("stage").and_then(|v| v.as_str()) == Some(p.stage.as_str())
+                });
+                match existing {
+                    Some(table) => {
+                        table["digest"] = toml_edit::value(p.digest.clone());
+                        table["config"] = toml_edit::value(p.config.clone());
+                    }
+                    None => {
+                        let mut table = toml_edit::Table::new();
+                        table["project_ref"] = toml_edit::value(p.project_ref.clone());
+                        table["stage"] = toml_edit::value(p.stage.clone());
+                        table["digest"] = toml_edit::value(p.digest.clone());
+                        table["config"] = toml_edit::value(p.config.clone());
+                        list.push(table);
+                    }
                 }
-                None => {
-                    let mut table = toml_edit::Table::new();
-                    table["project_ref"] = toml_edit::value(p.project_ref.clone());
-                    table["stage"] = toml_edit::value(p.stage.clone());
-                    table["digest"] = toml_edit::value(p.digest.clone());
-                    table["config"] = toml_edit::value(p.config.clone());
-                    list.push(table);
-                }
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+            Records::apply(move |records| {
+                let exists = records.projects.contains_key(&policy.project_ref);
+                check_policy(&policy, exists)?;
+                let key = (policy.project_ref.clone(), policy.stage.clone());
+                Arc::make_mut(&mut records.policies).insert(key, policy);
+                Ok(())
+            }),
+        )
         .await
     }
 
@@ -764,21 +872,28 @@ impl ControlStore for FileStore {
         if self.project_policy(project_ref, stage).await?.is_none() {
             return Ok(false);
         }
-        self.edit(|doc| {
-            if let Some(list) = doc
-                .get_mut("project_policies")
-                .and_then(|l| l.as_array_of_tables_mut())
-            {
-                let index = list.iter().position(|t| {
-                    t.get("project_ref").and_then(|v| v.as_str()) == Some(project_ref)
-                        && t.get("stage").and_then(|v| v.as_str()) == Some(stage)
-                });
-                if let Some(i) = index {
-                    list.remove(i);
+        let key = (project_ref.to_owned(), stage.to_owned());
+        self.edit(
+            |doc| {
+                if let Some(list) = doc
+                    .get_mut("project_policies")
+                    .and_then(|l| l.as_array_of_tables_mut())
+                {
+                    let index = list.iter().position(|t| {
+                        t.get("project_ref").and_then(|v| v.as_str()) == Some(project_ref)
+                            && t.get("stage").and_then(|v| v.as_str()) == Some(stage)
+                    });
+                    if let Some(i) = index {
+                        list.remove(i);
+                    }
                 }
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+            Records::apply(move |records| {
+                Arc::make_mut(&mut records.policies).remove(&key);
+                Ok(())
+            }),
+        )
         .await?;
         Ok(true)
     }
@@ -792,33 +907,43 @@ impl ControlStore for FileStore {
         candidate: &PolicyCandidateRecord,
     ) -> Result<(), StoreError> {
         let c = candidate.clone();
-        self.edit(move |doc| {
-            let list = doc
-                .entry("policy_candidates")
-                .or_insert(toml_edit::Item::ArrayOfTables(
-                    toml_edit::ArrayOfTables::new(),
-                ))
-                .as_array_of_tables_mut()
-                .ok_or_else(|| {
-                    StoreError::Invalid("policy_candidates must be an array of tables".into())
-                })?;
-            let index = list.iter().position(|t| {
-                t.get("project_ref").and_then(|v| v.as_str()) == Some(c.project_ref.as_str())
-                    && t.get("stage").and_then(|v| v.as_str()) == Some(c.stage.as_str())
-            });
-            let mut table = toml_edit::Table::new();
-            table["project_ref"] = toml_edit::value(c.project_ref.clone());
-            table["stage"] = toml_edit::value(c.stage.clone());
-            table["digest"] = toml_edit::value(c.digest.clone());
-            table["config"] = toml_edit::value(c.config.clone());
-            table["mode"] = toml_edit::value(c.mode.clone());
-            table["percent"] = toml_edit::value(i64::from(c.percent));
-            match index.and_then(|i| list.get_mut(i)) {
-                Some(existing) => *existing = table,
-                None => list.push(table),
-            }
-            Ok(())
-        })
+        let candidate = candidate.clone();
+        self.edit(
+            move |doc| {
+                let list = doc
+                    .entry("policy_candidates")
+                    .or_insert(toml_edit::Item::ArrayOfTables(
+                        toml_edit::ArrayOfTables::new(),
+                    ))
+                    .as_array_of_tables_mut()
+                    .ok_or_else(|| {
+                        StoreError::Invalid("policy_candidates must be an array of tables".into())
+                    })?;
+                let index = list.iter().position(|t| {
+                    t.get("project_ref").and_then(|v| v.as_str()) == Some(c.project_ref.as_str())
+                        && t.get("stage").and_then(|v| v.as_str()) == Some(c.stage.as_str())
+                });
+                let mut table = toml_edit::Table::new();
+                table["project_ref"] = toml_edit::value(c.project_ref.clone());
+                table["stage"] = toml_edit::value(c.stage.clone());
+                table["digest"] = toml_edit::value(c.digest.clone());
+                table["config"] = toml_edit::value(c.config.clone());
+                table["mode"] = toml_edit::value(c.mode.clone());
+                table["percent"] = toml_edit::value(i64::from(c.percent));
+                match index.and_then(|i| list.get_mut(i)) {
+                    Some(existing) => *existing = table,
+                    None => list.push(table),
+                }
+                Ok(())
+            },
+            Records::apply(move |records| {
+                let exists = records.projects.contains_key(&candidate.project_ref);
+                check_candidate(&candidate, exists)?;
+                let key = (candidate.project_ref.clone(), candidate.stage.clone());
+                Arc::make_mut(&mut records.candidates).insert(key, candidate);
+                Ok(())
+            }),
+        )
         .await
     }
 
@@ -843,18 +968,25 @@ impl ControlStore for FileStore {
         if self.policy_candidate(project_ref, stage).await?.is_none() {
             return Ok(false);
         }
-        self.edit(|doc| {
-            if let Some(list) = doc
-                .get_mut("policy_candidates")
-                .and_then(|l| l.as_array_of_tables_mut())
-            {
-                list.retain(|t| {
-                    t.get("project_ref").and_then(|v| v.as_str()) != Some(project_ref)
-                        || t.get("stage").and_then(|v| v.as_str()) != Some(stage)
-                });
-            }
-            Ok(())
-        })
+        let key = (project_ref.to_owned(), stage.to_owned());
+        self.edit(
+            |doc| {
+                if let Some(list) = doc
+                    .get_mut("policy_candidates")
+                    .and_then(|l| l.as_array_of_tables_mut())
+                {
+                    list.retain(|t| {
+                        t.get("project_ref").and_then(|v| v.as_str()) != Some(project_ref)
+                            || t.get("stage").and_then(|v| v.as_str()) != Some(stage)
+                    });
+                }
+                Ok(())
+            },
+            Records::apply(move |records| {
+                Arc::make_mut(&mut records.candidates).remove(&key);
+                Ok(())
+            }),
+        )
         .await?;
         Ok(true)
     }
@@ -982,4 +1114,185 @@ fn check_replicas(project: &ProjectRecord) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ORG: &str = "00000000-0000-4000-8000-0000000000aa";
+
+    fn digest(n: u8) -> String {
+        format!("{n:064x}")
+    }
+
+    fn policy(project: &str, n: u8) -> ProjectPolicyRecord {
+        ProjectPolicyRecord {
+            project_ref: project.into(),
+            stage: "cors".into(),
+            digest: digest(n),
+            config: format!("{{\"n\": {n}}}"),
+        }
+    }
+
+    fn candidate(project: &str, n: u8) -> PolicyCandidateRecord {
+        PolicyCandidateRecord {
+            project_ref: project.into(),
+            stage: "cors".into(),
+            digest: digest(n),
+            config: "{}".into(),
+            mode: "canary".into(),
+            percent: 10,
+        }
+    }
+
+    fn control_file(dir: &Path, projects: &[&str]) -> PathBuf {
+        let mut text = format!("# kept\n[[organizations]]\nid = \"{ORG}\"\nname = \"o\"\n\n");
+        for p in projects {
+            text += &format!(
+                "[[projects]]\nref = \"{p}\"\norganization_id = \"{ORG}\"\n\
+                 db_engine = \"postgres\"\ntopology = \"shared\"\n\n"
+            );
+        }
+        let path = dir.join("control.toml");
+        std::fs::write(&path, text).expect("control file written");
+        path
+    }
+
+    /// The records in memory, and the ones of the written file parsed whole: equal.
+    fn assert_in_line(store: &FileStore, path: &Path) {
+        let parsed = FileStore::read(path).expect("the written file is valid");
+        let memory = store.snapshot.load();
+        let sorted = |m: &HashMap<(String, String), ProjectPolicyRecord>| {
+            let mut v: Vec<_> = m.values().cloned().collect();
+            v.sort_by(|a, b| (&a.project_ref, &a.stage).cmp(&(&b.project_ref, &b.stage)));
+            v
+        };
+        assert_eq!(sorted(&memory.policies), sorted(&parsed.policies));
+        let mut a: Vec<_> = memory.candidates.values().cloned().collect();
+        let mut b: Vec<_> = parsed.candidates.values().cloned().collect();
+        a.sort_by(|x, y| x.project_ref.cmp(&y.project_ref));
+        b.sort_by(|x, y| x.project_ref.cmp(&y.project_ref));
+        assert_eq!(a, b);
+        assert_eq!(memory.projects.len(), parsed.projects.len());
+    }
+
+    #[tokio::test]
+    async fn module_changes_applied_in_memory_match_the_written_file_parsed_whole() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = control_file(dir.path(), &["a", "b", "c"]);
+        let store = FileStore::open(&path).expect("opens");
+
+        // The first edit parses the file; the next ones apply to the records in memory.
+        store.set_project_policy(&policy("a", 1)).await.expect("a");
+        assert_in_line(&store, &path);
+        store.set_project_policy(&policy("b", 2)).await.expect("b");
+        store
+            .set_project_policy(&policy("a", 3))
+            .await
+            .expect("a again");
+        assert_in_line(&store, &path);
+        assert_eq!(
+            store.project_policy("a", "cors").await.expect("read"),
+            Some(policy("a", 3))
+        );
+        store
+            .set_policy_candidate(&candidate("c", 4))
+            .await
+            .expect("candidate");
+        assert_in_line(&store, &path);
+        assert!(
+            store
+                .delete_policy_candidate("c", "cors")
+                .await
+                .expect("delete")
+        );
+        assert!(
+            store
+                .delete_project_policy("b", "cors")
+                .await
+                .expect("delete")
+        );
+        assert!(
+            !store
+                .delete_project_policy("b", "cors")
+                .await
+                .expect("gone")
+        );
+        assert_in_line(&store, &path);
+        assert_eq!(
+            store.project_policies().await.expect("list"),
+            vec![policy("a", 3)]
+        );
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert!(text.starts_with("# kept\n"), "the file's comments are kept");
+    }
+
+    #[tokio::test]
+    async fn a_module_of_a_project_that_is_not_there_is_refused_on_the_path_in_memory_too() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = control_file(dir.path(), &["a"]);
+        let store = FileStore::open(&path).expect("opens");
+        store.set_project_policy(&policy("a", 1)).await.expect("a");
+        let before = std::fs::read_to_string(&path).expect("read");
+
+        let error = store
+            .set_project_policy(&policy("ghost", 2))
+            .await
+            .expect_err("no such project");
+        assert!(
+            error.to_string().contains("\"ghost\" does not exist"),
+            "{error}"
+        );
+        let mut bad = candidate("a", 3);
+        bad.percent = 0;
+        let error = store
+            .set_policy_candidate(&bad)
+            .await
+            .expect_err("bad percent");
+        assert!(
+            error.to_string().contains("percent must be 1 to 100"),
+            "{error}"
+        );
+        let mut bad = policy("a", 4);
+        bad.digest = "not-hex".into();
+        let error = store
+            .set_project_policy(&bad)
+            .await
+            .expect_err("bad digest");
+        assert!(error.to_string().contains("64 lower-case hex"), "{error}");
+
+        // Nothing refused was written or kept, and the next edit starts from the file.
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), before);
+        assert_eq!(
+            store.project_policies().await.expect("list"),
+            vec![policy("a", 1)]
+        );
+        store.set_project_policy(&policy("a", 5)).await.expect("a");
+        assert_in_line(&store, &path);
+    }
+
+    #[tokio::test]
+    async fn a_change_made_to_the_file_by_hand_between_two_edits_is_kept_by_the_next() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = control_file(dir.path(), &["a"]);
+        let store = FileStore::open(&path).expect("opens");
+        store.set_project_policy(&policy("a", 1)).await.expect("a");
+
+        // An operator adds a project by hand; the watch has not reloaded it yet.
+        let mut text = std::fs::read_to_string(&path).expect("read");
+        text += &format!(
+            "\n[[projects]]\nref = \"hand\"\norganization_id = \"{ORG}\"\n\
+             db_engine = \"postgres\"\ntopology = \"shared\"\n"
+        );
+        // A different length, so that the file's stamp changes even within one clock tick.
+        std::fs::write(&path, text).expect("written by hand");
+
+        store
+            .set_project_policy(&policy("hand", 2))
+            .await
+            .expect("the new project's module");
+        assert!(store.project("hand").await.expect("read").is_some());
+        assert_in_line(&store, &path);
+    }
 }

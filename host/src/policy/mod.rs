@@ -130,8 +130,9 @@ impl PluginError {
         }
     }
 
-    /// Logs the failure as an error naming plugin, stage and plane.
-    pub fn log(&self) {
+    /// Logs the failure as an error naming plugin, stage and plane; `left_out`: the module's
+    /// failures not logged since its last line (see [`runtime::plugin_log::FailureLog`]).
+    pub fn log(&self, left_out: u64) {
         match self {
             PluginError::Call {
                 stage,
@@ -152,6 +153,7 @@ impl PluginError {
                 plane = %plane,
                 kind = kind.as_str(),
                 reason = %reason,
+                left_out,
                 "policy plugin failed; the request fails closed"
             ),
             other => tracing::error!(error = %other, "policy plugin error"),

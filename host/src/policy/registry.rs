@@ -187,14 +187,37 @@ impl PolicyRegistry {
             return;
         }
         match self.store.collect_modules(grace).await {
-            Ok(collected) if !collected.is_empty() => {
-                self.metrics
-                    .modules_collected
-                    .inc_by(collected.len() as u64);
-                tracing::info!(count = collected.len(), digests = ?collected, "unused stored modules collected");
+            Ok(collected) => {
+                if !collected.is_empty() {
+                    self.metrics
+                        .modules_collected
+                        .inc_by(collected.len() as u64);
+                    tracing::info!(count = collected.len(), digests = ?collected, "unused stored modules collected");
+                }
+                self.collect_compiled(collected, grace).await;
             }
-            Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "stored modules: collection failed"),
+        }
+    }
+
+    /// Removes the compile cache folder's files of the stored modules collected, and those
+    /// compiled for an engine this gateway no longer runs, unchanged for `grace`; off the
+    /// request workers.
+    async fn collect_compiled(&self, collected: Vec<String>, grace: std::time::Duration) {
+        let Some(disk) = self.runtime.tenant_disk().cloned() else {
+            return;
+        };
+        let engines = [
+            self.runtime.engine(Owner::Tenant).clone(),
+            self.runtime.engine(Owner::Operator).clone(),
+        ];
+        let removed =
+            tokio::task::spawn_blocking(move || disk.collect(&collected, &engines, grace))
+                .await
+                .unwrap_or(0);
+        if removed > 0 {
+            self.metrics.compiled_files_collected.inc_by(removed as u64);
+            tracing::info!(count = removed, "compile cache files collected");
         }
     }
 

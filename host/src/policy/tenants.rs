@@ -691,7 +691,9 @@ impl TenantPolicies {
                 .inc();
         };
         let (stage, digest, config) = (stored.stage, &stored.digest, &stored.config);
-        let checked = match self.compiler.cached(digest) {
+        // A digest compiled before is loaded by its name: its bytes are read from the store only
+        // to compile them.
+        let checked = match self.compiler.compiled(digest) {
             Some((component, _)) => self.check(project, stage, digest, component, config).await,
             None => match store.module(digest).await {
                 Ok(Some(bytes)) if super::digest_of(&bytes) == *digest => {

@@ -204,6 +204,27 @@ impl Compiler {
         ))
     }
 
+    /// `digest` compiled before, by this instance or another sharing the compile cache
+    /// folder, mapped from its file there (counted `disk`).
+    fn on_disk(&self, digest: &str) -> Option<(Component, CompileReport)> {
+        let engine = self.runtime.engine(Owner::Tenant);
+        let component = self.runtime.tenant_disk()?.get(engine, digest)?;
+        self.count("disk");
+        self.cache.insert(digest.to_owned(), component.clone());
+        let report = CompileReport {
+            compile_ms: 0,
+            peak_rss_bytes: 0,
+            cached: true,
+        };
+        Some((component, report))
+    }
+
+    /// `digest` compiled, in memory or in the compile cache folder: a stored module loaded
+    /// again needs neither its bytes from the control store nor a compilation.
+    pub fn compiled(&self, digest: &str) -> Option<(Component, CompileReport)> {
+        self.cached(digest).or_else(|| self.on_disk(digest))
+    }
+
     /// The compiled component of `bytes` (whose SHA-256 is `digest`).
     pub async fn compile(
         &self,
@@ -217,22 +238,10 @@ impl Compiler {
             self.count("remembered");
             return Err(error);
         }
-        // Compiled before (by this instance or another sharing the folder), mapped from disk.
-        let engine = self.runtime.engine(Owner::Tenant);
-        if let Some(component) = self
-            .runtime
-            .tenant_disk()
-            .and_then(|c| c.get(engine, digest))
-        {
-            self.count("disk");
-            self.cache.insert(digest.to_owned(), component.clone());
-            let report = CompileReport {
-                compile_ms: 0,
-                peak_rss_bytes: 0,
-                cached: true,
-            };
-            return Ok((component, report));
+        if let Some(hit) = self.on_disk(digest) {
+            return Ok(hit);
         }
+        let engine = self.runtime.engine(Owner::Tenant);
         let _permit = self
             .gate
             .acquire()

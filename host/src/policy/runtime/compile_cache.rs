@@ -9,9 +9,11 @@
 //! must belong to the gateway's user and be writable by no one else; it is created with mode
 //! 0700 and refused otherwise.
 
+use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -90,10 +92,42 @@ impl CompileCache {
     }
 
     fn path(&self, engine: &Engine, digest: &str) -> PathBuf {
-        let mut hasher = std::hash::DefaultHasher::new();
-        engine.precompile_compatibility_hash().hash(&mut hasher);
         self.dir
-            .join(format!("{digest}-{:016x}.cwasm", hasher.finish()))
+            .join(format!("{digest}-{}.cwasm", engine_name(engine)))
+    }
+
+    /// Removes the files of `digests` (compiled for any engine: their stored modules were
+    /// collected), and files compiled for none of `engines` (by an earlier version of the
+    /// gateway) and unchanged for `grace`; the count removed. A file a module runs from stays
+    /// mapped until that module is dropped.
+    pub fn collect(&self, digests: &[String], engines: &[Engine], grace: Duration) -> usize {
+        let current: HashSet<String> = engines.iter().map(engine_name).collect();
+        let collected: HashSet<&str> = digests.iter().map(String::as_str).collect();
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some((digest, engine)) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".cwasm"))
+                .and_then(|stem| stem.rsplit_once('-'))
+            else {
+                continue;
+            };
+            let stale = !current.contains(engine)
+                && entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|at| at.elapsed().ok())
+                    .is_some_and(|idle| idle >= grace);
+            if (collected.contains(digest) || stale) && std::fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
     }
 
     /// The compiled module of `digest` for `engine`, when the folder has it.
@@ -126,6 +160,14 @@ impl CompileCache {
         self.put(engine, digest, &component);
         Ok(component)
     }
+}
+
+/// How a file's name tells the engine it was compiled for: a hash of the engine's settings that
+/// change compiled code.
+fn engine_name(engine: &Engine) -> String {
+    let mut hasher = std::hash::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
 }
 
 /// Removes the folders [`CompileCache::of_this_process`] made in `parent` for processes that
@@ -238,5 +280,44 @@ mod tests {
         std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).expect("chmod");
         let err = CompileCache::open(&cache).expect_err("refused");
         assert!(err.contains("writable by no one else"), "{err}");
+    }
+
+    #[test]
+    fn collecting_removes_the_collected_digests_files_and_an_earlier_engines_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = CompileCache::open(&dir.path().join("cache")).expect("opens");
+        let engine = Engine::default();
+        let this = engine_name(&engine);
+        let (gone, kept) = ("a".repeat(64), "b".repeat(64));
+        let file =
+            |digest: &str, engine: &str| cache.dir().join(format!("{digest}-{engine}.cwasm"));
+        for path in [
+            file(&gone, &this),
+            file(&gone, "00000000000000ff"),
+            file(&kept, &this),
+            file(&kept, "00000000000000ff"),
+        ] {
+            std::fs::write(&path, b"compiled").expect("written");
+        }
+        let other = cache.dir().join("notes.txt");
+        std::fs::write(&other, b"not ours").expect("written");
+
+        // Within the grace, an earlier engine's file of a digest still stored stays.
+        let hour = Duration::from_secs(3_600);
+        let removed = cache.collect(
+            std::slice::from_ref(&gone),
+            std::slice::from_ref(&engine),
+            hour,
+        );
+        assert_eq!(removed, 2, "both files of the collected digest");
+        assert!(!file(&gone, &this).exists() && !file(&gone, "00000000000000ff").exists());
+        assert!(file(&kept, &this).exists() && file(&kept, "00000000000000ff").exists());
+
+        // Past it, that file goes; this engine's file of a digest in use never does.
+        let removed = cache.collect(&[], std::slice::from_ref(&engine), Duration::ZERO);
+        assert_eq!(removed, 1);
+        assert!(file(&kept, &this).exists());
+        assert!(!file(&kept, "00000000000000ff").exists());
+        assert!(other.exists(), "a file not of the cache is left alone");
     }
 }

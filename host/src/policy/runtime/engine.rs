@@ -31,7 +31,7 @@ use wasmtime::{
 
 use super::epoch::{EpochTicker, IDLE_BEFORE_SLEEP, epoch_tick};
 use super::limits::PluginLimiter;
-use super::plugin_log::{self, CallLog, Level, LogRate, Source};
+use super::plugin_log::{self, CallLog, FailureLog, Level, LogRate, Source};
 pub use super::sandbox::PluginState;
 use crate::config::{InstanceReuse, PluginRuntimeConfig};
 use crate::plane::Plane;
@@ -719,6 +719,8 @@ pub struct StageModule<W: StageWorld> {
     /// The largest linear memory any instance of the module has had, in bytes.
     peak: AtomicUsize,
     log_rate: LogRate,
+    /// The budget of the gateway's lines about this module's failed calls.
+    failure_log: FailureLog,
     call_metrics: std::sync::OnceLock<(prometheus::IntCounter, prometheus::Histogram)>,
     health: Mutex<Health>,
     /// Whether the failure share of the current window is over the rollback threshold.
@@ -827,6 +829,7 @@ impl<W: StageWorld> StageModule<W> {
             kept_as,
             peak: AtomicUsize::new(0),
             log_rate,
+            failure_log: FailureLog::default(),
             call_metrics: std::sync::OnceLock::new(),
             health: Mutex::new(Health {
                 since: Instant::now(),
@@ -1044,6 +1047,20 @@ impl<W: StageWorld> StageModule<W> {
         }
     }
 
+    /// Logs a failed call within the module's budget of failure lines; one left out is counted.
+    fn log_failure(&self, error: &PluginError) {
+        match self.failure_log.admit(Instant::now()) {
+            Some(left_out) => error.log(left_out),
+            None => {
+                if let Some(m) = self.runtime.metrics.get() {
+                    m.plugin_log_dropped
+                        .with_label_values(&[self.plane.as_str(), W::STAGE.key(), "failures"])
+                        .inc();
+                }
+            }
+        }
+    }
+
     fn failure(&self, kind: FailureKind, reason: String) -> PluginError {
         PluginError::Call {
             stage: W::STAGE,
@@ -1069,7 +1086,7 @@ impl<W: StageWorld> StageModule<W> {
         let mut slot = match reused {
             Some(slot) => slot,
             None => self.new_slot(request_id).inspect_err(|e| {
-                e.log();
+                self.log_failure(e);
                 if let Some(kind) = e.kind() {
                     self.count_failure(kind);
                 }
@@ -1106,7 +1123,7 @@ impl<W: StageWorld> StageModule<W> {
                     kind,
                     format!("{e:#} (after {} µs)", started.elapsed().as_micros()),
                 );
-                error.log();
+                self.log_failure(&error);
                 self.count_failure(kind);
                 Err(error)
             }

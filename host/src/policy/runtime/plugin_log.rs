@@ -20,6 +20,12 @@ pub const MAX_LINE_BYTES: usize = 1024;
 pub const MAX_LINES_PER_CALL: usize = 16;
 /// Lines one module may write per second (and at once, after a quiet second).
 pub const LINES_PER_SECOND: f64 = 100.0;
+/// The gateway's own lines about one module's failed calls, per second; the failures past it
+/// are counted (`aura_plugin_log_dropped_total{reason="failures"}`) and the next line written
+/// says how many were left out. Every failure is counted in `aura_plugin_failures_total`.
+pub const FAILURE_LINES_PER_SECOND: f64 = 1.0;
+/// ... and at once, after a quiet spell.
+pub const FAILURE_LINES_BURST: f64 = 5.0;
 
 /// How much a line matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,33 +149,74 @@ pub fn clean(message: &str) -> String {
     text
 }
 
-/// A module's line budget: a token bucket of [`LINES_PER_SECOND`].
+/// A module's line budget: a token bucket of [`LINES_PER_SECOND`] by default.
 #[derive(Debug)]
 pub struct LogRate {
     bucket: Mutex<(Instant, f64)>,
+    per_second: f64,
+    burst: f64,
 }
 
 impl Default for LogRate {
     fn default() -> Self {
-        Self {
-            bucket: Mutex::new((Instant::now(), LINES_PER_SECOND)),
-        }
+        Self::new(LINES_PER_SECOND, LINES_PER_SECOND)
     }
 }
 
 impl LogRate {
+    /// `per_second` lines a second, `burst` at once; full at first.
+    pub fn new(per_second: f64, burst: f64) -> Self {
+        Self {
+            bucket: Mutex::new((Instant::now(), burst)),
+            per_second,
+            burst,
+        }
+    }
+
     /// How many of `wanted` lines may be written at `now`.
     pub fn admit(&self, wanted: usize, now: Instant) -> usize {
         let Ok(mut bucket) = self.bucket.lock() else {
             return 0;
         };
         let (last, tokens) = *bucket;
-        let tokens = (tokens
-            + now.saturating_duration_since(last).as_secs_f64() * LINES_PER_SECOND)
-            .min(LINES_PER_SECOND);
+        let tokens = (tokens + now.saturating_duration_since(last).as_secs_f64() * self.per_second)
+            .min(self.burst);
         let admitted = (tokens.floor() as usize).min(wanted);
         *bucket = (now, tokens - admitted as f64);
         admitted
+    }
+}
+
+/// The budget of the gateway's lines about one module's failed calls: a module failing on every
+/// call (a tenant's, spinning or trapping on purpose) writes at most
+/// [`FAILURE_LINES_PER_SECOND`] of them, not one per request.
+#[derive(Debug)]
+pub struct FailureLog {
+    rate: LogRate,
+    /// Failures not written since the last line written.
+    left_out: std::sync::atomic::AtomicU64,
+}
+
+impl Default for FailureLog {
+    fn default() -> Self {
+        Self {
+            rate: LogRate::new(FAILURE_LINES_PER_SECOND, FAILURE_LINES_BURST),
+            left_out: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+impl FailureLog {
+    /// Whether a failure at `now` is written: `Some(n)`, `n` the failures left out since the
+    /// last line written (the line says so), or `None` (this one is left out and counted).
+    pub fn admit(&self, now: Instant) -> Option<u64> {
+        use std::sync::atomic::Ordering;
+        if self.rate.admit(1, now) == 1 {
+            Some(self.left_out.swap(0, Ordering::Relaxed))
+        } else {
+            self.left_out.fetch_add(1, Ordering::Relaxed);
+            None
+        }
     }
 }
 
@@ -256,6 +303,27 @@ mod tests {
         assert!(cut.len() <= MAX_LINE_BYTES + '…'.len_utf8());
         assert!(cut.ends_with('…'));
         assert_eq!(clean("plain"), "plain");
+    }
+
+    #[test]
+    fn failures_past_the_rate_are_left_out_and_the_next_line_says_how_many() {
+        let log = FailureLog::default();
+        let t0 = Instant::now();
+        let burst = FAILURE_LINES_BURST as usize;
+        for i in 0..burst {
+            assert_eq!(
+                log.admit(t0),
+                Some(0),
+                "failure {i} of the burst is written"
+            );
+        }
+        for _ in 0..1_000 {
+            assert_eq!(log.admit(t0), None, "a failure past the burst is left out");
+        }
+        // A second later one line may be written again; it counts the thousand left out.
+        assert_eq!(log.admit(t0 + Duration::from_secs(1)), Some(1_000));
+        assert_eq!(log.admit(t0 + Duration::from_secs(1)), None);
+        assert_eq!(log.admit(t0 + Duration::from_secs(2)), Some(1));
     }
 
     #[test]
