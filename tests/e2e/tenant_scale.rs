@@ -517,7 +517,13 @@ async fn past_the_code_budget_the_least_recently_called_projects_are_unloaded_an
     let refs = project_refs(PROJECTS);
     let dir = tempfile::tempdir().expect("tempdir");
     let records = stored_variants(dir.path(), &refs);
-    let plugins = format!("tenant_code_budget_bytes = {}\n", 1 << 20);
+    let stored = dir.path().join("modules");
+    // No compiled module kept in memory beyond those in use: an unloaded digest is found in
+    // the compile cache folder or nowhere.
+    let plugins = format!(
+        "tenant_code_budget_bytes = {}\ncompiled_cache_bytes = 1\n",
+        1 << 20
+    );
     let Started { gw, .. } = builder(&refs, &plugins)
         .keep_dir(dir)
         .records(records)
@@ -563,7 +569,15 @@ async fn past_the_code_budget_the_least_recently_called_projects_are_unloaded_an
         "the hot project was never loaded again"
     );
 
-    // Each unloaded project's next request loads its own module again, which decides as it did.
+    // Each unloaded project's next request loads its own module again, which decides as it did:
+    // by its digest, from the compile cache folder, without the module's bytes from the store
+    // (removed here).
+    for entry in std::fs::read_dir(&stored)
+        .expect("modules folder")
+        .flatten()
+    {
+        std::fs::remove_file(entry.path()).expect("stored module removed");
+    }
     for (i, project) in refs.iter().enumerate().filter(|(i, _)| *i != HOT) {
         assert_own(&preflight(&gw, project, FILE_ORIGIN).await, i, project);
     }

@@ -103,8 +103,8 @@ pub struct PluginRuntimeConfig {
     /// The share of one core the calls of heavy projects (whose last call ran for a quarter of
     /// `call_deadline_ms` or more) may use together, on their threads of their own. Small by
     /// default: where the kernel lets a low-priority thread finish its time slice before a
-    /// woken request worker runs (measured here: up to 6 ms), every millisecond of theirs shows
-    /// in other projects' tail latency.
+    /// woken request worker runs, every millisecond of theirs shows in other projects' tail
+    /// latency.
     pub tenant_heavy_cpu_share: f64,
     /// How long a tenant module call may wait for a place before its request fails closed
     /// (`503 policy_busy`), in milliseconds.
