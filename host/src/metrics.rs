@@ -85,8 +85,10 @@ pub struct Metrics {
     /// `plugins.tenant_code_budget_bytes`: past it the coldest projects' modules are unloaded.
     pub tenant_code_budget_bytes: IntGauge,
     /// Projects whose modules were unloaded (coldest first, to stay within the code budget;
-    /// loaded again on their next request).
-    pub tenant_projects_unloaded: IntCounter,
+    /// loaded again on their next request), by reason (`idle`: not called for a second, by the
+    /// sweep every second; `pressure`: not called for a tick, by the sweep a load over the
+    /// budget asked for).
+    pub tenant_projects_unloaded: IntCounterVec,
     /// Decision cache entries given back to the instance's ceiling, by reason (`ceiling`:
     /// evicted to make room under it, from the caches furthest over their share; `idle`: a
     /// shard no request looked up for `plugins.decision_cache.idle_secs`).
@@ -293,11 +295,17 @@ impl Metrics {
             "The ceiling of aura_tenant_code_bytes (plugins.tenant_code_budget_bytes)",
         )
         .expect("valid metric");
-        let tenant_projects_unloaded = IntCounter::new(
-            "tenant_projects_unloaded_total",
-            "Projects whose modules were unloaded, least recently called first, to stay within plugins.tenant_code_budget_bytes (loaded again on their next request)",
+        let tenant_projects_unloaded = IntCounterVec::new(
+            Opts::new(
+                "tenant_projects_unloaded_total",
+                "Projects whose modules were unloaded, least recently called first, to stay within plugins.tenant_code_budget_bytes (loaded again on their next request), by reason (idle: not called for a second; pressure: not called for 100 ms, after a load over the budget)",
+            ),
+            &["reason"],
         )
         .expect("valid metric");
+        for reason in ["idle", "pressure"] {
+            tenant_projects_unloaded.with_label_values(&[reason]);
+        }
         let decision_cache_reclaimed = IntCounterVec::new(
             Opts::new(
                 "decision_cache_reclaimed_total",

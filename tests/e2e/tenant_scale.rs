@@ -7,6 +7,8 @@
 //! request.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -503,11 +505,27 @@ async fn a_start_with_stored_modules_lists_them_and_loads_each_project_on_its_fi
     );
 }
 
+/// A gateway over `refs`, each with a module of a digest of its own (stored in `dir`), whose
+/// `plugins.tenant_code_budget_bytes` (its least, 1 MiB) is less than one digest of the testing
+/// module, and which keeps no compiled module in memory beyond those in use: an unloaded digest
+/// is found in the compile cache folder or nowhere.
+fn past_a_small_code_budget(refs: &[String], dir: tempfile::TempDir) -> Started {
+    let records = stored_variants(dir.path(), refs);
+    let plugins = format!(
+        "tenant_code_budget_bytes = {}\ncompiled_cache_bytes = 1\n",
+        1 << 20
+    );
+    builder(refs, &plugins)
+        .keep_dir(dir)
+        .records(records)
+        .binary()
+}
+
 /// Past `plugins.tenant_code_budget_bytes` (its least, 1 MiB: less than one digest of the
 /// testing module here) the modules of the projects called least recently are unloaded, their
 /// digests' compiled modules with them, and a project's next request loads its modules again,
 /// which then decide with the project's own configuration. A project called all along is never
-/// unloaded (no load of its own past its first).
+/// unloaded (no load of its own past its first), even while the others' first loads compile.
 #[tokio::test]
 async fn past_the_code_budget_the_least_recently_called_projects_are_unloaded_and_load_again_on_their_next_request()
  {
@@ -516,36 +534,46 @@ async fn past_the_code_budget_the_least_recently_called_projects_are_unloaded_an
     const HOT: usize = 0;
     let refs = project_refs(PROJECTS);
     let dir = tempfile::tempdir().expect("tempdir");
-    let records = stored_variants(dir.path(), &refs);
     let stored = dir.path().join("modules");
-    // No compiled module kept in memory beyond those in use: an unloaded digest is found in
-    // the compile cache folder or nowhere.
-    let plugins = format!(
-        "tenant_code_budget_bytes = {}\ncompiled_cache_bytes = 1\n",
-        1 << 20
-    );
-    let Started { gw, .. } = builder(&refs, &plugins)
-        .keep_dir(dir)
-        .records(records)
-        .binary();
+    let Started { gw, .. } = past_a_small_code_budget(&refs, dir);
     let read = async |name: &str| metric(&gw.metrics().await, name, &[]);
 
-    // Every project is called once, the hot one between each two.
+    // The hot project is called every 20 ms all along (each of the others' first loads compiles
+    // a digest of its own, far longer than the 100 ms a project must stay uncalled to be
+    // unloaded); every other project is called once.
     let hot = &refs[HOT];
+    assert_own(&preflight(&gw, hot, FILE_ORIGIN).await, HOT, hot);
+    let calling = Arc::new(AtomicBool::new(true));
+    let caller = {
+        let (url, host, calling) = (
+            gw.data_url("/v1/db/todos"),
+            format!("{hot}.api.test"),
+            calling.clone(),
+        );
+        let hot = hot.clone();
+        tokio::spawn(async move {
+            while calling.load(Ordering::Relaxed) {
+                let answer = Call::preflight(url.clone(), FILE_ORIGIN)
+                    .host(host.clone())
+                    .read()
+                    .await;
+                assert_own(&answer, HOT, &hot);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
     for (i, project) in refs.iter().enumerate() {
         assert_own(&preflight(&gw, project, FILE_ORIGIN).await, i, project);
-        assert_own(&preflight(&gw, hot, FILE_ORIGIN).await, HOT, hot);
     }
     assert_eq!(first_call_loads(&gw).await, PROJECTS as f64);
     let budget = read("aura_tenant_code_budget_bytes").await;
     assert_eq!(budget, f64::from(1 << 20));
 
-    // The hot project keeps calling; every other one is unloaded within a few sweeps.
+    // Every project but the hot one is unloaded within a few sweeps.
     let unloaded = poll_every(
         Duration::from_secs(20),
         Duration::from_millis(100),
         async || {
-            assert_own(&preflight(&gw, hot, FILE_ORIGIN).await, HOT, hot);
             let unloaded = read("aura_tenant_projects_unloaded_total").await;
             (unloaded >= (PROJECTS - 1) as f64).then_some(unloaded)
         },
@@ -568,6 +596,10 @@ async fn past_the_code_budget_the_least_recently_called_projects_are_unloaded_an
         PROJECTS as f64,
         "the hot project was never loaded again"
     );
+    calling.store(false, Ordering::Relaxed);
+    caller
+        .await
+        .expect("the hot project answered by its module all along");
 
     // Each unloaded project's next request loads its own module again, which decides as it did:
     // by its digest, from the compile cache folder, without the module's bytes from the store
@@ -585,6 +617,66 @@ async fn past_the_code_budget_the_least_recently_called_projects_are_unloaded_an
         first_call_loads(&gw).await,
         (2 * PROJECTS - 1) as f64,
         "each unloaded project loaded once more"
+    );
+}
+
+/// A load that takes the projects' compiled modules over `plugins.tenant_code_budget_bytes`
+/// asks for a sweep at once, which unloads the projects not called for a tick (100 ms): projects
+/// called one after another, each 250 ms after the last (within the second that keeps a project
+/// from the sweep every second), leave one project loaded, not the last four or five. Each is
+/// answered by its own module all along, the one just loaded too (a request whose project is
+/// unloaded between its load and the look-up after it loads it again).
+#[tokio::test]
+async fn a_load_over_the_code_budget_unloads_the_projects_idle_for_a_tick_at_once() {
+    const PROJECTS: usize = 8;
+    let refs = project_refs(PROJECTS);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Started { gw, .. } = past_a_small_code_budget(&refs, dir);
+    let unloaded = async |reason: &str| {
+        let label = format!("reason=\"{reason}\"");
+        metric(
+            &gw.metrics().await,
+            "aura_tenant_projects_unloaded_total",
+            &[&label],
+        )
+    };
+    let loaded = async || {
+        let answer = Call::get(gw.mgmt_url("/v1/admin/policies"))
+            .bearer(ADMIN_TOKEN)
+            .read()
+            .await;
+        answer.json()["projects_loaded"]
+            .as_u64()
+            .expect("projects_loaded")
+    };
+
+    for (i, project) in refs.iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_own(&preflight(&gw, project, FILE_ORIGIN).await, i, project);
+        let alone = poll_every(
+            Duration::from_secs(2),
+            Duration::from_millis(20),
+            async || (loaded().await == 1).then_some(()),
+        )
+        .await;
+        assert!(
+            alone.is_some(),
+            "{project}: {} projects loaded; log:\n{}",
+            loaded().await,
+            gw.log_text()
+        );
+    }
+    let (pressure, idle) = (unloaded("pressure").await, unloaded("idle").await);
+    eprintln!("unloaded under pressure: {pressure}, idle: {idle}");
+    assert!(pressure + idle >= (PROJECTS - 1) as f64);
+    assert!(
+        pressure >= ((PROJECTS - 1) / 2) as f64,
+        "most were unloaded by the loads' sweeps: {pressure} (idle {idle})"
+    );
+    assert_eq!(
+        first_call_loads(&gw).await,
+        PROJECTS as f64,
+        "each project loaded once"
     );
 }
 

@@ -1,8 +1,9 @@
 //! Projects' module uploads, through the real binary: a compile stopped at its time or memory
 //! limit and remembered, parallel uploads that keep the gateway small, a module refused at
 //! refresh compiled once, unused module files and their metric series collected, a refresh that
-//! never reverts a change made meanwhile, and a module that always overruns its deadline refused
-//! at upload; and the compile worker, confined, still compiling every plugin.
+//! never reverts a change made meanwhile, a module that always overruns its deadline refused at
+//! upload, and an install whose client gave up run to its end; and the compile worker, confined,
+//! still compiling every plugin.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use crate::support::cli::{run, succeeded};
 use crate::support::fixture::{CountingStore, Fixture};
 use crate::support::gateway::Process;
 use crate::support::metrics::metric;
-use crate::support::policy::{Policies, admin, cors_probe, digest, testing_cors};
+use crate::support::policy::{Policies, admin, b64, cors_probe, digest, testing_cors};
 use crate::support::poll::wait_until;
 use crate::support::wasm;
 
@@ -493,4 +494,58 @@ async fn a_projects_module_compiled_once_is_mapped_from_the_compile_cache_after_
             "start {start_no}"
         );
     }
+}
+
+/// A client that gives up on its `PUT` while the module is checked does not stop the change half
+/// way: the change runs to its end on a task of its own. The store holds the module, this
+/// instance decides with it, the history has the install with its console user, and the only
+/// upload place (`tenant_max_concurrent_uploads = 1`) is given back when the change ends.
+#[tokio::test]
+async fn an_install_whose_client_gives_up_runs_to_its_end() {
+    let Started { gw, fx, dir: _dir } =
+        offline("given-up", "[plugins]\ntenant_max_concurrent_uploads = 1\n");
+    let admin = admin(gw.mgmt_url(""), &fx);
+    // A digest never compiled here: its check takes far longer than the client waits.
+    let module = wasm::with_custom_section(testing_cors(), b"pad", b"given-up");
+    let body = json!({ "module": b64(&module), "config": {} });
+    let gave_up = admin
+        .call(reqwest::Method::PUT, "cors", "")
+        .json(&body)
+        .timeout(Duration::from_millis(20))
+        .try_send()
+        .await;
+    assert!(
+        gave_up.as_ref().is_err_and(reqwest::Error::is_timeout),
+        "the client gave up before the answer: {gave_up:?}"
+    );
+
+    let installed = digest(&module);
+    wait_until(
+        "the install in force",
+        Duration::from_secs(60),
+        async || {
+            let r = admin.get("cors").await;
+            r.status == StatusCode::OK && r.json()["digest"] == installed.as_str()
+        },
+    )
+    .await;
+    let probe = cors_probe(gw.data_url("/health"), &fx.anon_key).await;
+    let exposed = probe.headers.get("access-control-expose-headers");
+    let exposed = exposed.and_then(|v| v.to_str().ok());
+    assert!(
+        exposed.is_some_and(|v| v.contains("x-testing-plugin")),
+        "alpha's module decides: {:?}",
+        probe.headers
+    );
+    let history = admin.history("cors").await;
+    let installs: Vec<_> = history
+        .iter()
+        .filter(|e| e["action"] == "install" && e["digest_after"] == installed.as_str())
+        .collect();
+    assert_eq!(installs.len(), 1, "{history:?}");
+    assert_eq!(installs[0]["actor"], fx.admin.to_string(), "{history:?}");
+
+    // The upload place is free again: the next upload is taken, not `503 uploads_busy`.
+    let r = admin.install("cors", &testing_cors(), json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
 }

@@ -60,6 +60,18 @@ fn path_params(path: PolicyPath) -> Result<(String, String), GatewayError> {
 /// What a handler answers: its response, or the contract's JSON error.
 type Answer = Result<Response, GatewayError>;
 
+/// Runs a change of a project's modules to its end on a task of its own: a client that goes
+/// away meanwhile (its request's future dropped) leaves no store written without the change
+/// here, its history event or its announcement to the other instances; the upload place it
+/// holds is given back when the change ends, not when the client leaves.
+async fn to_the_end<T: Send + 'static>(
+    change: impl Future<Output = Result<T, GatewayError>> + Send + 'static,
+) -> Result<T, GatewayError> {
+    tokio::spawn(change)
+        .await
+        .map_err(|e| GatewayError::internal(format!("a change of a project's modules: {e}")))?
+}
+
 /// What a route that changes a project's stage acts on: the project and stage of its path, and
 /// the console user making the change (`-` if the token named none).
 #[derive(Debug)]
@@ -102,7 +114,7 @@ pub async fn put(
     // one organization cannot take every place (its share is
     // `plugins.tenant_max_concurrent_uploads_per_org`).
     let organization = super::project_route::organization_of(&state, &project).await?;
-    let _upload = state
+    let upload = state
         .policies
         .tenants
         .upload_permit(organization)
@@ -119,10 +131,13 @@ pub async fn put(
     // default: past it the answer is the gateway's JSON 413 (with the defaults a module up to
     // `plugins.tenant_max_module_bytes` fits once base64 in JSON).
     let body = crate::proxy::read_body(body).await?;
-    let install = parse_put(&project, &stage_key, &body, &user)?;
-    drop(body);
-    let installed = state.policies.install(install, Action::Install).await?;
-    Ok(installed_json(&project, &stage_key, &installed))
+    to_the_end(async move {
+        let _upload = upload;
+        let install = parse_put(&project, &stage_key, &body, &user)?;
+        let installed = state.policies.install(install, Action::Install).await?;
+        Ok(installed_json(&project, &stage_key, &installed))
+    })
+    .await
 }
 
 /// The install a `PUT` body asks for.
@@ -350,7 +365,7 @@ pub async fn delete(
     State(state): State<AppState>,
     c: StageChange,
 ) -> Result<StatusCode, GatewayError> {
-    state.policies.remove(&c.project, &c.stage, &c.user).await?;
+    to_the_end(async move { state.policies.remove(&c.project, &c.stage, &c.user).await }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -364,7 +379,10 @@ pub async fn promote(
         user,
     }: StageChange,
 ) -> Result<Json<serde_json::Value>, GatewayError> {
-    let candidate = state.policies.promote(&project, &stage, &user).await?;
+    let candidate = {
+        let (project, stage) = (project.clone(), stage.clone());
+        to_the_end(async move { state.policies.promote(&project, &stage, &user).await }).await?
+    };
     tracing::info!(project, stage, digest = %candidate.digest, from = %candidate.mode, "tenant candidate promoted");
     Ok(Json(serde_json::json!({
         "project": project,
@@ -379,7 +397,7 @@ pub async fn abort(
     State(state): State<AppState>,
     c: StageChange,
 ) -> Result<StatusCode, GatewayError> {
-    state.policies.abort(&c.project, &c.stage, &c.user).await?;
+    to_the_end(async move { state.policies.abort(&c.project, &c.stage, &c.user).await }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -460,11 +478,14 @@ pub async fn rollback(
             GatewayError::bad_request("invalid_body", format!("expected {{digest}}: {e}"))
         })?
     };
-    let installed = state
-        .policies
-        .roll_back_project(&project, &stage, request.digest, &user)
-        .await?;
-    Ok(installed_json(&project, &stage, &installed))
+    to_the_end(async move {
+        let installed = state
+            .policies
+            .roll_back_project(&project, &stage, request.digest, &user)
+            .await?;
+        Ok(installed_json(&project, &stage, &installed))
+    })
+    .await
 }
 
 /// `POST /v1/policies/reload`: reloads the plugin sections of the config file, like SIGHUP.

@@ -23,6 +23,10 @@ use crate::metrics::Metrics;
 use crate::plane::Plane;
 use crate::stage::Owner;
 
+/// Loads of a project's modules one request may wait for when a sweep unloads them right after
+/// each (then it fails closed, `503 policy_busy`).
+const LOADS_PER_REQUEST: usize = 3;
+
 /// The policy modules in force.
 #[derive(Debug)]
 pub struct PolicyRegistry {
@@ -115,16 +119,31 @@ impl PolicyRegistry {
             }
         });
         let weak = Arc::downgrade(self);
+        let pressure = self.tenants.pressure();
         tokio::spawn(async move {
-            let mut every = tokio::time::interval(super::tenants::SWEEP_PERIOD);
+            use super::tenants::{IDLE_SWEEP_TICKS, Sweep, TICK};
+            let mut every = tokio::time::interval(TICK);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut ticks = 0u64;
             loop {
-                every.tick().await;
+                let (ticked, kind) = tokio::select! {
+                    _ = every.tick() => {
+                        ticks += 1;
+                        (true, ticks.is_multiple_of(IDLE_SWEEP_TICKS).then_some(Sweep::Idle))
+                    }
+                    () = pressure.notified() => (false, Some(Sweep::Pressure)),
+                };
                 let Some(registry) = weak.upgrade() else {
                     break;
                 };
-                // Off the request workers: over the budget it walks every loaded project.
-                let _ = tokio::task::spawn_blocking(move || registry.tenants.sweep()).await;
+                if ticked {
+                    registry.tenants.tick();
+                }
+                let Some(kind) = kind.filter(|_| registry.tenants.over_budget()) else {
+                    continue;
+                };
+                // Off the request workers: it walks every loaded project.
+                let _ = tokio::task::spawn_blocking(move || registry.tenants.sweep(kind)).await;
             }
         });
     }
@@ -354,14 +373,23 @@ impl PolicyRegistry {
         &self,
         project: &str,
     ) -> Result<Option<(Arc<Slot<S>>, Gate)>, GatewayError> {
-        if let Some(slot) = self.tenants.slot_for::<S>(project) {
-            return Ok(Some(slot));
+        // A project unloaded between its load and the look-up after it (a sweep under pressure)
+        // is loaded again: its module is never skipped for it.
+        for _ in 0..=LOADS_PER_REQUEST {
+            if let Some(slot) = self.tenants.slot_for::<S>(project) {
+                return Ok(Some(slot));
+            }
+            if self.tenants.loaded_or_unlisted(project) {
+                // Its load put in force what the look-up after the flag sees.
+                return Ok(self.tenants.slot_for::<S>(project));
+            }
+            if let Err(reason) = self.tenants.ensure(&self.store, project).await {
+                tracing::warn!(project, stage = %S::STAGE, %reason, "a project's modules cannot be loaded now; its request fails closed");
+                return Err(GatewayError::policy_busy());
+            }
         }
-        if let Err(reason) = self.tenants.ensure(&self.store, project).await {
-            tracing::warn!(project, stage = %S::STAGE, %reason, "a project's modules cannot be loaded now; its request fails closed");
-            return Err(GatewayError::policy_busy());
-        }
-        Ok(self.tenants.slot_for::<S>(project))
+        tracing::warn!(project, stage = %S::STAGE, "a project's modules were unloaded after each of its loads; its request fails closed");
+        Err(GatewayError::policy_busy())
     }
 
     /// The decision of stage `S` for one request: the one algorithm every stage's decision

@@ -45,9 +45,50 @@ use crate::metrics::Metrics;
 use crate::plane::Plane;
 use crate::stage::STAGES;
 
-/// How often [`TenantPolicies::sweep`] runs: a project called within the last one or two of
-/// these is never unloaded.
-pub const SWEEP_PERIOD: Duration = Duration::from_secs(1);
+/// The clock of the projects' last calls: a call stamps the tick now on its project
+/// ([`TenantPolicies::tick`] advances it).
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// Ticks between two idle sweeps ([`Sweep::Idle`]).
+pub const IDLE_SWEEP_TICKS: u64 = 10;
+
+/// Why [`TenantPolicies::sweep`] runs, and so which projects it may unload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweep {
+    /// Every [`IDLE_SWEEP_TICKS`] ticks: projects not called for a second or more, down to the
+    /// budget.
+    Idle,
+    /// A load took the charge over the budget: projects not called for a tick or more, down
+    /// to 31/32 of the budget: the next loads do not each ask for a sweep, and a sweep unloads
+    /// a few digests at a time (each unload costs CPU beside the requests).
+    Pressure,
+}
+
+impl Sweep {
+    /// Ticks without a call after which a project may be unloaded.
+    fn idle_ticks(self) -> u64 {
+        match self {
+            Sweep::Idle => IDLE_SWEEP_TICKS,
+            Sweep::Pressure => 1,
+        }
+    }
+
+    /// The charge this sweep brings the code down to.
+    fn target(self, budget: usize) -> usize {
+        match self {
+            Sweep::Idle => budget,
+            Sweep::Pressure => budget - budget / 32,
+        }
+    }
+
+    /// The `reason` label of `aura_tenant_projects_unloaded_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Sweep::Idle => "idle",
+            Sweep::Pressure => "pressure",
+        }
+    }
+}
 
 /// A project whose last module call ran for this share of the call deadline or more is heavy:
 /// its calls run on threads of their own, with the CPU nobody else wants
@@ -222,7 +263,7 @@ struct ProjectModules {
     parts: [[Option<Shared>; 2]; STAGES.len()],
     slots: [Option<Shared>; STAGES.len()],
     gate: Gate,
-    /// The sweep period of the project's last call here ([`TenantPolicies::sweep`]).
+    /// The tick of the project's last call here ([`TICK`]; [`TenantPolicies::sweep`]).
     used: AtomicU64,
 }
 
@@ -258,10 +299,10 @@ impl ProjectModules {
         }
     }
 
-    /// Stamps the period now as the project's last use (a load and a store of one word when the
-    /// period changed, a load otherwise).
-    fn touch(&self, period: &AtomicU64) {
-        let now = period.load(Ordering::Relaxed);
+    /// Stamps the tick now as the project's last use (a load and a store of one word when the
+    /// tick changed, a load otherwise).
+    fn touch(&self, clock: &AtomicU64) {
+        let now = clock.load(Ordering::Relaxed);
         if self.used.load(Ordering::Relaxed) != now {
             self.used.store(now, Ordering::Relaxed);
         }
@@ -411,11 +452,12 @@ pub struct TenantPolicies {
     max_config_bytes: usize,
     /// Load refusals by digest, stage and configuration.
     refused: moka::sync::Cache<String, String>,
-    /// The sweep period now: advanced by every [`Self::sweep`], stamped on a project's modules
-    /// by its calls.
-    period: AtomicU64,
+    /// The tick now ([`TICK`]), stamped on a project's modules by its calls.
+    clock: AtomicU64,
     /// `plugins.tenant_code_budget_bytes`.
     code_budget: usize,
+    /// Told when a load took the code over the budget ([`Sweep::Pressure`]).
+    pressure: Arc<tokio::sync::Notify>,
     metrics: Metrics,
     /// The shadows' metric series.
     pub shadow_metrics: Arc<ShadowMetrics>,
@@ -457,7 +499,8 @@ impl TenantPolicies {
                 .max_capacity(10_000)
                 .time_to_live(Duration::from_secs(settings.tenant_refused_retry_secs))
                 .build(),
-            period: AtomicU64::new(0),
+            clock: AtomicU64::new(0),
+            pressure: Arc::new(tokio::sync::Notify::new()),
             code_budget: {
                 metrics
                     .tenant_code_budget_bytes
@@ -486,7 +529,7 @@ impl TenantPolicies {
             return None;
         }
         let modules = map.get(project)?;
-        modules.touch(&self.period);
+        modules.touch(&self.clock);
         Some((
             typed::<S>(modules.slots[S::STAGE.index()].as_ref()?)?,
             modules.gate.clone(),
@@ -736,6 +779,15 @@ impl TenantPolicies {
         }
     }
 
+    /// Whether `project`'s stored modules are loaded here, or it stored none.
+    pub fn loaded_or_unlisted(&self, project: &str) -> bool {
+        self.listing
+            .load()
+            .projects
+            .get(project)
+            .is_none_or(|p| p.loaded())
+    }
+
     /// Loads `project`'s stored modules when this is its first request on this instance; its
     /// other requests meanwhile wait for the same load. `Err`: a module cannot be loaded now
     /// (the request fails closed; the next one tries again).
@@ -816,6 +868,8 @@ impl TenantPolicies {
         stored
             .loaded
             .store(true, std::sync::atomic::Ordering::Release);
+        drop(changes);
+        self.loaded_one();
         Ok(())
     }
 
@@ -838,7 +892,7 @@ impl TenantPolicies {
                 parts: Default::default(),
                 slots: Default::default(),
                 gate: self.pool.project_gate(),
-                used: AtomicU64::new(self.period.load(Ordering::Relaxed)),
+                used: AtomicU64::new(self.clock.load(Ordering::Relaxed)),
             },
         };
         edit(&mut modules);
@@ -852,19 +906,49 @@ impl TenantPolicies {
         next
     }
 
-    /// Starts a new sweep period and, while the projects' compiled modules in use are charged
-    /// more than `plugins.tenant_code_budget_bytes`, unloads the modules of the projects called
-    /// least recently here: a digest's compiled module leaves memory with the last loaded
-    /// module using it, and the project's next request loads its modules again (from the
-    /// compile cache, like a first request). Never unloaded: a project called in this period or
-    /// the last, and one whose modules here differ from its listed ones (changed here since
-    /// the listing; a reload would bring back the older ones). Returns the projects unloaded.
-    pub fn sweep(&self) -> usize {
-        let period = self.period.fetch_add(1, Ordering::Relaxed) + 1;
-        let cold = |modules: &ProjectModules| modules.used.load(Ordering::Relaxed) + 1 < period;
+    /// Advances the clock of the projects' last calls by one [`TICK`].
+    pub fn tick(&self) {
+        self.clock.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// What a sweep waits for between its ticks: told when a load took the projects' compiled
+    /// modules over `plugins.tenant_code_budget_bytes`.
+    pub fn pressure(&self) -> Arc<tokio::sync::Notify> {
+        self.pressure.clone()
+    }
+
+    /// Whether the projects' compiled modules in use are charged more than
+    /// `plugins.tenant_code_budget_bytes`.
+    pub fn over_budget(&self) -> bool {
+        let charged = self.runtime.compiled_bytes();
+        self.metrics.tenant_code_bytes.set(charged as i64);
+        charged > self.code_budget
+    }
+
+    /// After a load: asks for a [`Sweep::Pressure`] when it took the code over the budget.
+    fn loaded_one(&self) {
+        if self.runtime.compiled_bytes() > self.code_budget {
+            self.pressure.notify_one();
+        }
+    }
+
+    /// While the projects' compiled modules in use are charged more than the sweep's target
+    /// (`plugins.tenant_code_budget_bytes`, [`Sweep::target`]), unloads the modules of the
+    /// projects called least recently here: a digest's compiled module leaves memory with the
+    /// last loaded module using it, and the project's next request loads its modules again
+    /// (from the compile cache, like a first request). Never unloaded: a project called within
+    /// the sweep's [`Sweep::idle_ticks`] (a second for [`Sweep::Idle`], a tick for
+    /// [`Sweep::Pressure`]), and one whose modules here differ from its listed ones (changed
+    /// here since the listing; a reload would bring back the older ones). Returns the projects
+    /// unloaded.
+    pub fn sweep(&self, kind: Sweep) -> usize {
+        let now = self.clock.load(Ordering::Relaxed);
+        let idle = kind.idle_ticks();
+        let cold = |modules: &ProjectModules| modules.used.load(Ordering::Relaxed) + idle < now;
+        let target = kind.target(self.code_budget);
         let mut charged = self.runtime.compiled_bytes();
         self.metrics.tenant_code_bytes.set(charged as i64);
-        if charged <= self.code_budget {
+        if charged <= target {
             return 0;
         }
         let weights = self.runtime.compiled_weights();
@@ -890,7 +974,7 @@ impl TenantPolicies {
         coldest.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let mut victims = Vec::new();
         for (_, project, modules) in coldest {
-            if charged <= self.code_budget {
+            if charged <= target {
                 break;
             }
             for digest in modules.digests() {
@@ -939,6 +1023,7 @@ impl TenantPolicies {
         drop(map);
         self.metrics
             .tenant_projects_unloaded
+            .with_label_values(&[kind.label()])
             .inc_by(unloaded as u64);
         self.metrics
             .tenant_code_bytes
@@ -1041,6 +1126,8 @@ impl TenantPolicies {
             .insert((project.to_owned(), stage, role), seq);
         let next = self.put_project(&current, project, |m| m.set(stage, role, part));
         self.map.store(Arc::new(next));
+        drop(changes);
+        self.loaded_one();
         true
     }
 
@@ -1061,7 +1148,7 @@ impl TenantPolicies {
                         .map(|m| m.gate.clone())
                         .unwrap_or_else(|| self.pool.project_gate()),
                     used: AtomicU64::new(before.map_or_else(
-                        || self.period.load(Ordering::Relaxed),
+                        || self.clock.load(Ordering::Relaxed),
                         |m| m.used.load(Ordering::Relaxed),
                     )),
                 }
@@ -1154,6 +1241,7 @@ impl TenantPolicies {
             seq: started_at,
             projects,
         }));
+        self.loaded_one();
         true
     }
 
@@ -1243,6 +1331,7 @@ impl TenantPolicies {
                 }
             });
             self.map.store(Arc::new(next));
+            self.loaded_one();
             changes
         } else {
             self.changes.lock().unwrap_or_else(|p| p.into_inner())
