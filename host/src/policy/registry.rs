@@ -23,9 +23,9 @@ use crate::metrics::Metrics;
 use crate::plane::Plane;
 use crate::stage::Owner;
 
-/// Loads of a project's modules one request may wait for when a sweep unloads them right after
-/// each (then it fails closed, `503 policy_busy`).
-const LOADS_PER_REQUEST: usize = 3;
+/// Loads of its project's modules one request may wait for: its first, and three more when a
+/// sweep unloaded them right after each (then it fails closed, `503 policy_busy`).
+const LOADS_PER_REQUEST: usize = 4;
 
 /// The policy modules in force.
 #[derive(Debug)]
@@ -375,13 +375,16 @@ impl PolicyRegistry {
     ) -> Result<Option<(Arc<Slot<S>>, Gate)>, GatewayError> {
         // A project unloaded between its load and the look-up after it (a sweep under pressure)
         // is loaded again: its module is never skipped for it.
-        for _ in 0..=LOADS_PER_REQUEST {
+        for loads in 0..=LOADS_PER_REQUEST {
             if let Some(slot) = self.tenants.slot_for::<S>(project) {
                 return Ok(Some(slot));
             }
             if self.tenants.loaded_or_unlisted(project) {
                 // Its load put in force what the look-up after the flag sees.
                 return Ok(self.tenants.slot_for::<S>(project));
+            }
+            if loads == LOADS_PER_REQUEST {
+                break;
             }
             if let Err(reason) = self.tenants.ensure(&self.store, project).await {
                 tracing::warn!(project, stage = %S::STAGE, %reason, "a project's modules cannot be loaded now; its request fails closed");
