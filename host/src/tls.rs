@@ -125,8 +125,13 @@ impl Files {
             .collect()
     }
 
-    /// Builds a server configuration from the files as they are now.
-    fn server_config(&self, http2: bool) -> Result<ServerConfig, TlsError> {
+    /// Builds a server configuration from the files as they are now, resuming sessions with
+    /// `resumption`.
+    fn server_config(
+        &self,
+        http2: bool,
+        resumption: &Resumption,
+    ) -> Result<ServerConfig, TlsError> {
         let chain = read_certificates(&self.key("cert_file"), &self.cert)?;
         let private_key = read_private_key(&self.key("key_file"), &self.key)?;
         let versions = [&rustls::version::TLS13, &rustls::version::TLS12];
@@ -149,6 +154,8 @@ impl Files {
                 format!("{} with {}: {e}", self.key.display(), self.cert.display()),
             )
         })?;
+        config.ticketer = resumption.ticketer.clone();
+        config.session_storage = resumption.sessions.clone();
         config.alpn_protocols = if http2 {
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
         } else {
@@ -158,12 +165,42 @@ impl Files {
     }
 }
 
+/// TLS 1.2 sessions remembered per listener for resumption by id (TLS 1.3 and ticket-capable
+/// TLS 1.2 clients resume from tickets and need none).
+const REMEMBERED_SESSIONS: usize = 8192;
+
+/// How a listener's clients resume their sessions (a short handshake, no signature): tickets
+/// sealed with keys of the process's own, rotated every 6 hours, and a cache of TLS 1.2 session
+/// ids. Kept across certificate reloads, so a reload does not cost every client a full
+/// handshake.
+#[derive(Debug, Clone)]
+struct Resumption {
+    ticketer: Arc<dyn rustls::server::ProducesTickets>,
+    sessions: Arc<dyn rustls::server::StoresServerSessions>,
+}
+
+impl Resumption {
+    fn new(files: &Files) -> Result<Self, TlsError> {
+        let ticketer = rustls::crypto::ring::Ticketer::new().map_err(|e| {
+            tls_error(
+                files.prefix,
+                format!("no ticket keys for session resumption: {e}"),
+            )
+        })?;
+        Ok(Self {
+            ticketer,
+            sessions: rustls::server::ServerSessionMemoryCache::new(REMEMBERED_SESSIONS),
+        })
+    }
+}
+
 /// One listener's TLS settings in force, swapped whole on reload.
 #[derive(Debug)]
 pub struct ListenerTls {
     plane: Plane,
     files: Files,
     http2: bool,
+    resumption: Resumption,
     current: ArcSwap<ServerConfig>,
     stamps: Mutex<Vec<Option<Stamp>>>,
 }
@@ -179,11 +216,13 @@ impl ListenerTls {
         install_crypto_provider();
         let files = Files::new(plane, config, base);
         let stamps = files.stamps();
-        let server = files.server_config(http2)?;
+        let resumption = Resumption::new(&files)?;
+        let server = files.server_config(http2, &resumption)?;
         Ok(Arc::new(Self {
             plane,
             files,
             http2,
+            resumption,
             current: ArcSwap::from_pointee(server),
             stamps: Mutex::new(stamps),
         }))
@@ -202,7 +241,7 @@ impl ListenerTls {
     /// Reads the files again and swaps them in; on error the settings in force stay.
     pub fn reload(&self, metrics: &Metrics, why: &str) -> Result<(), TlsError> {
         let stamps = self.files.stamps();
-        let result = self.files.server_config(self.http2);
+        let result = self.files.server_config(self.http2, &self.resumption);
         // Remember what was seen either way: a refused file is not retried until it changes.
         if let Ok(mut seen) = self.stamps.lock() {
             *seen = stamps;

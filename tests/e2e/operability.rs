@@ -126,3 +126,110 @@ async fn a_stalled_log_reader_never_stalls_requests_and_dropped_lines_are_counte
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The access log in JSON is one object per line whatever a client put in its path: quotes,
+/// backslashes and escapes cannot end a line or forge a field. Each line has the documented
+/// fields, the request id the client was answered with and the key's id, never the key; a line
+/// logged while the request was processed (its backend's failure) names the same request.
+#[tokio::test]
+async fn access_lines_in_json_are_one_object_each_whatever_the_path_holds() {
+    use std::time::Duration;
+
+    use crate::support::gateway::Process;
+    use crate::support::raw::{exchange, get};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = crate::support::fixture::Fixture::new();
+    let config = binary_config(dir.path(), &fx, "", "nats://127.0.0.1:1", "logs", "");
+    let gw = Process::serve_with(&config, dir.path(), |command| {
+        command
+            .env("AURA_LOG__FORMAT", "json")
+            // Nothing listens there: each request logs its backend's failure.
+            .env("AURA_UPSTREAMS__STORAGE_URL", "http://127.0.0.1:1")
+            .env("AURA_PLUGINS__COMPILE_CACHE_DIR", compile_cache());
+    });
+    let hostile = [
+        r#"/v1/storage/object/a"b"#,
+        r"/v1/storage/object/a\b",
+        r#"/v1/storage/object/x","status":999,"y":"#,
+        "/v1/storage/object/%0a%22forged",
+        "/v1/storage/object/é",
+    ];
+    let mut sent = Vec::new();
+    for path in hostile {
+        let answer = exchange(gw.port, get(path, &[("apikey", &fx.anon_key)])).await;
+        let id = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("x-request-id: "))
+            .map(str::to_owned);
+        sent.push((path, id, answer));
+    }
+    let mut lines = Vec::new();
+    let all_logged = crate::support::poll::poll_tries(100, Duration::from_millis(50), async || {
+        let log = gw.log_text();
+        lines = log
+            .lines()
+            .map(|l| (l.to_owned(), serde_json::from_str::<serde_json::Value>(l)))
+            .collect::<Vec<_>>();
+        let access = lines
+            .iter()
+            .filter(|(_, v)| v.as_ref().is_ok_and(|v| v["target"] == "aura::access"))
+            .count();
+        (access >= sent.iter().filter(|(_, _, a)| reached_the_chain(a)).count()).then_some(())
+    })
+    .await;
+    assert!(all_logged.is_some(), "{:?}", lines);
+    for (line, parsed) in &lines {
+        assert!(parsed.is_ok(), "not one JSON object: {line:?}");
+    }
+    let access: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter_map(|(_, v)| v.as_ref().ok())
+        .filter(|v| v["target"] == "aura::access")
+        .collect();
+    let mut checked = 0;
+    for (path, id, answer) in &sent {
+        let id = id.as_ref().expect("every answer has a request id");
+        if !reached_the_chain(answer) {
+            // A path refused before the phases that log (a backslash, an encoded control
+            // character): `400 invalid_path`, no access line.
+            assert!(answer.contains("invalid_path"), "{path}: {answer}");
+            assert!(!access.iter().any(|v| v["request_id"] == id.as_str()));
+            continue;
+        }
+        let line = access
+            .iter()
+            .find(|v| v["request_id"] == id.as_str())
+            .unwrap_or_else(|| panic!("no access line for {path} ({id}) in {access:?}"));
+        assert_eq!(line["path"], *path, "{line}");
+        assert_eq!(line["method"], "GET");
+        assert_eq!(line["plane"], "data");
+        assert_eq!(line["group"], "storage");
+        assert_eq!(line["role"], "anon");
+        assert_eq!(line["key_id"], fx.anon_key_id.to_string());
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["message"], "access");
+        let status = line["status"].as_u64().expect("a number");
+        assert_eq!(answer.split(' ').nth(1), Some(status.to_string().as_str()));
+        assert!(line["latency_us"].is_u64(), "{line}");
+        let stamp = line["timestamp"].as_str().expect("a timestamp");
+        assert!(stamp.len() == 27 && stamp.ends_with('Z'), "{stamp}");
+        let failed = lines
+            .iter()
+            .filter_map(|(_, v)| v.as_ref().ok())
+            .find(|v| v["message"] == "HTTP backend failed" && v["request_id"] == id.as_str());
+        assert!(failed.is_some(), "no backend failure named {id}: {lines:?}");
+        checked += 1;
+    }
+    assert!(
+        checked >= 3,
+        "most hostile paths reach the chain ({checked})"
+    );
+
+    /// Whether an answer came from the chain (not a path refused before it).
+    fn reached_the_chain(answer: &str) -> bool {
+        !answer.starts_with("HTTP/1.1 400")
+    }
+    let log = gw.log_text();
+    assert!(!log.contains(&fx.anon_key), "the key is never logged");
+}

@@ -291,7 +291,16 @@ async fn the_management_plane_can_require_client_certificates() {
     // The data plane asks for none.
     let data = pki.client().get(https(gw.port, "/health")).call();
     data.expect(StatusCode::OK).await;
-    assert!(gw.log_text().contains("client_certificates=true"));
+    let logged = poll_every(
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        async || {
+            gw.log_text()
+                .contains("client_certificates=true")
+                .then_some(())
+        },
+    );
+    assert!(logged.await.is_some(), "{}", gw.log_text());
 }
 
 #[tokio::test]
@@ -309,4 +318,56 @@ async fn with_http2_off_a_tls_listener_speaks_http11_only() {
     let served = tokio::time::timeout(Duration::from_secs(5), h2_health(tls, gw.port));
     let served = served.await.ok().flatten();
     assert!(served.is_none(), "HTTP/2 was served with server.http2 off");
+}
+
+/// A client of TLS 1.2 only, offering `alpn`.
+fn tls12_client(pki: &Pki, alpn: &[&[u8]]) -> rustls::ClientConfig {
+    aura_gateway::tls::install_crypto_provider();
+    let versions = rustls::ClientConfig::builder_with_protocol_versions(&[&rustls::version::TLS12]);
+    let mut config = versions
+        .with_root_certificates(pki.roots())
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config
+}
+
+/// A returning client resumes its session (a short handshake: no certificate, no signature),
+/// on TLS 1.3 and 1.2, however many clients came in between and across a certificate reload:
+/// the tickets are sealed with keys the listener keeps, not remembered per session.
+#[tokio::test]
+async fn a_returning_client_resumes_its_session_after_many_others_and_a_reload() {
+    use rustls::HandshakeKind;
+
+    let (gw, pki) = tls_gateway(|pki| {
+        let data = listener_tls("data_plane", pki, None);
+        format!("[server]\ntls_watch_interval_ms = 3600000\n\n{data}")
+    });
+    // Each config keeps its sessions, shared by its clones.
+    let returning = [
+        ("TLS 1.3", pki.rustls_client(&[b"http/1.1"], false)),
+        ("TLS 1.2", tls12_client(&pki, &[b"http/1.1"])),
+    ];
+    for (name, config) in &returning {
+        let mut first = connect(gw.port, config.clone()).await.expect("handshake");
+        let kind = first.get_ref().1.handshake_kind();
+        assert_eq!(kind, Some(HandshakeKind::Full), "{name}");
+        // The answer read, the session's tickets are in.
+        assert_eq!(get_health(&mut first).await, "HTTP/1.1 200 OK");
+    }
+    // More clients than rustls remembers sessions by default (256).
+    for _ in 0..300 {
+        let mut other = handshake(gw.port, &pki, &[b"http/1.1"]).await;
+        assert_eq!(get_health(&mut other).await, "HTTP/1.1 200 OK");
+    }
+    let rotated = der_of(&rotate(&pki, "while-resuming"));
+    gw.signal("-HUP");
+    let within = Duration::from_secs(5);
+    let reloaded = wait_for_certificate(gw.port, &pki, &rotated, within).await;
+    assert!(reloaded, "SIGHUP did not reload; log:\n{}", gw.log_text());
+    for (name, config) in &returning {
+        let mut again = connect(gw.port, config.clone()).await.expect("handshake");
+        let kind = again.get_ref().1.handshake_kind();
+        assert_eq!(kind, Some(HandshakeKind::Resumed), "{name}");
+        assert_eq!(get_health(&mut again).await, "HTTP/1.1 200 OK");
+    }
 }

@@ -25,6 +25,9 @@ pub struct LogConfig {
     /// Log lines queued for the writer at most; when stderr cannot keep up, further lines are
     /// dropped (and counted) rather than making a request wait.
     pub buffer_lines: usize,
+    /// The longest a line waits before it is written, in milliseconds (lines are written in
+    /// batches: sooner when many wait).
+    pub flush_ms: u64,
 }
 
 impl Default for LogConfig {
@@ -33,6 +36,7 @@ impl Default for LogConfig {
             format: LogFormat::Text,
             level: "info".to_owned(),
             buffer_lines: 65_536,
+            flush_ms: 10,
         }
     }
 }
@@ -46,7 +50,8 @@ impl LogConfig {
                 format!("not a valid filter: {e}"),
             ));
         }
-        super::at_least(key, "buffer_lines", self.buffer_lines as u64, 1)
+        super::at_least(key, "buffer_lines", self.buffer_lines as u64, 1)?;
+        super::within(key, "flush_ms", self.flush_ms, 1, 10_000)
     }
 }
 

@@ -36,6 +36,11 @@ impl RequestId {
         std::str::from_utf8(&self.hex).unwrap_or_default()
     }
 
+    /// The id's 32 hex digits.
+    pub fn hex(&self) -> [u8; 32] {
+        self.hex
+    }
+
     /// The `x-request-id` header value.
     pub fn header_value(&self) -> &HeaderValue {
         &self.value
@@ -50,9 +55,12 @@ pub fn stamp_if_missing(headers: &mut HeaderMap) {
     }
 }
 
-/// Sets the id on the request (for backends) and records it in the request span.
+/// Sets the id on the request (for backends) and records it in the request span (made when
+/// spans are exported).
 pub fn assign(id: &RequestId, headers: &mut HeaderMap) {
-    tracing::Span::current().record("request_id", id.as_str());
+    if crate::telemetry::exporting() {
+        tracing::Span::current().record("request_id", id.as_str());
+    }
     headers.insert(X_REQUEST_ID.clone(), id.value.clone());
 }
 

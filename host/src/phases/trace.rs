@@ -23,8 +23,12 @@ pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// `tracestate`.
 pub static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
-/// The `request` span: plane, method, path and an empty `request_id`.
+/// The `request` span: plane, method, path and an empty `request_id`; made only when spans are
+/// exported (the log names a line's request without it: [`crate::telemetry::scope`]).
 pub fn span(plane: Plane, request: &Request) -> Span {
+    if !crate::telemetry::exporting() {
+        return Span::none();
+    }
     tracing::info_span!(
         "request",
         plane = plane.as_str(),

@@ -60,6 +60,7 @@ use crate::phases::{
 use crate::plane::Plane;
 use crate::routes::{Budget, RouteGroup};
 use crate::state::AppState;
+use crate::telemetry::scope::InRequest;
 
 /// The request path of one plane. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -149,11 +150,12 @@ impl Pipeline {
 
     /// Phases 5 and 6: the answer counted and logged, whatever produced it.
     async fn observed(&self, cx: &mut RequestContext, request: Request) -> Response {
-        let logged = tracing::enabled!(target: "aura::access", tracing::Level::INFO)
-            .then(|| (request.method().clone(), request.uri().path().to_owned()));
+        // The URI's clone shares its bytes: nothing copied for the line.
+        let logged =
+            access_log::enabled().then(|| (request.method().clone(), request.uri().clone()));
         let response = self.identified(cx, request).await;
-        if let Some((method, path)) = &logged {
-            access_log::line(cx, method, path, &response); // 6
+        if let Some((method, uri)) = &logged {
+            access_log::line(cx, method, uri.path(), &response); // 6
         }
         self.metrics.record(cx, &response); // 5
         response
@@ -164,8 +166,9 @@ impl Pipeline {
         let id = RequestId::mint();
         request_id::assign(&id, request.headers_mut());
         cx.id = Some(id.clone());
-        let response = self
-            .admitted(cx, &id, request)
+        // Every line logged from here on names the request.
+        let admitted = self.admitted(cx, &id, request);
+        let response = InRequest::new(id.hex(), admitted)
             .await
             .unwrap_or_else(|answer| answer);
         cx.stamps.request_id(&id);

@@ -264,7 +264,13 @@ pub fn write(
 }
 
 fn emit(line: &Line, w: &Writer<'_>) {
-    let request_id = w.request_id.unwrap_or("-");
+    // The call's own request id, else the request whose work this is (a stage decided for a
+    // request that did not name it to the call), else none.
+    let scoped = crate::telemetry::scope::current();
+    let request_id = w
+        .request_id
+        .or_else(|| scoped.as_ref().and_then(|id| std::str::from_utf8(id).ok()))
+        .unwrap_or("-");
     macro_rules! event {
         ($level:expr) => {
             tracing::event!(

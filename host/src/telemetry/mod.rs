@@ -2,11 +2,20 @@
 //! `tracing.otlp_endpoint`, every span (the `request` span carries the request id) exported over
 //! OTLP/HTTP.
 //!
-//! Log lines never block a request: they go through a bounded queue (`log.buffer_lines`) to a
-//! writer thread; when stderr cannot keep up (a slow collector, a full pipe) the lines that do
-//! not fit are dropped and counted (`aura_log_lines_dropped_total`).
+//! Log lines never block a request: they go into a bounded buffer (`log.buffer_lines`) that a
+//! writer thread writes to stderr in batches ([`sink`]); when stderr cannot keep up (a slow
+//! collector, a full pipe) the lines that do not fit are dropped and counted
+//! (`aura_log_lines_dropped_total`). The lines every request writes (the access log) skip the
+//! `fmt` layer and are written straight into a reused buffer ([`line`]).
+
+pub mod line;
+pub mod scope;
+pub mod sink;
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
@@ -21,12 +30,39 @@ use crate::config::{LogConfig, LogFormat, TracingConfig};
 #[derive(Debug, Default)]
 pub struct TelemetryGuard {
     provider: Option<SdkTracerProvider>,
-    _writer: Option<tracing_appender::non_blocking::WorkerGuard>,
+    _writer: Option<sink::SinkGuard>,
 }
 
-/// Log lines dropped because the writer could not keep up, since the process started.
-static DROPPED: std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter> =
-    std::sync::OnceLock::new();
+/// The log's writer and format, once [`init`] ran.
+static OUTPUT: OnceLock<(sink::Sink, LogFormat)> = OnceLock::new();
+
+/// Spans are exported (`tracing.otlp_endpoint`).
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Access lines are written: what the filter in force says of `aura::access` at `info`, asked
+/// when the log starts and when the filter changes (a filter's answer per request costs more
+/// than the line's other work).
+static ACCESS: AtomicBool = AtomicBool::new(false);
+
+/// Whether access lines are written.
+pub fn access_enabled() -> bool {
+    ACCESS.load(Ordering::Relaxed)
+}
+
+/// The access log's target, for `log.level` filters.
+pub const ACCESS_TARGET: &str = "aura::access";
+
+/// Asks the filter in force again whether access lines are written.
+fn refresh_access() {
+    let enabled = tracing::enabled!(target: ACCESS_TARGET, tracing::Level::INFO);
+    ACCESS.store(enabled, Ordering::Relaxed);
+}
+
+/// Whether spans are exported: the request span is made only then (the log names a line's
+/// request without it, see [`scope`]).
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
 
 /// The filter in force, replaceable at run time (`PUT /v1/admin/log-level`).
 static FILTER: std::sync::OnceLock<
@@ -43,12 +79,36 @@ pub fn set_level(level: &str) -> Result<(), String> {
         .ok_or_else(|| "this process has no log filter to change".to_owned())?;
     handle
         .reload(filter)
-        .map_err(|e| format!("the filter could not be changed: {e}"))
+        .map_err(|e| format!("the filter could not be changed: {e}"))?;
+    refresh_access();
+    Ok(())
 }
 
 /// How many log lines were dropped so far.
 pub fn dropped_log_lines() -> u64 {
-    DROPPED.get().map_or(0, |c| c.dropped_lines() as u64)
+    OUTPUT.get().map_or(0, |(sink, _)| sink.dropped())
+}
+
+/// Writes an `INFO` line of `target` straight to the log, in the log's format, with the fields
+/// `fields` adds (see [`line`]). Before [`init`], nothing. The caller checks that `target` is
+/// enabled at `INFO` (`tracing::enabled!`), so the log's filter still decides.
+pub fn info_line(
+    target: &'static str,
+    message: &'static str,
+    fields: impl FnOnce(&mut line::Line<'_>),
+) {
+    if let Some((sink, format)) = OUTPUT.get() {
+        line::write_info(
+            *format,
+            target,
+            message,
+            SystemTime::now(),
+            fields,
+            |bytes| {
+                sink.push(bytes);
+            },
+        );
+    }
 }
 
 impl Drop for TelemetryGuard {
@@ -122,32 +182,47 @@ pub fn init(log: &LogConfig, tracing_config: &TracingConfig) -> anyhow::Result<T
         .as_ref()
         .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("aura-gateway")));
     let ansi = std::io::stderr().is_terminal();
-    let (writer, writer_guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .buffered_lines_limit(log.buffer_lines)
-        .lossy(true)
-        .thread_name("aura-log")
-        .finish(std::io::stderr());
-    let _ = DROPPED.set(writer.error_counter());
+    let (writer, writer_guard) = sink::Sink::start(
+        std::io::stderr(),
+        log.buffer_lines,
+        Duration::from_millis(log.flush_ms),
+    )?;
+    let _ = OUTPUT.set((writer.clone(), log.format));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let _ = FILTER.set(handle);
+    EXPORTING.store(otel.is_some(), Ordering::Relaxed);
+    // A line inside a request names it by its id (`scope`): the request span is made only for
+    // export, and no line prints a span.
     let registry = tracing_subscriber::registry().with(filter).with(otel);
     let _ = match log.format {
-        LogFormat::Text => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .with_writer(writer)
-                    .with_ansi(ansi),
-            )
-            .try_init(),
-        LogFormat::Json => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_writer(writer),
-            )
-            .try_init(),
+        LogFormat::Text => {
+            let format = tracing_subscriber::fmt::format().with_ansi(ansi);
+            registry
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_writer(writer)
+                        .with_ansi(ansi)
+                        .event_format(scope::RequestScoped::new(format, false)),
+                )
+                .try_init()
+        }
+        LogFormat::Json => {
+            let format = tracing_subscriber::fmt::format()
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false);
+            registry
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .json()
+                        .with_writer(writer)
+                        .event_format(scope::RequestScoped::new(format, true)),
+                )
+                .try_init()
+        }
     };
+    refresh_access();
     install_panic_hook();
     Ok(TelemetryGuard {
         provider,
