@@ -22,6 +22,7 @@ pub mod fuzzing;
 pub mod headers;
 pub mod hot;
 pub mod http1;
+pub mod json_text;
 pub mod jwks;
 #[cfg(test)]
 mod layering;

@@ -180,6 +180,12 @@ fn validation_names_the_key() {
         load("", &[]).expect("defaults").server.send_timeout_ms,
         60_000
     );
+    for bad in ["0", "10001"] {
+        let e = load(&format!("[log]\nflush_ms = {bad}\n"), &[]).expect_err(bad);
+        assert_eq!(e.key, "log.flush_ms", "{bad}");
+        assert!(e.problem.contains("between 1 and 10000"), "{e}");
+    }
+    assert_eq!(load("", &[]).expect("defaults").log.flush_ms, 10);
     let e = load("[metrics]\ntoken = \"a token with spaces!\"\n", &[]).expect_err("not a bearer");
     assert_eq!(e.key, "metrics.token");
     let e = load(

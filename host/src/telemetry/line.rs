@@ -4,7 +4,7 @@
 //!
 //! Whatever a value holds (a client's path, a tenant's issuer URL), it cannot end its line or
 //! break out of its string: quotes, backslashes and control characters are escaped in both
-//! formats.
+//! formats, by the same JSON string writer as the NATS envelope's ([`crate::json_text`]).
 
 use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -126,7 +126,7 @@ impl<'a> Line<'a> {
                 buf.extend_from_slice(b"{\"timestamp\":\"");
                 timestamp(buf, now);
                 buf.extend_from_slice(b"\",\"level\":\"INFO\",\"message\":\"");
-                escaped(buf, message);
+                crate::json_text::string_body(buf, message);
                 buf.push(b'"');
             }
             LogFormat::Text => {
@@ -134,7 +134,7 @@ impl<'a> Line<'a> {
                 buf.extend_from_slice(b"  INFO ");
                 buf.extend_from_slice(target.as_bytes());
                 buf.extend_from_slice(b": ");
-                escaped(buf, message);
+                crate::json_text::string_body(buf, message);
             }
         }
         Line {
@@ -158,7 +158,7 @@ impl<'a> Line<'a> {
     pub fn str(&mut self, key: Key, value: &str) -> &mut Self {
         self.key(key);
         self.buf.push(b'"');
-        escaped(self.buf, value);
+        crate::json_text::string_body(self.buf, value);
         self.buf.push(b'"');
         self
     }
@@ -167,7 +167,10 @@ impl<'a> Line<'a> {
     /// text compiled into the gateway, which nothing a client or a tenant sends can change,
     /// written without looking for bytes to escape (debug builds check that there are none).
     pub fn name(&mut self, key: Key, value: &'static str) -> &mut Self {
-        debug_assert!(!needs_escaping(value.as_bytes()), "{value:?}");
+        debug_assert!(
+            !crate::json_text::any_needs_escape(value.as_bytes()),
+            "{value:?}"
+        );
         self.key(key);
         self.buf.push(b'"');
         self.buf.extend_from_slice(value.as_bytes());
@@ -193,7 +196,7 @@ impl<'a> Line<'a> {
             LogFormat::Json => self.str(key, value),
             LogFormat::Text => {
                 self.key(key);
-                escaped(self.buf, value);
+                crate::json_text::string_body(self.buf, value);
                 self
             }
         }
@@ -210,92 +213,11 @@ impl<'a> Line<'a> {
     fn finish(self) {
         if self.format == LogFormat::Json {
             self.buf.extend_from_slice(b",\"target\":\"");
-            escaped(self.buf, self.target);
+            crate::json_text::string_body(self.buf, self.target);
             self.buf.extend_from_slice(b"\"}");
         }
         self.buf.push(b'\n');
     }
-}
-
-/// What `escaped` writes for each byte: 0 the byte itself, 1 `\u00XX`, else the character after
-/// a backslash.
-const ESCAPES: [u8; 256] = {
-    let mut table = [0u8; 256];
-    let mut b = 0;
-    while b < 0x20 {
-        table[b] = 1;
-        b += 1;
-    }
-    table[0x7f] = 1;
-    table[b'"' as usize] = b'"';
-    table[b'\\' as usize] = b'\\';
-    table[b'\n' as usize] = b'n';
-    table[b'\r' as usize] = b'r';
-    table[b'\t' as usize] = b't';
-    table
-};
-
-/// Whether any of the 8 bytes of `word` is one `escaped` rewrites: below 0x20, `"`, `\` or DEL
-/// (the classic word-at-a-time tests, exact for "any").
-fn any_escaped(word: u64) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
-    let control = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
-    let quote = zero_in(word ^ (ONES * u64::from(b'"')));
-    let backslash = zero_in(word ^ (ONES * u64::from(b'\\')));
-    let delete = zero_in(word ^ (ONES * 0x7f));
-    control | quote | backslash | delete != 0
-}
-
-/// Whether `bytes` holds a byte [`escaped`] rewrites: 8 bytes at a time, the last few one by
-/// one.
-fn needs_escaping(bytes: &[u8]) -> bool {
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
-        if any_escaped(word) {
-            return true;
-        }
-    }
-    words
-        .remainder()
-        .iter()
-        .any(|&b| ESCAPES[usize::from(b)] != 0)
-}
-
-/// `value` with `"`, `\` and control characters escaped (JSON's escapes, which a text reader
-/// reads as well): the only bytes that could end a line or a string. A value with none (nearly
-/// every one) is copied whole.
-fn escaped(buf: &mut Vec<u8>, value: &str) {
-    let bytes = value.as_bytes();
-    if !needs_escaping(bytes) {
-        buf.extend_from_slice(bytes);
-        return;
-    }
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let escape = ESCAPES[usize::from(b)];
-        if escape == 0 {
-            continue;
-        }
-        buf.extend_from_slice(&bytes[start..i]);
-        if escape == 1 {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            buf.extend_from_slice(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[usize::from(b >> 4)],
-                HEX[usize::from(b & 0xf)],
-            ]);
-        } else {
-            buf.extend_from_slice(&[b'\\', escape]);
-        }
-        start = i + 1;
-    }
-    buf.extend_from_slice(&bytes[start..]);
 }
 
 /// `now` as RFC 3339 in UTC with microseconds, `2026-12-07T23:43:45.123456Z` (the `fmt` layer's
@@ -423,14 +345,14 @@ mod tests {
                 value.push(char::from(b));
                 value.push_str("tail-of-the-value");
                 let mut buf = Vec::new();
-                escaped(&mut buf, &value);
+                crate::json_text::string_body(&mut buf, &value);
                 let quoted = format!(
                     "\"{}\"",
                     String::from_utf8(buf).expect("the test's own value")
                 );
                 let back: String = serde_json::from_str(&quoted).expect("the test's own value");
                 assert_eq!(back, value, "byte {b:#x} at {at}");
-                let clean = !(b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f);
+                let clean = !(b < 0x20 || b == b'"' || b == b'\\');
                 assert_eq!(
                     quoted.len() == value.len() + 2,
                     clean,
